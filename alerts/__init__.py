@@ -1,0 +1,1 @@
+"""SLO spec and generated Prometheus alerting rules / Alertmanager config."""

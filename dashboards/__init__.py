@@ -1,0 +1,1 @@
+"""Grafana dashboards as code (grafanalib), generated to JSON and ConfigMaps."""

@@ -1,0 +1,142 @@
+"""The metric catalogue: every metric nvrx-slo emits — name, kind, unit, labels, help, buckets.
+
+The exporter's views (Prometheus collector, OTLP instruments), the generated alert rules, the
+dashboards and the docs all import these objects, so a renamed metric breaks a test here rather
+than a dashboard in production. Stdlib only.
+
+Label conventions
+-----------------
+* ``IDENTITY_LABELS`` (``namespace``, ``job_name``, ``pod``) are on every series. ``job_name``,
+  not ``job``: Prometheus owns ``job``. The PodMonitor sets ``honorLabels: true``.
+* Metrics with ``per_rank=True`` also carry ``rank``. When per-rank series are switched off (or
+  a pod has more ranks than the cap), the sidecar emits one series per pod with
+  ``rank="all"`` holding the sum over its ranks, so ``sum by (namespace, job_name)`` is right
+  either way.
+* Time is accounted in rank-seconds: a pod with 8 ranks accrues 8 wall seconds per second.
+  Efficiency = productive / wall, so sums over ranks give the rank-average efficiency.
+
+Time accounting
+---------------
+``nvrx_time_seconds_total{category}`` holds every *settled* category. Work done since the last
+durable checkpoint is not settled yet — it becomes ``productive`` when the next save lands or
+``lost`` if a fault rolls it back — so it is the gauge ``nvrx_unprotected_work_seconds``, never a
+counter that would have to go down. The invariant, at every scrape:
+
+    sum(nvrx_time_seconds_total) + nvrx_unprotected_work_seconds == nvrx_wall_seconds_total
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+PREFIX = "nvrx_"
+IDENTITY_LABELS: tuple[str, ...] = ("namespace", "job_name", "pod")
+RANK_LABEL = "rank"
+ALL_RANKS = "all"
+
+
+class Kind(str, Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+class Category(str, Enum):
+    """Where a rank-second went. ``UNPROTECTED`` is provisional (see module docstring)."""
+
+    PRODUCTIVE = "productive"
+    UNPROTECTED = "unprotected"
+    LOST = "lost"
+    CHECKPOINT_BLOCKING = "checkpoint_blocking"
+    CHECKPOINT_RESTORE = "checkpoint_restore"
+    RESTART = "restart"
+    INIT = "init"
+    DATA_WAIT = "data_wait"
+    UNATTRIBUTED = "unattributed"
+
+
+SETTLED_CATEGORIES: tuple[Category, ...] = tuple(c for c in Category if c is not Category.UNPROTECTED)
+BADPUT_CATEGORIES: tuple[Category, ...] = tuple(c for c in SETTLED_CATEGORIES if c is not Category.PRODUCTIVE)
+
+
+class RestartLevel(str, Enum):
+    INPROCESS = "inprocess"  # NVRx inprocess.Wrapper restarted the function inside the process
+    INJOB = "injob"  # ft_launcher restarted the worker processes
+    POD = "pod"  # the container/pod restarted (seen by the pod watcher or a new launcher)
+
+
+class RestartPhase(str, Enum):
+    DETECT = "detect"  # fault -> detected
+    TEARDOWN = "teardown"  # detected -> old workers/state torn down
+    RENDEZVOUS = "rendezvous"  # -> ranks re-assigned
+    REINIT = "reinit"  # -> the restarted loop is running again (restore is its own category)
+
+
+class GpuIdleSource(str, Enum):
+    NVML = "nvml"  # sampled utilisation from NVML
+    STEP_PHASES = "step_phases"  # inferred from the journal: every second not in compute/optimizer
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()  # beyond IDENTITY_LABELS (and rank, if per_rank)
+    per_rank: bool = False
+    buckets: tuple[float, ...] = ()  # histograms only; +Inf is implied
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        return IDENTITY_LABELS + ((RANK_LABEL,) if self.per_rank else ()) + self.labels
+
+
+# Bucket bounds include the SLO thresholds exactly (10 s restart latency), so that
+# histogram_quantile-free SLIs can use `le` directly.
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CHECKPOINT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+RESTART_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+RESTART_SLO_SECONDS = 10.0
+
+
+def _m(name: str, kind: Kind, help_: str, **kw: object) -> Metric:
+    return Metric(PREFIX + name, kind, help_, **kw)  # type: ignore[arg-type]
+
+
+WALL = _m("wall_seconds_total", Kind.COUNTER, "Rank-seconds of wall clock since the job's first process start.", per_rank=True)
+TIME = _m("time_seconds_total", Kind.COUNTER, "Settled rank-seconds by accounting category.", labels=("category",), per_rank=True)
+UNPROTECTED_WORK = _m("unprotected_work_seconds", Kind.GAUGE, "Rank-seconds of training since the last durable checkpoint (lost if a fault comes now).", per_rank=True)
+STEPS = _m("steps_total", Kind.COUNTER, "Training steps completed (including steps later rolled back).", per_rank=True)
+TRAINING_STEP = _m("training_step", Kind.GAUGE, "Latest training step number reached.", per_rank=True)
+LAST_STEP_TIMESTAMP = _m("last_step_timestamp_seconds", Kind.GAUGE, "Unix time of the latest completed step.", per_rank=True)
+STEP_DURATION = _m("step_duration_seconds", Kind.HISTOGRAM, "Duration of one training step.", per_rank=True, buckets=STEP_BUCKETS)
+STEP_SKEW = _m("step_time_skew_ratio", Kind.GAUGE, "Recent mean step time of a rank over the median across ranks (stragglers > 1).", per_rank=True)
+JOB_START_TIMESTAMP = _m("job_start_timestamp_seconds", Kind.GAUGE, "Unix time of the job's first process start (the origin of wall time).")
+
+CKPT_BLOCKING = _m("checkpoint_blocking_seconds", Kind.HISTOGRAM, "Training-loop time stalled by one save (plan, staging, finalize).", buckets=CHECKPOINT_BUCKETS)
+CKPT_BACKGROUND = _m("checkpoint_background_seconds", Kind.HISTOGRAM, "Time one save spent writing in the background, overlapped with training.", buckets=CHECKPOINT_BUCKETS)
+CKPT_OVERLAP = _m("checkpoint_overlap_ratio", Kind.GAUGE, "background / (blocking + background) over all saves so far.")
+CKPT_LAST_SUCCESS = _m("checkpoint_last_success_timestamp_seconds", Kind.GAUGE, "Unix time the latest durable checkpoint finished writing.")
+CKPT_LAST_STEP = _m("checkpoint_last_step", Kind.GAUGE, "Training step held by the latest durable checkpoint.")
+CKPT_FAILURES = _m("checkpoint_failures_total", Kind.COUNTER, "Saves that failed.")
+CKPT_IN_FLIGHT = _m("checkpoint_in_flight", Kind.GAUGE, "Saves scheduled and not yet durable or failed.")
+CKPT_BYTES = _m("checkpoint_written_bytes_total", Kind.COUNTER, "Bytes written by durable saves.")
+CKPT_WORKER_UP = _m("checkpoint_worker_up", Kind.GAUGE, "1 if NVRx's persistent async checkpoint worker was last seen alive, 0 if dead.", per_rank=True)
+CKPT_INTERVAL = _m("checkpoint_interval_seconds", Kind.GAUGE, "Measured mean time between durable checkpoints.")
+CKPT_INTERVAL_OPTIMAL = _m("checkpoint_interval_optimal_seconds", Kind.GAUGE, "Young/Daly optimal interval sqrt(2 * blocking cost * MTBF).")
+
+RESTARTS = _m("restarts_total", Kind.COUNTER, "Restarts by level.", labels=("level",))
+RESTART_DURATION = _m("restart_duration_seconds", Kind.HISTOGRAM, "Fault to restarted training loop, by level.", labels=("level",), buckets=RESTART_BUCKETS)
+RESTART_PHASE = _m("restart_phase_seconds", Kind.HISTOGRAM, "Duration of one restart phase, by level and phase.", labels=("level", "phase"), buckets=RESTART_BUCKETS)
+MTBF = _m("mtbf_seconds", Kind.GAUGE, "Mean wall time between faults observed in this job.")
+EFFICIENCY_PREDICTED = _m("efficiency_predicted_ratio", Kind.GAUGE, "Efficiency the ETTR model predicts from measured MTBF, restart and checkpoint costs.")
+GPU_IDLE = _m("gpu_idle_seconds_total", Kind.COUNTER, "Rank-seconds the accelerator sat idle, by how it was measured.", labels=("source",), per_rank=True)
+
+EXPORTER_EVENTS = _m("exporter_events_total", Kind.COUNTER, "Journal events accepted.")
+EXPORTER_REJECTED = _m("exporter_rejected_events_total", Kind.COUNTER, "Journal lines rejected, by reason.", labels=("reason",))
+EXPORTER_LAG = _m("exporter_journal_lag_seconds", Kind.GAUGE, "Age of the newest event read, relative to now.")
+POD_RESTARTS = _m("pod_container_restarts_total", Kind.COUNTER, "Container restarts seen by the pod watcher, by container and reason.", labels=("container", "reason"))
+
+CATALOGUE: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))
+BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOGUE}

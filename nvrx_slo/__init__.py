@@ -1,0 +1,1 @@
+"""nvrx-slo: goodput accounting and SLO enforcement for NVRx FSDP training jobs."""

@@ -1,0 +1,3 @@
+from nvrx_slo.cli import main
+
+raise SystemExit(main())

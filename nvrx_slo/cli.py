@@ -1,0 +1,42 @@
+"""The `nvrx-slo` command: a thin dispatcher to each room's own entry point.
+
+Subcommands are imported lazily so that the sidecar image (no torch, no NVRx) can run
+`nvrx-slo sidecar` while `nvrx-slo demo` lives in the trainer room. Each entry point is a
+`main(argv: list[str]) -> int` that parses its own arguments with argparse.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> ("module:function", one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("trainer.demo:main", "run the reference FSDP job with the sidecar and print the SLO report"),
+    "train": ("trainer.reference_job:main", "the reference FSDP training job (run it under ft_launcher or torchrun)"),
+    "ft-launcher": ("trainer.ft_launcher:main", "NVRx ft_launcher, unchanged, with its own events journaled"),
+    "sidecar": ("exporter.sidecar:main", "follow a journal directory and serve /metrics, OTLP and a status page"),
+    "report": ("exporter.report:main", "offline HTML report with a timeline from a journal directory"),
+    "generate": ("nvrx_slo.generate:main", "write alert rules, dashboards and Kubernetes manifests"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: nvrx-slo COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `nvrx-slo COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"nvrx-slo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, func_name = COMMANDS[name][0].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(rest) or 0)

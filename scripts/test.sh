@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# README command 2: install what is needed (Python env + Debian's Prometheus, Alertmanager, Chromium), run every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+command -v promtool >/dev/null || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+command -v chromium >/dev/null || need+=(chromium)
+if [ ${#need[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+bash scripts/bootstrap.sh
+exec .venv/bin/python -m pytest "$@"
