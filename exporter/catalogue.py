@@ -70,7 +70,8 @@ class RestartPhase(str, Enum):
     DETECT = "detect"  # fault -> detected
     TEARDOWN = "teardown"  # detected -> old workers/state torn down
     RENDEZVOUS = "rendezvous"  # -> ranks re-assigned
-    REINIT = "reinit"  # -> the restarted loop is running again (restore is its own category)
+    REINIT = "reinit"  # -> the restarted process/function is up again, before its restore
+    RESTORE = "restore"  # checkpoint load in the restarted loop (its time is category checkpoint_restore)
 
 
 class GpuIdleSource(str, Enum):
@@ -127,7 +128,7 @@ CKPT_INTERVAL = _m("checkpoint_interval_seconds", Kind.GAUGE, "Measured mean tim
 CKPT_INTERVAL_OPTIMAL = _m("checkpoint_interval_optimal_seconds", Kind.GAUGE, "Young/Daly optimal interval sqrt(2 * blocking cost * MTBF).")
 
 RESTARTS = _m("restarts_total", Kind.COUNTER, "Restarts by level.", labels=("level",))
-RESTART_DURATION = _m("restart_duration_seconds", Kind.HISTOGRAM, "Fault to restarted training loop, by level.", labels=("level",), buckets=RESTART_BUCKETS)
+RESTART_DURATION = _m("restart_duration_seconds", Kind.HISTOGRAM, "Fault to the first step of the restarted loop (all phases, restore included), by level.", labels=("level",), buckets=RESTART_BUCKETS)
 RESTART_PHASE = _m("restart_phase_seconds", Kind.HISTOGRAM, "Duration of one restart phase, by level and phase.", labels=("level", "phase"), buckets=RESTART_BUCKETS)
 MTBF = _m("mtbf_seconds", Kind.GAUGE, "Mean wall time between faults observed in this job.")
 EFFICIENCY_PREDICTED = _m("efficiency_predicted_ratio", Kind.GAUGE, "Efficiency the ETTR model predicts from measured MTBF, restart and checkpoint costs.")
