@@ -1,0 +1,371 @@
+"""The report's timeline: journal records in, lanes of spans out, drawn as one inline SVG.
+
+Pure: no I/O, no clock. ``TimelineBuilder.add`` takes validated journal records one at a time
+(the report streams a whole journal through it next to the engine); ``build`` returns a
+``Timeline``; ``render_svg`` draws it. Restarts are not re-derived here: the engine decides what
+a restart is and when each phase began, and the report hands them in as ``RestartBand``s, so the
+picture and the numbers never disagree.
+
+Why it is bounded: a month-long journal holds millions of steps. Consecutive spans of one kind
+closer than ``MERGE_PX`` pixels are merged into a run (so a lane never holds more spans per kind
+than the plot has pixels / ``MERGE_PX``), at most ``MAX_LANES`` ranks are drawn, and only the
+newest ``MAX_MARKERS`` checkpoints and restarts are marked; what was left out is counted and
+said on the picture.
+
+Time axis: each process's monotonic clock is mapped to wall time through the ``wall - mono``
+offset of its first record, so processes on different nodes line up while spans within one
+process keep their exact monotonic lengths even if the wall clock jumps.
+
+Every string from the journal (ids, causes, pod names) is escaped with ``html.escape`` where it
+is written into the SVG.
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+import math
+from array import array
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.schema import EventType
+
+PLOT_WIDTH = 1100  # px of the time axis
+MERGE_PX = 2  # spans of one kind closer than this are drawn as one run
+GUTTER = 90  # px left of the plot for lane labels
+MAX_LANES = 64
+MAX_MARKERS = 400
+
+# Span kinds, in drawing order (later ones on top); each has a CSS class "tl-<kind>".
+STEP, LOST, RESTORE, BLOCKING, BACKGROUND = "step", "lost", "restore", "blocking", "background"
+KIND_LABELS = {
+    STEP: "training steps",
+    LOST: "lost work (rolled back)",
+    RESTORE: "checkpoint restore",
+    BLOCKING: "checkpoint blocking",
+    BACKGROUND: "checkpoint background write",
+}
+
+
+@dataclass(frozen=True)
+class Span:
+    """``[start, end]`` in seconds since the timeline's origin; ``count`` spans merged into it."""
+
+    kind: str
+    start: float
+    end: float
+    count: int
+    label: str
+
+
+@dataclass(frozen=True)
+class Lane:
+    rank: int
+    spans: tuple[Span, ...]
+
+
+@dataclass(frozen=True)
+class CheckpointMarker:
+    ckpt: str
+    at: float  # when it became durable (ok), failed, or — still in flight — when it started
+    status: str  # "ok" | "failed" | "in_flight"
+    step: int
+
+
+@dataclass(frozen=True)
+class RestartBand:
+    """One restart as the engine saw it, on the wall clock; ``phases`` are ``(phase, start, end)``."""
+
+    level: str
+    start_wall: float
+    end_wall: float
+    phases: tuple[tuple[str, float, float], ...]
+    cause: str | None = None
+
+
+@dataclass(frozen=True)
+class Timeline:
+    origin_wall: float  # wall time of x = 0
+    duration: float
+    lanes: tuple[Lane, ...]
+    checkpoints: tuple[CheckpointMarker, ...]
+    restarts: tuple[RestartBand, ...]
+    lanes_omitted: int = 0
+    checkpoints_omitted: int = 0
+    restarts_omitted: int = 0
+
+
+@dataclass
+class _RankData:
+    # steps as parallel arrays: start, end (process-local monotonic + offset = wall), step number
+    step_start: array = field(default_factory=lambda: array("d"))
+    step_end: array = field(default_factory=lambda: array("d"))
+    step_no: array = field(default_factory=lambda: array("q"))
+    restores: list[tuple[float, int]] = field(default_factory=list)  # (time, resumed step or -1)
+    spans: list[tuple[str, float, float, str]] = field(default_factory=list)  # restore/blocking/background
+
+
+class TimelineBuilder:
+    """Accumulate what the timeline needs from records, in compact form (a few floats per step)."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[tuple[str, int], float] = {}  # (pod, pid) -> wall - mono
+        self._ranks: dict[int, _RankData] = defaultdict(_RankData)
+        self._ckpt_started: dict[tuple[int, str], float] = {}  # (rank, ckpt) -> blocking start
+        self._ckpt_scheduled: dict[tuple[int, str], float] = {}  # (rank, ckpt) -> background start
+        self._ckpts: dict[str, dict[str, Any]] = {}  # ckpt -> {"step", "first", "written", "failed"}
+        self._lo = float("inf")
+        self._hi = float("-inf")
+
+    def add(self, rec: dict[str, Any]) -> None:
+        """Take one record that ``trainer.schema.validate`` accepted."""
+        key = (rec["pod"], rec["pid"])
+        off = self._offsets.setdefault(key, rec["wall"] - rec["mono"])
+        t = rec["mono"] + off
+        self._lo = min(self._lo, t)
+        self._hi = max(self._hi, t)
+        rank = rec["rank"]
+        if rank is None:
+            return  # launcher records only matter through the engine's restarts
+        kind = rec["type"]
+        data = self._ranks[rank]
+        if kind == EventType.STEP:
+            data.step_start.append(rec["start"] + off)
+            data.step_end.append(t)
+            data.step_no.append(rec["step"])
+            self._lo = min(self._lo, rec["start"] + off)
+        elif kind == EventType.RESTORE:
+            step = rec["step"]
+            data.restores.append((t, -1 if step is None else step))
+            data.spans.append((RESTORE, rec["start"] + off, t, f"restore from step {step}"))
+        elif kind == EventType.CHECKPOINT_START:
+            ckpt = rec["ckpt"]
+            self._ckpt_started[(rank, ckpt)] = t
+            entry = self._ckpts.setdefault(ckpt, {"step": rec["step"], "first": t, "written": None, "failed": False})
+            entry["first"] = min(entry["first"], t)
+        elif kind == EventType.CHECKPOINT_SCHEDULED:
+            ckpt = rec["ckpt"]
+            start = self._ckpt_started.pop((rank, ckpt), None)
+            if start is not None:
+                data.spans.append((BLOCKING, start, t, f"{ckpt}: save blocked {t - start:.3f} s"))
+            self._ckpt_scheduled[(rank, ckpt)] = t
+        elif kind == EventType.CHECKPOINT_FINALIZE:
+            data.spans.append((BLOCKING, rec["start"] + off, t, f"{rec['ckpt']}: finalize {t - rec['start'] - off:.3f} s"))
+        elif kind == EventType.CHECKPOINT_END:
+            ckpt = rec["ckpt"]
+            written = rec["written"] + off
+            entry = self._ckpts.setdefault(ckpt, {"step": rec["step"], "first": written, "written": None, "failed": False})
+            if rec["ok"]:
+                entry["written"] = max(entry["written"] or written, written)
+            else:
+                entry["failed"] = True
+            start = self._ckpt_scheduled.pop((rank, ckpt), None)
+            if start is not None:
+                state = "written" if rec["ok"] else f"failed: {rec['error']}"
+                data.spans.append((BACKGROUND, start, written, f"{ckpt}: {state} in {written - start:.3f} s background"))
+
+    def build(self, restarts: list[RestartBand] | tuple[RestartBand, ...] = ()) -> Timeline:
+        """Finish: mark lost steps, merge spans to the pixel, cap lanes and markers."""
+        lo = min([self._lo] + [r.start_wall for r in restarts])
+        hi = max([self._hi] + [r.end_wall for r in restarts])
+        if lo > hi:  # nothing at all
+            lo = hi = 0.0
+        duration = max(hi - lo, 1e-9)
+        resolution = MERGE_PX * duration / PLOT_WIDTH
+        ranks = sorted(self._ranks)
+        lanes = tuple(self._lane(r, self._ranks[r], lo, resolution) for r in ranks[:MAX_LANES])
+        markers = sorted((self._marker(c, e, lo) for c, e in self._ckpts.items()), key=lambda m: m.at)
+        bands = sorted(restarts, key=lambda r: r.start_wall)
+        return Timeline(
+            origin_wall=lo,
+            duration=hi - lo,
+            lanes=lanes,
+            checkpoints=tuple(markers[-MAX_MARKERS:]),
+            restarts=tuple(bands[-MAX_MARKERS:]),
+            lanes_omitted=max(0, len(ranks) - MAX_LANES),
+            checkpoints_omitted=max(0, len(markers) - MAX_MARKERS),
+            restarts_omitted=max(0, len(bands) - MAX_MARKERS),
+        )
+
+    @staticmethod
+    def _marker(ckpt: str, entry: dict[str, Any], lo: float) -> CheckpointMarker:
+        if entry["failed"]:
+            status, at = "failed", entry["written"] or entry["first"]
+        elif entry["written"] is not None:
+            status, at = "ok", entry["written"]
+        else:
+            status, at = "in_flight", entry["first"]
+        return CheckpointMarker(ckpt=ckpt, at=at - lo, status=status, step=entry["step"])
+
+    @staticmethod
+    def _lane(rank: int, data: _RankData, lo: float, resolution: float) -> Lane:
+        # A step is lost when a later restore resumed from an earlier step (min over all later
+        # restores: a fallback to an older checkpoint rolls back work that was already redone).
+        restores = sorted(data.restores)
+        times = [t for t, _ in restores]
+        suffix_min = [0] * len(restores)
+        running = None
+        for i in range(len(restores) - 1, -1, -1):
+            running = restores[i][1] if running is None else min(running, restores[i][1])
+            suffix_min[i] = running
+        order = sorted(range(len(data.step_end)), key=data.step_end.__getitem__)
+        raw: list[tuple[str, float, float, int]] = []
+        for i in order:
+            j = bisect.bisect_right(times, data.step_end[i])
+            lost = j < len(restores) and data.step_no[i] > suffix_min[j]
+            raw.append((LOST if lost else STEP, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i]))
+        spans = _merge_steps(raw, resolution)
+        others = sorted(data.spans, key=lambda s: s[1])
+        spans += _merge_others([(k, s - lo, e - lo, label) for k, s, e, label in others], resolution)
+        return Lane(rank=rank, spans=tuple(spans))
+
+
+def _merge_steps(raw: list[tuple[str, float, float, int]], resolution: float) -> list[Span]:
+    """Runs of consecutive steps of one kind, split where a gap is wider than ``resolution``."""
+    out: list[Span] = []
+    run: list[Any] | None = None  # [kind, start, end, count, first_step, last_step]
+    for kind, start, end, step in raw:
+        if run is not None and run[0] == kind and start - run[2] <= resolution:
+            run[2] = max(run[2], end)
+            run[3] += 1
+            run[5] = step
+            continue
+        if run is not None:
+            out.append(_step_span(run))
+        run = [kind, start, end, 1, step, step]
+    if run is not None:
+        out.append(_step_span(run))
+    return out
+
+
+def _step_span(run: list[Any]) -> Span:
+    kind, start, end, count, first, last = run
+    what = "lost " if kind == LOST else ""
+    steps = f"step {first}" if count == 1 else f"{count} {what}steps {first}–{last}"
+    if count == 1 and what:
+        steps = f"lost step {first}"
+    return Span(kind, start, end, count, f"{steps}, {end - start:.3f} s")
+
+
+def _merge_others(raw: list[tuple[str, float, float, str]], resolution: float) -> list[Span]:
+    """Merge same-kind spans closer than ``resolution`` (keeping the first label and a count)."""
+    out: list[Span] = []
+    open_: dict[str, Span] = {}
+    for kind, start, end, label in raw:
+        cur = open_.get(kind)
+        if cur is not None and start - cur.end <= resolution:
+            open_[kind] = Span(kind, cur.start, max(cur.end, end), cur.count + 1, cur.label)
+            continue
+        if cur is not None:
+            out.append(_counted(cur))
+        open_[kind] = Span(kind, start, end, 1, label)
+    out.extend(_counted(s) for s in open_.values())
+    return out
+
+
+def _counted(span: Span) -> Span:
+    if span.count == 1:
+        return span
+    return Span(span.kind, span.start, span.end, span.count, f"{span.count} merged, first: {span.label}")
+
+
+# --- drawing -----------------------------------------------------------------------------------
+
+LANE_H = 26  # per rank: 16 px main row + 6 px background-write row + gap
+TOP = 58  # axis, checkpoint row and restart-phase row above the lanes
+PHASE_CLASSES = ("detect", "teardown", "rendezvous", "reinit", "restore")
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _nice_step(duration: float, target: int = 8) -> float:
+    """A 1-2-5 tick interval giving about ``target`` ticks over ``duration``."""
+    raw = max(duration / target, 1e-6)
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+
+
+def render_svg(tl: Timeline) -> str:
+    """The timeline as one ``<svg>`` element (CSS classes ``tl-*`` come from the page's stylesheet)."""
+    scale = PLOT_WIDTH / max(tl.duration, 1e-9)
+
+    def x(t: float) -> float:
+        return round(GUTTER + max(0.0, t) * scale, 2)
+
+    def w(start: float, end: float) -> float:
+        return round(max((end - start) * scale, 0.75), 2)
+
+    height = TOP + LANE_H * max(len(tl.lanes), 1) + 24
+    out = [
+        f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {GUTTER + PLOT_WIDTH + 10} {height}"'
+        f' width="100%" role="img" aria-label="timeline, one lane per rank"'
+        f' data-lanes="{len(tl.lanes)}" data-duration="{tl.duration:.3f}">'
+    ]
+    step = _nice_step(tl.duration)
+    n = 0
+    while n * step <= tl.duration + 1e-9:
+        tx = x(n * step)
+        out.append(f'<line class="tl-grid" x1="{tx}" y1="14" x2="{tx}" y2="{height - 20}"/>'
+                   f'<text class="tl-tick" x="{tx}" y="11">{_e(_fmt_seconds(n * step))}</text>')
+        n += 1
+    out.append(f'<text class="tl-rowlabel" x="4" y="30">checkpoints</text>'
+               f'<text class="tl-rowlabel" x="4" y="48">restarts</text>')
+    for r in tl.restarts:
+        s, e = r.start_wall - tl.origin_wall, r.end_wall - tl.origin_wall
+        title = f"{r.level} restart, {r.end_wall - r.start_wall:.2f} s" + (f" — cause: {r.cause}" if r.cause else "")
+        out.append(f'<g class="tl-restart" data-kind="restart" data-level="{_e(r.level)}"><title>{_e(title)}</title>'
+                   f'<rect class="tl-restart-band" x="{x(s)}" y="38" width="{w(s, e)}" height="{height - 58}"/>')
+        for phase, ps, pe in r.phases:
+            cls = phase if phase in PHASE_CLASSES else "other"
+            out.append(f'<rect class="tl-phase tl-phase-{cls}" x="{x(ps - tl.origin_wall)}" y="40"'
+                       f' width="{w(ps, pe)}" height="12"><title>{_e(f"{phase}: {pe - ps:.3f} s")}</title></rect>')
+        out.append(f'<path class="tl-restart-mark" d="M{x(s)},36 l-4,-6 h8 z"/></g>')
+    for m in tl.checkpoints:
+        cx = x(m.at)
+        title = f"{m.ckpt} (step {m.step}): {m.status.replace('_', ' ')}"
+        out.append(f'<path class="tl-ckpt tl-ckpt-{m.status}" data-kind="checkpoint" data-ckpt="{_e(m.ckpt)}"'
+                   f' d="M{cx},20 l5,6 l-5,6 l-5,-6 z"><title>{_e(title)}</title></path>')
+    for i, lane in enumerate(tl.lanes):
+        y = TOP + i * LANE_H
+        out.append(f'<g class="tl-lane" data-rank="{lane.rank}">'
+                   f'<text class="tl-lanelabel" x="4" y="{y + 12}">rank {lane.rank}</text>'
+                   f'<rect class="tl-lanebg" x="{GUTTER}" y="{y}" width="{PLOT_WIDTH}" height="16"/>')
+        for sp in lane.spans:
+            top, h = (y + 17, 6) if sp.kind == BACKGROUND else (y, 16)
+            out.append(f'<rect class="tl-{sp.kind}" x="{x(sp.start)}" y="{top}" width="{w(sp.start, sp.end)}"'
+                       f' height="{h}" data-count="{sp.count}"><title>{_e(sp.label)}</title></rect>')
+        out.append("</g>")
+    notes = []
+    if tl.lanes_omitted:
+        notes.append(f"{tl.lanes_omitted} more ranks not drawn")
+    if tl.checkpoints_omitted:
+        notes.append(f"{tl.checkpoints_omitted} older checkpoints not marked")
+    if tl.restarts_omitted:
+        notes.append(f"{tl.restarts_omitted} older restarts not marked")
+    if notes:
+        out.append(f'<text class="tl-note" x="{GUTTER}" y="{height - 6}">{_e("; ".join(notes))}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _fmt_seconds(t: float) -> str:
+    if t >= 3600:
+        return f"{t / 3600:.4g} h"
+    if t >= 120:
+        return f"{t / 60:.4g} min"
+    return f"{t:.4g} s"
+
+
+def legend_html() -> str:
+    """A legend for the span kinds and restart phases, as HTML (classes match the SVG's)."""
+    items = [f'<span class="tl-key"><svg width="14" height="10"><rect class="tl-{k}" width="14" height="10"/></svg>{_e(v)}</span>'
+             for k, v in KIND_LABELS.items()]
+    items += [f'<span class="tl-key"><svg width="14" height="10"><rect class="tl-phase tl-phase-{p}" width="14" height="10"/></svg>restart: {p}</span>'
+              for p in PHASE_CLASSES]
+    items.append('<span class="tl-key"><svg width="12" height="12"><path class="tl-ckpt tl-ckpt-ok" d="M6,0 l5,6 l-5,6 l-5,-6 z"/></svg>checkpoint durable</span>')
+    items.append('<span class="tl-key"><svg width="12" height="12"><path class="tl-ckpt tl-ckpt-failed" d="M6,0 l5,6 l-5,6 l-5,-6 z"/></svg>checkpoint failed</span>')
+    return '<div class="tl-legend">' + "".join(items) + "</div>"
