@@ -1,0 +1,156 @@
+"""The timeline: lanes, lost-work shading, checkpoint markers, bounds and escaping (pure, no I/O)."""
+
+import html
+import re
+import xml.etree.ElementTree as ET
+
+from exporter import timeline
+from exporter.timeline import RestartBand, TimelineBuilder
+from trainer import schema
+
+WALL0 = 1.7e9
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+def rec(type_, mono, rank=0, pid=100, pod="pod-0", **payload):
+    """A record that the real schema accepts (validated, so tests cannot drift from the contract)."""
+    return schema.validate({"v": 1, "type": type_, "seq": 0, "mono": mono, "wall": WALL0 + mono, "job": "j",
+                            "pod": pod, "node": "n", "rank": rank, "local_rank": rank, "pid": pid,
+                            "restart": 0, "iter": 0, **payload})
+
+
+def step(n, end, rank=0, pid=100, dur=0.09, pod="pod-0"):
+    return rec("step", end, rank, pid, pod, step=n, start=end - dur, data_s=0.0, compute_s=dur, optimizer_s=0.0)
+
+
+def checkpoint(ckpt, n, t, rank=0, pid=100, ok=True, error=None):
+    return [rec("checkpoint_start", t, rank, pid, ckpt=ckpt, step=n, mode="async"),
+            rec("checkpoint_scheduled", t + 0.02, rank, pid, ckpt=ckpt, plan_s=0.01, stage_s=0.01, bytes=10),
+            rec("checkpoint_end", t + 0.6, rank, pid, ckpt=ckpt, step=n, ok=ok, written=t + 0.5, error=error)]
+
+
+def restore(t, n, rank=0, pid=101):
+    return rec("restore", t, rank, pid, start=t - 0.2, step=n, path=None, fallback=None)
+
+
+def build(records, restarts=()):
+    b = TimelineBuilder()
+    for r in records:
+        b.add(r)
+    return b.build(list(restarts))
+
+
+def kinds_by_step(lane):
+    """Map each step number mentioned in a single-step span's label to its kind."""
+    out = {}
+    for sp in lane.spans:
+        m = re.match(r"(?:lost )?step (\d+),", sp.label)
+        if m:
+            out[int(m.group(1))] = sp.kind
+    return out
+
+
+def test_steps_after_the_last_durable_checkpoint_are_shaded_lost_and_redone_steps_are_not():
+    # Steps 10 s apart (wider than the merge resolution) so each stays its own span.
+    records = [step(n, 10.0 * n) for n in range(1, 7)]
+    records += checkpoint("step-3", 3, 31.0)
+    records += [restore(75.0, 3), step(4, 80.0, pid=101), step(5, 90.0, pid=101)]
+    tl = build(records)
+    got = kinds_by_step(tl.lanes[0])
+    assert [got[n] for n in (1, 2, 3)] == ["step"] * 3
+    lost = [sp for sp in tl.lanes[0].spans if sp.kind == "lost"]
+    assert [sp.label.split(",")[0] for sp in lost] == ["lost step 4", "lost step 5", "lost step 6"]
+    redone = [sp for sp in tl.lanes[0].spans if sp.kind == "step" and sp.start + tl.origin_wall > WALL0 + 75]
+    assert [sp.label.split(",")[0] for sp in redone] == ["step 4", "step 5"]
+
+
+def test_a_fallback_to_an_older_checkpoint_rolls_back_work_that_was_already_redone():
+    records = [step(n, 10.0 * n) for n in range(1, 5)]
+    records += [restore(50.0, 2), step(3, 60.0, pid=101), step(4, 70.0, pid=101)]
+    records += [restore(80.0, 1, pid=102)]  # the step-2 checkpoint turned out corrupt
+    tl = build(records)
+    spans = sorted(tl.lanes[0].spans, key=lambda s: s.start)
+    kinds = [(s.kind, s.label.split(",")[0]) for s in spans if s.kind in ("step", "lost")]
+    assert kinds == [("step", "step 1"), ("lost", "lost step 2"), ("lost", "lost step 3"), ("lost", "lost step 4"),
+                     ("lost", "lost step 3"), ("lost", "lost step 4")]
+
+
+def test_a_fresh_start_restore_loses_every_earlier_step():
+    tl = build([step(1, 10.0), step(2, 20.0), restore(30.0, None)])
+    assert {sp.kind for sp in tl.lanes[0].spans if sp.kind in ("step", "lost")} == {"lost"}
+
+
+def test_one_lane_per_rank_and_one_marker_per_checkpoint_with_its_status():
+    records = []
+    for rank in (0, 1, 2):
+        records += [step(n, 1.0 * n, rank=rank, pid=100 + rank) for n in range(1, 4)]
+        records += checkpoint("ok-ckpt", 2, 2.1, rank=rank, pid=100 + rank)
+        records += checkpoint("bad-ckpt", 3, 3.1, rank=rank, pid=100 + rank, ok=rank != 1, error="disk full")
+    records.append(rec("checkpoint_start", 3.5, 0, 100, ckpt="pending", step=3, mode="async"))
+    tl = build(records)
+    assert [lane.rank for lane in tl.lanes] == [0, 1, 2]
+    assert {m.ckpt: m.status for m in tl.checkpoints} == {"ok-ckpt": "ok", "bad-ckpt": "failed", "pending": "in_flight"}
+    ok = next(m for m in tl.checkpoints if m.ckpt == "ok-ckpt")
+    assert abs((ok.at + tl.origin_wall) - (WALL0 + 2.6)) < 1e-6  # the instant the write finished
+    lane0 = tl.lanes[0]
+    blocking = [sp for sp in lane0.spans if sp.kind == "blocking"]
+    background = [sp for sp in lane0.spans if sp.kind == "background"]
+    assert [round(sp.end - sp.start, 3) for sp in blocking] == [0.02, 0.02]
+    assert [round(sp.end - sp.start, 3) for sp in background] == [0.48, 0.48]
+
+    svg = ET.fromstring(timeline.render_svg(tl))
+    lanes = svg.findall(f".//{SVG_NS}g[@class='tl-lane']")
+    assert [g.get("data-rank") for g in lanes] == ["0", "1", "2"]
+    assert sorted(p.get("data-ckpt") for p in svg.iter() if p.get("data-kind") == "checkpoint") == \
+        ["bad-ckpt", "ok-ckpt", "pending"]
+
+
+def test_restarts_are_drawn_with_their_phases_and_set_the_time_range():
+    records = [step(1, 1.0), step(2, 2.0)]
+    band = RestartBand("injob", WALL0 + 2.5, WALL0 + 6.0,
+                       (("detect", WALL0 + 2.5, WALL0 + 3.0), ("teardown", WALL0 + 3.0, WALL0 + 4.0),
+                        ("rendezvous", WALL0 + 4.0, WALL0 + 5.0), ("reinit", WALL0 + 5.0, WALL0 + 6.0)),
+                       cause="SIGKILL")
+    tl = build(records, [band])
+    assert abs(tl.duration - (6.0 - 0.91)) < 1e-6
+    svg = ET.fromstring(timeline.render_svg(tl))
+    groups = [g for g in svg.iter() if g.get("data-kind") == "restart"]
+    assert len(groups) == 1 and groups[0].get("data-level") == "injob"
+    phases = [r.get("class") for r in groups[0].iter(f"{SVG_NS}rect") if "tl-phase" in r.get("class", "")]
+    assert phases == ["tl-phase tl-phase-detect", "tl-phase tl-phase-teardown",
+                      "tl-phase tl-phase-rendezvous", "tl-phase tl-phase-reinit"]
+
+
+def test_a_huge_journal_stays_small_on_the_page():
+    records = []
+    ranks = timeline.MAX_LANES + 6
+    for rank in range(ranks):
+        records += [step(n, 0.01 * n, rank=rank, pid=1000 + rank, dur=0.009) for n in range(1, 3001)]
+    for k in range(timeline.MAX_MARKERS + 50):
+        records += checkpoint(f"c{k}", k, 0.05 * k, rank=0, pid=1000)
+    tl = build(records)
+    assert len(tl.lanes) == timeline.MAX_LANES and tl.lanes_omitted == 6
+    assert len(tl.checkpoints) == timeline.MAX_MARKERS and tl.checkpoints_omitted == 50
+    assert tl.checkpoints[-1].ckpt == f"c{timeline.MAX_MARKERS + 49}"  # the newest are kept
+    per_kind_cap = timeline.PLOT_WIDTH // timeline.MERGE_PX + 1
+    for lane in tl.lanes:
+        for kind in ("step", "blocking", "background"):
+            assert sum(sp.kind == kind for sp in lane.spans) <= per_kind_cap
+    # every step is still accounted for in the merged runs
+    assert sum(sp.count for sp in tl.lanes[1].spans if sp.kind == "step") == 3000
+    svg = timeline.render_svg(tl)
+    assert len(svg) < 1_500_000, len(svg)
+    assert "6 more ranks not drawn" in svg and "50 older checkpoints not marked" in svg
+
+
+def test_journal_strings_are_escaped_everywhere():
+    evil = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
+    records = checkpoint(evil, 1, 1.0, ok=False, error=evil) + [step(1, 0.5, pod=evil)]
+    band = RestartBand(evil, WALL0 + 2.0, WALL0 + 3.0, ((evil, WALL0 + 2.0, WALL0 + 3.0),), cause=evil)
+    svg_text = timeline.render_svg(build(records, [band]))
+    assert "<script" not in svg_text and "<img" not in svg_text
+    svg = ET.fromstring(svg_text)  # still well-formed XML
+    assert any(el.get("data-ckpt") == evil for el in svg.iter())  # the id survives, as data
+    titles = [t.text for t in svg.iter(f"{SVG_NS}title")]
+    assert any(evil in (t or "") for t in titles)
+    assert html.escape(evil) in svg_text
