@@ -273,7 +273,8 @@ def _counted(span: Span) -> Span:
 
 # --- drawing -----------------------------------------------------------------------------------
 
-LANE_H = 26  # per rank: 16 px main row + 6 px background-write row + gap
+ROW_H, BG_H = 20, 7  # per rank: a main row, a thin background-write row under it
+LANE_H = ROW_H + BG_H + 6
 TOP = 58  # axis, checkpoint row and restart-phase row above the lanes
 PHASE_CLASSES = ("detect", "teardown", "rendezvous", "reinit", "restore")
 
@@ -332,10 +333,10 @@ def render_svg(tl: Timeline) -> str:
     for i, lane in enumerate(tl.lanes):
         y = TOP + i * LANE_H
         out.append(f'<g class="tl-lane" data-rank="{lane.rank}">'
-                   f'<text class="tl-lanelabel" x="4" y="{y + 12}">rank {lane.rank}</text>'
-                   f'<rect class="tl-lanebg" x="{GUTTER}" y="{y}" width="{PLOT_WIDTH}" height="16"/>')
+                   f'<text class="tl-lanelabel" x="4" y="{y + 15}">rank {lane.rank}</text>'
+                   f'<rect class="tl-lanebg" x="{GUTTER}" y="{y}" width="{PLOT_WIDTH}" height="{ROW_H}"/>')
         for sp in lane.spans:
-            top, h = (y + 17, 6) if sp.kind == BACKGROUND else (y, 16)
+            top, h = (y + ROW_H + 1, BG_H) if sp.kind == BACKGROUND else (y, ROW_H)
             out.append(f'<rect class="tl-{sp.kind}" x="{x(sp.start)}" y="{top}" width="{w(sp.start, sp.end)}"'
                        f' height="{h}" data-count="{sp.count}"><title>{_e(sp.label)}</title></rect>')
         out.append("</g>")
