@@ -1,0 +1,58 @@
+"""The step and restore hooks write the spans the schema describes, and only for completed work."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trainer import schema
+from trainer.hooks import Hooks
+
+
+def _records(directory):
+    return [schema.decode(line) for path in sorted(directory.iterdir()) for line in path.read_bytes().splitlines()]
+
+
+def test_a_step_journals_its_span_and_phases(tmp_path):
+    hooks = Hooks.start(world_size=2, journal_dir=str(tmp_path))
+    with hooks.step(5) as s:
+        with s.data():
+            time.sleep(0.02)
+        with s.compute():
+            time.sleep(0.03)
+        with s.optimizer():
+            time.sleep(0.01)
+    hooks.close()
+    start, step, end = _records(tmp_path)
+    assert (start["type"], start["world_size"], end["type"]) == ("process_start", 2, "process_end")
+    assert step["type"] == "step" and step["step"] == 5
+    assert 0.02 <= step["data_s"] < 0.06 and 0.03 <= step["compute_s"] < 0.07 and 0.01 <= step["optimizer_s"] < 0.05
+    span = step["mono"] - step["start"]
+    assert step["data_s"] + step["compute_s"] + step["optimizer_s"] <= span + 2e-6  # µs rounding
+
+
+def test_a_step_that_raises_leaves_no_record(tmp_path):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path))
+    with pytest.raises(RuntimeError):
+        with hooks.step(1) as s:
+            with s.compute():
+                raise RuntimeError("fault")
+    with hooks.step(1):
+        pass
+    steps = [r for r in _records(tmp_path) if r["type"] == "step"]
+    assert len(steps) == 1 and steps[0]["compute_s"] == 0.0  # phases reset between steps
+
+
+def test_restore_journals_the_step_resumed_from_or_a_warning_when_it_fails(tmp_path):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path))
+    with hooks.restore() as r:
+        r.step, r.path, r.fallback = 40, "/ckpt/step-000040", "step-000050: corrupt"
+    assert r.next_step == 41
+    with pytest.raises(OSError):
+        with hooks.restore():
+            raise OSError("disk gone")
+    restore, warning = _records(tmp_path)[1:]
+    assert restore["type"] == "restore" and restore["step"] == 40 and restore["fallback"] == "step-000050: corrupt"
+    assert restore["start"] <= restore["mono"]
+    assert warning["type"] == "warning" and "disk gone" in warning["message"]
