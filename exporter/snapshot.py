@@ -1,0 +1,160 @@
+"""What the accounting engine tells its views: frozen, plain-data snapshots.
+
+``Engine.snapshot(now_mono, now_wall)`` returns a ``Snapshot``; the Prometheus collector, the OTLP
+instruments, the status page and the offline report all render one, and none of them computes
+anything the engine could get wrong twice. Names and units follow ``exporter.catalogue``:
+seconds, rank-seconds for time accounting, Unix seconds for ``*_wall`` timestamps.
+
+The invariant every snapshot keeps, per rank and therefore in sum:
+
+    sum(rank.seconds.values()) + rank.unprotected_s == rank.wall_s
+
+``seconds`` holds every settled category (``catalogue.SETTLED_CATEGORIES``) and only grows from
+one snapshot to the next; ``unprotected_s`` is the provisional gauge (see docs/accounting.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from exporter.catalogue import Category, RestartLevel, RestartPhase
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus-style histogram: ``counts[i]`` observations ≤ ``bounds[i]``, cumulative.
+
+    ``counts`` has ``len(bounds) + 1`` entries; the last is the ``+Inf`` bucket and equals ``count``.
+    """
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+    count: int
+
+
+class RankState(str, Enum):
+    """Where a rank's loop is at its newest accounted event."""
+
+    INIT = "init"  # started, no step yet
+    TRAINING = "training"  # between steps (or in one)
+    RESTART = "restart"  # a fault was seen; the restarted loop has not stepped yet
+    ENDED = "ended"  # process_end written
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    rank: int
+    wall_s: float  # rank-seconds since the job's first process start (stops when the job finished)
+    seconds: Mapping[Category, float]  # settled seconds per category; UNPROTECTED is not a key
+    unprotected_s: float  # provisional: steps since the last durable save + the open tail
+    steps: int  # completed steps, rolled-back ones included
+    step: int | None  # latest training step number reached
+    last_step_wall: float | None  # Unix time the latest step ended
+    step_duration: Histogram  # catalogue.STEP_BUCKETS
+    worker_alive: bool | None  # async checkpoint worker, None if never reported by this process
+    skew_ratio: float | None  # recent mean step time / median across ranks
+    gpu_idle_s: float  # rank-seconds not in a step's compute/optimizer (source STEP_PHASES)
+    state: RankState
+    pid: int
+    restart: int  # ft_launcher restart count of the newest process
+    iter: int  # inprocess.Wrapper iteration of the newest process
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One save, aggregated over the ranks that journaled it (max times, summed bytes)."""
+
+    ckpt: str
+    step: int
+    mode: str
+    blocking_s: float | None  # slowest rank's start -> scheduled (+ finalize spans)
+    background_s: float | None  # slowest rank's scheduled -> written
+    ok: bool | None  # None while in flight; False if any rank failed
+    bytes: int
+    written_wall: float | None  # Unix time the last rank's write finished
+    ranks: int  # ranks that reported its start
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    saves: int  # durable saves (checkpoint ids with an ok end and no failed end)
+    failures: int  # checkpoint ids with a failed end
+    in_flight: int  # checkpoint ids started by a live process and not yet ended there
+    bytes_total: int  # bytes of durable saves, all ranks
+    blocking: Histogram  # one observation per rank per save; catalogue.CHECKPOINT_BUCKETS
+    background: Histogram  # one observation per rank per durable save
+    overlap_ratio: float | None  # background / (blocking + background), all saves so far
+    blocking_fraction: float | None  # checkpoint_blocking rank-seconds / wall rank-seconds
+    last_success_wall: float | None
+    last_success_step: int | None
+    age_s: float | None  # monotonic seconds since the newest durable save was written
+    interval_s: float | None  # measured mean time between durable saves
+    optimal_interval_s: float | None  # Young/Daly sqrt(2 * C * MTBF)
+    recent: tuple[CheckpointRecord, ...]  # newest last, bounded
+
+
+@dataclass(frozen=True)
+class RestartRecord:
+    """One restart of the pod's job, counted once however many ranks took part."""
+
+    level: RestartLevel
+    cause: str | None
+    fault_wall: float
+    duration_s: float | None  # fault -> first step of the restarted loop; None while in progress
+    phases: Mapping[RestartPhase, float]  # only the phases whose boundaries were journaled
+    ranks: int
+
+
+@dataclass(frozen=True)
+class RestartStats:
+    counts: Mapping[RestartLevel, int]  # every level is a key
+    duration: Mapping[RestartLevel, Histogram]  # catalogue.RESTART_BUCKETS
+    phases: Mapping[tuple[RestartLevel, RestartPhase], Histogram]  # every (level, phase) is a key
+    mtbf_s: float | None  # job wall time / faults; None before the first fault
+    recent: tuple[RestartRecord, ...]  # newest last, bounded
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now_mono: float
+    now_wall: float
+    job: str
+    pod: str
+    node: str
+    job_start_wall: float | None  # Unix time of the pod journal's earliest event
+    finished: bool  # launcher_exit + clean process_end everywhere: wall stopped
+    ranks: tuple[RankSnapshot, ...]  # sorted by rank
+    checkpoints: CheckpointStats
+    restarts: RestartStats
+    predicted_efficiency: float | None  # ETTR model (Kokolis et al. 2024)
+    events_accepted: int
+    duplicates: int  # same (pid, seq) seen again: ignored
+    out_of_order: int  # arrived behind a newer event of its rank, within the reorder window: accounted
+    late: int  # older than the reorder window when it arrived: counted, not accounted
+    journal_lag_s: float | None  # now_mono - newest event's mono
+
+    @property
+    def wall_s(self) -> float:
+        return sum(r.wall_s for r in self.ranks)
+
+    @property
+    def seconds(self) -> dict[Category, float]:
+        """Settled rank-seconds per category, summed over ranks."""
+        out: dict[Category, float] = {}
+        for r in self.ranks:
+            for category, value in r.seconds.items():
+                out[category] = out.get(category, 0.0) + value
+        return out
+
+    @property
+    def unprotected_s(self) -> float:
+        return sum(r.unprotected_s for r in self.ranks)
+
+    @property
+    def efficiency(self) -> float | None:
+        """Goodput ratio: productive rank-seconds / wall rank-seconds (the rank average)."""
+        wall = self.wall_s
+        return self.seconds.get(Category.PRODUCTIVE, 0.0) / wall if wall > 0 else None
