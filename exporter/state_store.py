@@ -1,0 +1,66 @@
+"""The sidecar's persisted state: engine state and read offsets, in one file, replaced atomically.
+
+Why one file: offsets and the engine state that already holds the lines before them must be
+saved together, or a restart either re-counts lines (offsets older than the state) or forgets
+them (offsets newer). The file is written to a temporary name, fsynced and renamed over the old
+one (then the directory is fsynced), so a SIGKILL at any instant leaves the old or the new state,
+never a torn one.
+
+``load`` returns ``None`` when there is nothing usable — no file, another format, another
+journal directory, or a corrupt file (logged) — and the sidecar then rebuilds from the journal
+from offset 0, which counts nothing twice because it starts from an empty engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("nvrx_slo.state")
+
+FORMAT = 1
+
+
+def save(path: str | os.PathLike[str], journal_dir: str | os.PathLike[str], parts: dict[str, Any]) -> None:
+    """Atomically replace ``path`` with ``parts`` (JSON-able), tagged with the journal directory."""
+    path = Path(path)
+    body = orjson.dumps({"format": FORMAT, "journal_dir": str(Path(journal_dir).resolve()), **parts})
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load(path: str | os.PathLike[str], journal_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The parts saved for ``journal_dir``, or ``None`` when there is no usable state (see module doc)."""
+    path = Path(path)
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, orjson.JSONDecodeError) as exc:
+        log.error("state file %s unusable (%s): rebuilding from the journal", path, exc)
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        log.error("state file %s has an unknown format: rebuilding from the journal", path)
+        return None
+    if data.get("journal_dir") != str(Path(journal_dir).resolve()):
+        log.warning("state file %s belongs to journal %s, not %s: rebuilding from the journal",
+                    path, data.get("journal_dir"), journal_dir)
+        return None
+    return {k: v for k, v in data.items() if k not in ("format", "journal_dir")}

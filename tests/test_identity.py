@@ -1,0 +1,38 @@
+"""Pod identity from the Downward API: env first, then the labels file, then the service account."""
+
+from __future__ import annotations
+
+from exporter.identity import from_environment, parse_labels_file
+
+
+def test_env_gives_every_field(tmp_path):
+    env = {"POD_NAMESPACE": "train", "POD_NAME": "llm-0-abcde", "NODE_NAME": "gpu-7", "NVRX_SLO_JOB": "llm",
+           "JOB_COMPLETION_INDEX": "3", "HOSTNAME": "ignored"}
+    ident = from_environment(env, None, service_account_namespace=tmp_path / "missing")
+    assert (ident.namespace, ident.pod, ident.node, ident.job_name, ident.replica_index) == \
+        ("train", "llm-0-abcde", "gpu-7", "llm", 3)
+    assert ident.resource_attributes() == {"k8s.namespace.name": "train", "k8s.pod.name": "llm-0-abcde",
+                                           "k8s.node.name": "gpu-7", "k8s.job.name": "llm",
+                                           "k8s.job.completion_index": 3}
+
+
+def test_files_fill_what_env_lacks(tmp_path):
+    podinfo = tmp_path / "podinfo"
+    podinfo.mkdir()
+    (podinfo / "labels").write_text('app="llm"\nbatch.kubernetes.io/job-name="llm-run-7"\n'
+                                    'batch.kubernetes.io/job-completion-index="12"\ncontroller-uid="abc"')
+    ns = tmp_path / "namespace"
+    ns.write_text("research\n")
+    ident = from_environment({"HOSTNAME": "llm-run-7-12-xyz"}, podinfo, service_account_namespace=ns)
+    assert (ident.namespace, ident.pod, ident.node, ident.job_name, ident.replica_index) == \
+        ("research", "llm-run-7-12-xyz", "", "llm-run-7", 12)
+    assert "k8s.node.name" not in ident.resource_attributes()
+
+
+def test_outside_kubernetes_only_the_pod_is_known(tmp_path):
+    ident = from_environment({}, tmp_path / "nowhere", service_account_namespace=tmp_path / "missing")
+    assert ident.pod and (ident.namespace, ident.node, ident.job_name, ident.replica_index) == ("", "", "", None)
+
+
+def test_labels_file_values_are_go_quoted():
+    assert parse_labels_file('a="x \\"y\\""\nb=plain\nnot a label\n') == {"a": 'x "y"', "b": "plain"}

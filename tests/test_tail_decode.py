@@ -1,0 +1,54 @@
+"""The fast line decoder gives the contract's answers: same records, same reject reasons."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.decode import decode_batch
+from journal_fixtures import record, step
+from trainer import schema
+from trainer.schema import JournalError
+
+VALID = [step(1, 10.0, 1), record("process_start", 0, 5.0, world_size=2), record("launcher_exit", 3, 9.0, rank=None, code=0),
+         record("checkpoint_end", 4, 8.0, ckpt="c1", step=3, ok=True, written=7.5, error=None)]
+
+values = st.one_of(st.none(), st.booleans(), st.integers(-2**53, 2**53), st.text(max_size=5),
+                   st.floats(allow_nan=False, allow_infinity=False), st.lists(st.integers(), max_size=2))
+
+
+@st.composite
+def lines(draw) -> bytes:
+    rec = dict(draw(st.sampled_from(VALID)))
+    for _ in range(draw(st.integers(0, 2))):
+        action = draw(st.sampled_from(["drop", "retype", "add"]))
+        key = draw(st.sampled_from(sorted(rec) + ["v", "type", "extra"]))
+        if action == "drop":
+            rec.pop(key, None)
+        else:
+            rec[key] = draw(values)
+    line = schema.encode(rec)[:-1]
+    if draw(st.integers(0, 9)) == 0:  # cut it short, as a torn write does
+        line = line[: draw(st.integers(0, len(line)))]
+    return line
+
+
+def contract(line: bytes) -> object:
+    try:
+        return schema.decode(line)
+    except JournalError as exc:
+        return exc.reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(lines(), st.sampled_from([b"[1]", b"1,2", b'{"a":1},{"b":2}', b"nul", b"{}", b'"x"'])),
+                min_size=1, max_size=8))
+def test_batch_decoding_matches_the_schema_line_by_line(batch):
+    got = [item.reason if isinstance(item, JournalError) else item for item in decode_batch(batch)]
+    assert got == [contract(line) for line in batch]
+
+
+def test_nan_is_malformed_not_a_number():
+    line = schema.encode(step(1, 10.0, 1)).replace(b'"mono":10.0', b'"mono":NaN')[:-1]
+    [item] = decode_batch([line])
+    assert isinstance(item, JournalError) and item.reason is schema.RejectReason.MALFORMED
