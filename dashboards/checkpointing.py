@@ -1,0 +1,84 @@
+"""Checkpointing: what each save costs the training loop (blocking) versus what it hides in the
+background, whether saves land (age, in flight, failures, worker liveness) and how fast they write."""
+
+from __future__ import annotations
+
+from grafanalib import core as g
+
+from dashboards import panels as p
+from dashboards import queries as q
+from exporter import catalogue as cat
+
+UID = "nvrx-slo-checkpointing"
+
+_BLOCKING_MAX = f"{q.CHECKPOINT_BLOCKING_OBJECTIVE:.0%}"
+_OVERLAP_MIN = f"{q.CHECKPOINT_OVERLAP_OBJECTIVE:.0%}"
+_BLOCKING_STEPS = ((None, p.GREEN), (q.CHECKPOINT_BLOCKING_OBJECTIVE, p.RED))
+_OVERLAP_STEPS = ((None, p.RED), (q.CHECKPOINT_OVERLAP_OBJECTIVE, p.GREEN))
+_POD = (q.POD_LABEL,)
+
+
+def _summary() -> list[object]:
+    return [
+        p.stat("Blocking share of wall", f"checkpoint_blocking / wall rank-seconds since job start. Objective ≤ "
+               f"{_BLOCKING_MAX}.", [p.Query(q.blocking_fraction(None))], p.RATIO, steps=_BLOCKING_STEPS, decimals=2, w=4),
+        p.stat("Overlap", f"background / (blocking + background) over all saves so far, per pod. Objective ≥ "
+               f"{_OVERLAP_MIN}.", [p.Query(q.series(cat.CKPT_OVERLAP), "{{pod}}")], p.RATIO,
+               steps=_OVERLAP_STEPS, decimals=1, w=4),
+        p.stat("Mean seconds per save", "Mean blocking and background seconds per save since job start, over all "
+               "pods.", [p.Query(q.mean_per_event(cat.CKPT_BLOCKING), "blocking"),
+                         p.Query(q.mean_per_event(cat.CKPT_BACKGROUND), "background")], p.SECONDS, w=4),
+        p.stat("Latest durable step", "Training step held by the latest durable checkpoint, per pod: a restart "
+               "resumes here.", [p.Query(q.series(cat.CKPT_LAST_STEP), "{{pod}}")], p.COUNT, w=4),
+        p.stat("Failed saves", "Saves that failed since job start, per pod.",
+               [p.Query(q.by(_POD, q.series(cat.CKPT_FAILURES)), "{{pod}}")], p.COUNT,
+               steps=((None, p.GREEN), (1.0, p.RED)), w=4),
+        p.stat("Write throughput", "Bytes written per second of background writing since job start "
+               "(durable bytes / background seconds), all pods: the storage speed a save sees.",
+               [p.Query(f"{q.by((), q.series(cat.CKPT_BYTES))} / {q.by((), q.series(cat.CKPT_BACKGROUND, '_sum'))}")],
+               p.BYTES_PER_SECOND, w=4),
+    ]
+
+
+def _over_time() -> list[object]:
+    return [
+        p.timeseries("Blocking vs background seconds per save", "Mean seconds per save over the rate window: "
+                     "blocking stalls the training loop; background overlaps it. No line where no save finished.",
+                     [p.Query(q.mean_per_event(cat.CKPT_BLOCKING, window=q.RATE_INTERVAL), "blocking"),
+                      p.Query(q.mean_per_event(cat.CKPT_BACKGROUND, window=q.RATE_INTERVAL), "background"),
+                      p.Query(q.quantile(0.9, cat.CKPT_BLOCKING, window=q.RATE_INTERVAL), "blocking p90")],
+                     p.SECONDS),
+        p.timeseries("Blocking share of wall", f"checkpoint_blocking / wall rank-seconds, since job start and over the "
+                     f"rate window. Dashed: the {_BLOCKING_MAX} objective.",
+                     [p.Query(q.blocking_fraction(None), "since job start"),
+                      p.Query(q.blocking_fraction(q.RATE_INTERVAL), "over rate window")],
+                     p.RATIO, steps=_BLOCKING_STEPS),
+        p.timeseries("Overlap ratio", f"background / (blocking + background) over all saves so far, per pod. "
+                     f"Dashed: the {_OVERLAP_MIN} objective.", [p.Query(q.series(cat.CKPT_OVERLAP), "{{pod}}")],
+                     p.RATIO, steps=_OVERLAP_STEPS, w=8),
+        p.timeseries("Checkpoint age", "Seconds since the latest durable checkpoint finished writing, per pod: "
+                     "the work a fault would throw away grows with it.",
+                     [p.Query(f"time() - {q.series(cat.CKPT_LAST_SUCCESS)}", "{{pod}}")], p.SECONDS, w=8),
+        p.timeseries("Saves in flight", "Saves scheduled and not yet durable or failed, per pod. Stuck above 0 "
+                     "means the background writer is not finishing.",
+                     [p.Query(q.series(cat.CKPT_IN_FLIGHT), "{{pod}}")], p.COUNT, w=8),
+        p.timeseries("Failed saves", "Saves that failed within each rate window, per pod.",
+                     [p.Query(q.by(_POD, q.increase(cat.CKPT_FAILURES, q.RATE_INTERVAL)), "{{pod}}")],
+                     p.COUNT, bars=True, w=8),
+        p.timeseries("Write throughput", "Bytes made durable per second over the rate window, per pod (bursty: "
+                     "bytes count when a save lands).",
+                     [p.Query(q.by(_POD, q.rate(cat.CKPT_BYTES)), "{{pod}}")], p.BYTES_PER_SECOND, w=8),
+        p.timeseries("Async checkpoint worker up", "1 while NVRx's persistent async checkpoint worker was last seen "
+                     "alive, 0 if it died (saves will then never finish), per rank.",
+                     [p.Query(q.by((q.POD_LABEL, q.RANK_LABEL), q.series(cat.CKPT_WORKER_UP), "min"),
+                              "{{pod}} rank {{rank}}")],
+                     p.COUNT, steps=((None, p.RED), (1.0, p.GREEN)), w=8),
+    ]
+
+
+def dashboard() -> g.Dashboard:
+    return p.dashboard(
+        uid=UID, title="nvrx-slo / Checkpointing", module="checkpointing",
+        description=f"Checkpoint cost and health for one job: blocking ≤ {_BLOCKING_MAX} of wall, overlap ≥ {_OVERLAP_MIN}.",
+        panels=[p.row("Since job start"), *_summary(), p.row("Over time"), *_over_time()],
+    )

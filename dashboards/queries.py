@@ -1,0 +1,191 @@
+"""PromQL building blocks for the dashboards: selectors bound to the template variables, and the SLO arithmetic.
+
+Every metric name and label comes from ``exporter.catalogue``; nothing here spells one by hand,
+so a renamed metric fails generation (and the tests), not a dashboard in production.
+
+The queries read the exporter's raw series, not recording rules, so the dashboards work
+before (or without) the generated alert rules. Aggregation, as the catalogue prescribes:
+time is in rank-seconds, so ``sum(productive) / sum(wall)`` over a job is its rank-average
+efficiency; per-pod gauges (checkpoint age, MTBF, …) are shown per pod.
+
+Two time bases appear, and each panel says which one it uses:
+* **since job start** — the sidecar's counters are job-lifetime totals rebuilt from the
+  journal (they survive sidecar restarts), so a plain ``sum()`` of them is exact, with no rate
+  window and no first-scrape loss;
+* **over a window** — ``rate()``/``increase()`` over ``$__rate_interval`` or an SLO window.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from exporter import catalogue as cat
+from exporter.catalogue import Metric
+
+# Template variables (dashboard variable name -> the label it filters, and how).
+VAR_DATASOURCE = "datasource"
+VAR_NAMESPACE = "namespace"
+VAR_JOB = "job"
+VAR_POD = "pod"
+NAMESPACE_LABEL, JOB_LABEL, POD_LABEL = cat.IDENTITY_LABELS
+IDENTITY_MATCHERS: tuple[tuple[str, str, str], ...] = (
+    (NAMESPACE_LABEL, "=", f"${VAR_NAMESPACE}"),
+    (JOB_LABEL, "=", f"${VAR_JOB}"),
+    (POD_LABEL, "=~", f"${VAR_POD}"),
+)
+POD_ALL_VALUE = ".+"  # the pod variable's "All": every pod of the selected job
+
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+LE_LABEL = "le"
+# Labels beyond identity, as the catalogue's metrics declare them (series() and the tests check).
+RANK_LABEL = cat.RANK_LABEL
+CATEGORY_LABEL = "category"
+LEVEL_LABEL = "level"
+PHASE_LABEL = "phase"
+SOURCE_LABEL = "source"
+
+# Prometheus's own series of alert states (not ours; its labels are the alert's labels).
+ALERTS = "ALERTS"
+ALERT_NAME_LABEL = "alertname"
+ALERT_STATE_LABEL = "alertstate"
+SEVERITY_LABEL = "severity"
+
+# SLO defaults (ARCHITECTURE.md "SLOs"); the alert rules enforce them, the dashboards draw them.
+EFFICIENCY_OBJECTIVE = 0.99
+SLO_PERIOD = "30d"
+# Burn-rate factor -> (long, short) window, for a 30-day period (the multi-window multi-burn-rate table).
+PAGE_BURN_RATES: dict[float, tuple[str, str]] = {14.4: ("1h", "5m"), 6.0: ("6h", "30m")}
+TICKET_BURN_RATES: dict[float, tuple[str, str]] = {3.0: ("1d", "2h"), 1.0: ("3d", "6h")}
+CHECKPOINT_BLOCKING_OBJECTIVE = 0.01  # blocking <= 1% of wall
+CHECKPOINT_OVERLAP_OBJECTIVE = 0.95
+RESTART_LATENCY_OBJECTIVE = 0.99  # of restarts back to training within catalogue.RESTART_SLO_SECONDS
+STRAGGLER_SKEW = 1.2  # a rank this much slower than the median is drawn as a straggler
+
+RATE_INTERVAL = "$__rate_interval"
+INTERVAL = "$__interval"
+
+
+def _value(v: str | Enum) -> str:
+    return v.value if isinstance(v, Enum) else v
+
+
+def le_value(seconds: float) -> str:
+    """A bucket bound as the exporter writes it in ``le`` (Go's float formatting: 10.0 -> "10.0")."""
+    return repr(float(seconds))
+
+
+def series(metric: Metric, suffix: str = "", **match: str | Enum | tuple[str | Enum, ...]) -> str:
+    """``name{identity matchers, extra matchers}`` for one catalogue metric.
+
+    ``suffix`` picks a histogram's ``_bucket``/``_sum``/``_count`` series. A tuple value becomes a
+    regex alternation (``label=~"a|b"``). Labels the metric does not carry are refused here, at
+    generation time.
+    """
+    if suffix and (metric.kind is not cat.Kind.HISTOGRAM or suffix not in HISTOGRAM_SUFFIXES):
+        raise ValueError(f"{metric.name}: suffix {suffix!r} needs a histogram and one of {HISTOGRAM_SUFFIXES}")
+    allowed = set(metric.all_labels) | ({LE_LABEL} if suffix == "_bucket" else set())
+    unknown = set(match) - allowed
+    if unknown:
+        raise ValueError(f"{metric.name} has no label(s) {sorted(unknown)}; it has {sorted(allowed)}")
+    matchers = [f'{label}{op}"{value}"' for label, op, value in IDENTITY_MATCHERS]
+    for label, value in match.items():
+        if isinstance(value, tuple):
+            matchers.append(f'{label}=~"{"|".join(_value(v) for v in value)}"')
+        else:
+            matchers.append(f'{label}="{_value(value)}"')
+    return f"{metric.name}{suffix}{{{', '.join(matchers)}}}"
+
+
+def alerts_firing() -> str:
+    """Firing alerts of the selected job, one row per alert name and severity."""
+    matchers = f'{ALERT_STATE_LABEL}="firing", {NAMESPACE_LABEL}="${VAR_NAMESPACE}", {JOB_LABEL}="${VAR_JOB}"'
+    return f"sum by ({ALERT_NAME_LABEL}, {SEVERITY_LABEL}) ({ALERTS}{{{matchers}}})"
+
+
+def rate(metric: Metric, window: str = RATE_INTERVAL, suffix: str = "", **match: str | Enum | tuple[str | Enum, ...]) -> str:
+    return f"rate({series(metric, suffix, **match)}[{window}])"
+
+
+def increase(metric: Metric, window: str, suffix: str = "", **match: str | Enum | tuple[str | Enum, ...]) -> str:
+    return f"increase({series(metric, suffix, **match)}[{window}])"
+
+
+def by(labels: tuple[str, ...] | str, expr: str, op: str = "sum") -> str:
+    """``op by (labels) (expr)``; an empty tuple gives a plain ``op(expr)``."""
+    labels = (labels,) if isinstance(labels, str) else labels
+    return f"{op} by ({', '.join(labels)}) ({expr})" if labels else f"{op}({expr})"
+
+
+def mean_per_event(metric: Metric, labels: tuple[str, ...] = (), window: str | None = None) -> str:
+    """Mean of a histogram's observations: over a window, or since job start when ``window`` is None."""
+    if window is None:
+        return f"{by(labels, series(metric, '_sum'))} / {by(labels, series(metric, '_count'))}"
+    return f"{by(labels, rate(metric, window, '_sum'))} / {by(labels, rate(metric, window, '_count'))}"
+
+
+def quantile(q: float, metric: Metric, labels: tuple[str, ...] = (), window: str | None = None) -> str:
+    """``histogram_quantile`` over a window, or over every observation since job start."""
+    buckets = series(metric, "_bucket") if window is None else rate(metric, window, "_bucket")
+    return f"histogram_quantile({q}, {by((*labels, LE_LABEL), buckets)})"
+
+
+# --- time accounting -------------------------------------------------------------------------
+
+def category_share(categories: tuple[cat.Category, ...], window: str | None) -> str:
+    """Fraction of the job's wall rank-seconds in each category, by category."""
+    if window is None:
+        part, wall = series(cat.TIME, category=categories), series(cat.WALL)
+    else:
+        part, wall = rate(cat.TIME, window, category=categories), rate(cat.WALL, window)
+    return f"{by(CATEGORY_LABEL, part)} / on() group_left() {by((), wall)}"
+
+
+def unprotected_share() -> str:
+    """The provisional slice (training since the last durable checkpoint) as a fraction of wall."""
+    return f"{by((), series(cat.UNPROTECTED_WORK))} / {by((), series(cat.WALL))}"
+
+
+def efficiency(window: str | None) -> str:
+    """productive / wall for the job (rank-average): since job start, or over a window."""
+    if window is None:
+        return f"{by((), series(cat.TIME, category=cat.Category.PRODUCTIVE))} / {by((), series(cat.WALL))}"
+    return f"{by((), rate(cat.TIME, window, category=cat.Category.PRODUCTIVE))} / {by((), rate(cat.WALL, window))}"
+
+
+def error_budget() -> float:
+    return round(1 - EFFICIENCY_OBJECTIVE, 10)
+
+
+def burn_rate(window: str) -> str:
+    """How fast the efficiency SLO's error budget burns over a window (1 = exactly on budget)."""
+    return f"(1 - {efficiency(window)}) / {error_budget()}"
+
+
+def budget_remaining() -> str:
+    """Share of the SLO period's error budget left (negative once overspent)."""
+    return f"1 - (1 - {efficiency(SLO_PERIOD)}) / {error_budget()}"
+
+
+def blocking_fraction(window: str | None) -> str:
+    """checkpoint_blocking rank-seconds over wall rank-seconds."""
+    if window is None:
+        return f"{by((), series(cat.TIME, category=cat.Category.CHECKPOINT_BLOCKING))} / {by((), series(cat.WALL))}"
+    return (f"{by((), rate(cat.TIME, window, category=cat.Category.CHECKPOINT_BLOCKING))}"
+            f" / {by((), rate(cat.WALL, window))}")
+
+
+def delta(metric: Metric, labels: tuple[str, ...]) -> str:
+    """How much a counter or timestamp rose since the previous step, by ``labels``.
+
+    ``x - x offset $__interval`` at step ``$__interval`` tiles time exactly, so each change
+    counts once; ``increase(x[w])`` over overlapping windows would count it several times and
+    ``changes(x[w])`` misses a change that falls between two windows. The sidecar's counters
+    never go backwards (they are rebuilt from the journal), so no reset handling is needed.
+    """
+    x = series(metric)
+    return by(labels, f"{x} - {x} offset {INTERVAL}")
+
+
+def moved(metric: Metric, labels: tuple[str, ...]) -> str:
+    """Positive where a counter or timestamp rose since the previous step (for annotations)."""
+    return f"{delta(metric, labels)} > 0"

@@ -1,0 +1,194 @@
+"""The generated Grafana dashboards, checked structurally (no Grafana server installs here, so nothing
+here renders them; tests/test_dashboards_prometheus.py runs every query against a real Prometheus).
+
+What a Grafana import needs and what our conventions promise: the dashboard model's fields, unique
+panel ids, panels that do not overlap on the 24-column grid, every panel, target, annotation and
+variable bound to the ``$datasource`` variable, a description and a unit on every panel, links
+between the four dashboards, the SLO line drawn; every metric and label a query names exists in
+the exporter's catalogue; the committed files equal a fresh ``nvrx-slo generate dashboards``; the
+ConfigMaps carry kube-prometheus-stack's label, stay under 256 KiB and pass the Kubernetes schema.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from dashboard_model import ROOT, ROW, legend_labels, load_all, names, panels, queries
+from dashboards import generate, queries as q
+from exporter import catalogue as cat
+
+MODELS = load_all()
+UIDS = {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery", "nvrx-slo-ranks"}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+GRAFANA_BUILTINS = {"__interval", "__rate_interval", "__range", "__all"}
+
+
+def _each_panel():
+    return [pytest.param(uid, p, id=f"{uid}:{p['id']}") for uid, m in MODELS.items() for p in panels(m)]
+
+
+def test_the_four_dashboards_have_their_stable_uids():
+    assert set(MODELS) == UIDS
+
+
+@pytest.mark.parametrize("uid", sorted(UIDS))
+def test_dashboard_model_has_what_an_import_needs(uid):
+    m = MODELS[uid]
+    for field, kind in [("title", str), ("uid", str), ("panels", list), ("schemaVersion", int), ("version", int),
+                        ("templating", dict), ("annotations", dict), ("time", dict), ("tags", list), ("links", list)]:
+        assert isinstance(m[field], kind), field
+    assert m["panels"] and m["time"]["from"] and m["time"]["to"]
+    assert "generated" in m["description"].lower() and "do not edit" in m["description"]
+    assert m["id"] is None, "an exported dashboard carries no database id"
+
+
+@pytest.mark.parametrize("uid", sorted(UIDS))
+def test_panel_ids_are_unique_and_grid_positions_do_not_overlap(uid):
+    ps = panels(MODELS[uid])
+    ids = [p["id"] for p in ps]
+    assert len(ids) == len(set(ids)) and all(isinstance(i, int) and i > 0 for i in ids)
+    boxes = [(p["title"], p["gridPos"]) for p in ps]
+    for _, g in boxes:
+        assert all(isinstance(g[k], int) for k in "hwxy") and g["w"] > 0 and g["h"] > 0
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, g
+    for (ta, a), (tb, b) in itertools.combinations(boxes, 2):
+        apart = (a["x"] + a["w"] <= b["x"] or b["x"] + b["w"] <= a["x"]
+                 or a["y"] + a["h"] <= b["y"] or b["y"] + b["h"] <= a["y"])
+        assert apart, f"{ta!r} {a} overlaps {tb!r} {b}"
+
+
+@pytest.mark.parametrize("uid, panel", _each_panel())
+def test_every_panel_is_bound_to_the_datasource_variable_and_described(uid, panel):
+    assert panel["datasource"] == DATASOURCE
+    if panel["type"] == ROW:
+        return  # a row header holds no query, and Grafana shows no description for it
+    assert panel["description"] and len(panel["description"]) > 20
+    assert panel["targets"], "a panel without a query"
+    ref_ids = [t["refId"] for t in panel["targets"]]
+    assert len(ref_ids) == len(set(ref_ids))
+    for t in panel["targets"]:
+        assert t["datasource"] == DATASOURCE and t["expr"].strip()
+    if panel["type"] in ("timeseries", "stat", "table"):
+        assert panel["fieldConfig"]["defaults"]["unit"], "no unit"
+
+
+@pytest.mark.parametrize("uid", sorted(UIDS))
+def test_variables_annotations_and_links(uid):
+    m = MODELS[uid]
+    variables = {v["name"]: v for v in m["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace", "job", "pod"]
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for name in ("namespace", "job", "pod"):
+        assert variables[name]["datasource"] == DATASOURCE
+    assert variables["pod"]["includeAll"] and variables["pod"]["allValue"] == q.POD_ALL_VALUE
+    used = {v for x in queries({uid: m}) for v in re.findall(r"\$\{?(\w+)", x.expr)}
+    assert used - GRAFANA_BUILTINS <= set(variables) - {"datasource"}, "a query uses an undefined variable"
+    assert {a["name"] for a in m["annotations"]["list"]} == {"Restarts", "Checkpoints"}
+    assert all(a["datasource"] == DATASOURCE and a["enable"] for a in m["annotations"]["list"])
+    link, = m["links"]  # one tag link reaches every sibling
+    assert link["type"] == "dashboards" and link["includeVars"] and link["keepTime"]
+    assert all(set(link["tags"]) <= set(other["tags"]) for other in MODELS.values())
+
+
+def _threshold_lines(model):
+    for p in panels(model):
+        custom = p.get("fieldConfig", {}).get("defaults", {}).get("custom", {})
+        if custom.get("thresholdsStyle", {}).get("mode", "off") != "off":
+            yield p["title"], [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+
+
+def test_the_slo_lines_are_drawn():
+    lines = dict(_threshold_lines(MODELS["nvrx-slo-overview"]))
+    assert q.EFFICIENCY_OBJECTIVE in lines["Efficiency vs objective"]
+    assert set(q.PAGE_BURN_RATES) <= set(lines["Burn rates"])
+    lines = dict(_threshold_lines(MODELS["nvrx-slo-checkpointing"]))
+    assert q.CHECKPOINT_OVERLAP_OBJECTIVE in lines["Overlap ratio"]
+    assert q.CHECKPOINT_BLOCKING_OBJECTIVE in lines["Blocking share of wall"]
+    lines = dict(_threshold_lines(MODELS["nvrx-slo-recovery"]))
+    assert cat.RESTART_SLO_SECONDS in lines["Restart latency by level"]
+
+
+def _catalogue_series():
+    """Every series name the exporter can emit -> its labels."""
+    out = {}
+    for m in cat.CATALOGUE:
+        if m.kind is cat.Kind.HISTOGRAM:
+            out[m.name + "_bucket"] = set(m.all_labels) | {"le"}
+            out[m.name + "_sum"] = out[m.name + "_count"] = set(m.all_labels)
+        else:
+            out[m.name] = set(m.all_labels)
+    return out
+
+
+ALERTS_LABELS = {"alertname", "alertstate", "severity", *cat.IDENTITY_LABELS}
+
+
+@pytest.mark.parametrize("query", [pytest.param(x, id=f"{x.dashboard}:{x.where}") for x in queries(MODELS)])
+def test_every_metric_and_label_a_query_names_is_in_the_catalogue(query):
+    known = _catalogue_series()
+    metrics, labels, _ = names(query.expr)
+    assert metrics, f"no metric found in {query.expr}"
+    unknown = metrics - set(known) - {q.ALERTS}
+    assert not unknown, f"not in exporter/catalogue.py: {sorted(unknown)}"
+    allowed = set().union(*(known.get(x, ALERTS_LABELS) for x in metrics))
+    assert labels | legend_labels(query.legend) <= allowed, f"labels not on {sorted(metrics)}"
+
+
+def test_the_name_parser_finds_what_it_should():
+    metrics, labels, functions = names(
+        'histogram_quantile(0.99, sum by (le, level) (rate(nvrx_restart_duration_seconds_bucket{pod=~"a|b"}[5m])))'
+        ' / on() group_left() sum(nvrx_x offset $__interval) > 1e-05')
+    assert metrics == {"nvrx_restart_duration_seconds_bucket", "nvrx_x"}
+    assert labels == {"le", "level", "pod"}
+    assert functions == {"histogram_quantile", "sum", "rate"}
+
+
+def test_committed_files_equal_a_fresh_generation(tmp_path):
+    """Drift: the real CLI regenerates every file byte for byte, and nothing else lives in generated/."""
+    subprocess.run([sys.executable, "-m", "nvrx_slo", "generate", "dashboards", "--out", str(tmp_path)],
+                   check=True, capture_output=True, cwd=ROOT)
+    fresh = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
+    assert fresh == set(generate.render())
+    for rel in fresh:
+        assert (ROOT / rel).read_bytes() == (tmp_path / rel).read_bytes(), f"{rel} is stale: run `nvrx-slo generate dashboards`"
+    committed = {p.relative_to(ROOT) for p in (ROOT / generate.JSON_DIR).iterdir()}
+    assert committed == {rel for rel in fresh if rel.parent == generate.JSON_DIR}
+
+
+def test_configmaps_carry_the_grafana_label_the_same_json_and_stay_small():
+    path = ROOT / generate.CONFIGMAPS
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# ") and "do not edit" in text.splitlines()[0]
+    docs = list(yaml.safe_load_all(text))
+    assert len(docs) == len(UIDS)
+    for doc in docs:
+        assert doc["kind"] == "ConfigMap" and doc["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (key, body), = doc["data"].items()
+        assert json.loads(body)["uid"] + ".json" == key
+        assert body == (ROOT / generate.JSON_DIR / key).read_text(encoding="utf-8")
+        assert len(yaml.safe_dump(doc).encode()) < generate.CONFIGMAP_LIMIT_BYTES
+
+
+def test_configmaps_pass_the_kubernetes_schema():
+    result = subprocess.run([sys.executable, "-m", "kubernetes_validate", "-k", "1.33.0", "--strict",
+                             str(ROOT / generate.CONFIGMAPS)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_oversized_configmap_is_refused():
+    with pytest.raises(ValueError, match="over 262144"):
+        generate.to_configmaps({"nvrx-slo-huge": "x\n" * (generate.CONFIGMAP_LIMIT_BYTES // 2)})
+
+
+def test_a_label_the_metric_does_not_carry_is_refused_at_generation():
+    with pytest.raises(ValueError, match="no label"):
+        q.series(cat.CKPT_OVERLAP, rank="0")
+    with pytest.raises(ValueError, match="needs a histogram"):
+        q.series(cat.WALL, "_bucket")
