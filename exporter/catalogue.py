@@ -130,6 +130,8 @@ CKPT_INTERVAL_OPTIMAL = _m("checkpoint_interval_optimal_seconds", Kind.GAUGE, "Y
 RESTARTS = _m("restarts_total", Kind.COUNTER, "Restarts by level.", labels=("level",))
 RESTART_DURATION = _m("restart_duration_seconds", Kind.HISTOGRAM, "Fault to the first step of the restarted loop (all phases, restore included), by level.", labels=("level",), buckets=RESTART_BUCKETS)
 RESTART_PHASE = _m("restart_phase_seconds", Kind.HISTOGRAM, "Duration of one restart phase, by level and phase.", labels=("level", "phase"), buckets=RESTART_BUCKETS)
+# From the launcher journal: launcher_start.max_restarts minus the current launcher's restart count.
+LAUNCHER_RESTARTS_REMAINING = _m("launcher_restarts_remaining", Kind.GAUGE, "Restarts ft_launcher may still make before the job fails (--max-restarts minus restarts so far).")
 MTBF = _m("mtbf_seconds", Kind.GAUGE, "Mean wall time between faults observed in this job.")
 EFFICIENCY_PREDICTED = _m("efficiency_predicted_ratio", Kind.GAUGE, "Efficiency the ETTR model predicts from measured MTBF, restart and checkpoint costs.")
 GPU_IDLE = _m("gpu_idle_seconds_total", Kind.COUNTER, "Rank-seconds the accelerator sat idle, by how it was measured.", labels=("source",), per_rank=True)
