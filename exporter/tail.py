@@ -5,17 +5,20 @@ process and rotates by *starting a new generation file* and deleting the oldest,
 renaming. So a file is identified by its name and inode, and the reader's position in it is a
 byte offset that stays valid for the file's whole life. What this reader guarantees:
 
-* Every complete line is handed on exactly once: the offset only moves past whole lines, a
-  partial last line waits for its newline, and the offsets are persisted together with the
+* Every complete line is handed on exactly once: the offset only moves past lines already handed
+  on, a partial last line waits for its newline, and the offsets are persisted together with the
   engine state that holds those lines (``to_state``), never apart from it.
-* Generation N of a process is read to its end before generation N+1 (the writer only opens
-  N+1 once N is finished), so each process's records arrive in order.
+* Records reach the engine merged by monotonic time across files, however large the backlog
+  (a sidecar started late, or restarted): the engine accounts out-of-order records only within a
+  short window, so reading one process's file to its end before the next process's would make
+  the older one's records "late". Reads go round by round, a chunk per file; a round hands on
+  every buffered record up to the lowest "read so far" time of the files that still have more.
 * A file deleted under the reader is still read to its end through the descriptor held open for
   it; only then is it forgotten. Descriptors of quiet files are closed (``idle_close_s``,
   ``max_open``) and reopened by offset when the file grows.
 * Bad lines are rejected by ``schema.RejectReason`` value, I/O trouble by this module's
-  ``UNREADABLE`` / ``FILE_TRUNCATED``; every rejection is counted and logged at a bounded rate,
-  and nothing raises out of ``poll``.
+  ``UNREADABLE`` / ``FILE_TRUNCATED``; every rejection is counted once and logged at a bounded
+  rate, and nothing raises out of ``poll``.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from exporter.decode import decode_batch
 from exporter.ratelog import BoundedLog
@@ -40,9 +44,15 @@ UNREADABLE = "unreadable"  # a journal file could not be opened or read (counted
 FILE_TRUNCATED = "file_truncated"  # a file shrank under its read offset (writers never truncate)
 
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage: rejected, skipped to its newline
+ROUND_BYTES = 8 << 20  # read per round across all files (bounds memory on a large backlog)
+MIN_CHUNK = 64 << 10
 
-Ingest = Callable[[list[dict[str, Any]]], Iterable[str]]
-"""Takes accepted records in order; returns the reasons of any it rejected (duplicates, …)."""
+Ingest = Callable[[list[dict[str, Any]]], None]
+"""Takes accepted records, in merged order."""
+
+# One line read and not yet handed on: (merge key, offset just past the line, record | reason | None).
+# The key is the running maximum of ``mono`` in its file, so a file's lines keep their order.
+_Item = tuple[float, int, Union[dict[str, Any], str, None]]
 
 
 def order_key(name: str) -> tuple[str, int, str]:
@@ -57,28 +67,34 @@ def order_key(name: str) -> tuple[str, int, str]:
 
 
 @dataclass
-class _Open:
+class _Source:
+    """An open journal file: where reading got to, and lines read but not yet handed on."""
+
     fd: int
     inode: int
-    pending: bytes = b""  # bytes after the last newline: a partial line waiting for its end
+    read_pos: int  # next byte to read; the handed-on offset lives in JournalTail.offsets
+    pending: bytes = b""  # after the last newline: a partial line waiting for its end
     skipping: bool = False  # inside an over-long line: drop bytes up to the next newline
+    items: list[_Item] = field(default_factory=list)
+    key: float = float("-inf")  # running max of mono read so far
+    more: bool = True  # the last read filled its chunk: more may be waiting
+    vanished: bool = False  # deleted or replaced: read to the end, then forget
     last_growth: float = 0.0
 
 
 class JournalTail:
     def __init__(self, directory: str | os.PathLike[str], *, clock: Callable[[], float] = time.monotonic,
-                 idle_close_s: float = 30.0, max_open: int = 256, chunk_bytes: int = 1 << 20) -> None:
+                 idle_close_s: float = 30.0, max_open: int = 256, round_bytes: int = ROUND_BYTES) -> None:
         self.directory = Path(directory)
-        self.offsets: dict[str, tuple[int, int]] = {}  # name -> (inode, offset of first unread byte)
-        self.accepted = 0
+        self.offsets: dict[str, tuple[int, int]] = {}  # name -> (inode, offset past the last line handed on)
         self.rejected: Counter[str] = Counter()
         self.directory_ok = False  # the last scan could list the directory
         self._failing: set[tuple[str, int]] = set()  # (name, inode) counted as unreadable until read
-        self._open: dict[str, _Open] = {}
+        self._open: dict[str, _Source] = {}
         self._clock = clock
         self._idle_close_s = idle_close_s
         self._max_open = max_open
-        self._chunk = chunk_bytes
+        self._round_bytes = round_bytes
         self._log = BoundedLog(log)
 
     # --- persistence -------------------------------------------------------------------------
@@ -86,7 +102,6 @@ class JournalTail:
     def to_state(self) -> dict[str, Any]:
         return {
             "offsets": {name: list(v) for name, v in self.offsets.items()},
-            "accepted": self.accepted,
             "rejected": dict(self.rejected),
             "failing": sorted([name, inode] for name, inode in self._failing),
         }
@@ -94,32 +109,29 @@ class JournalTail:
     def load_state(self, state: dict[str, Any]) -> None:
         """Resume from ``to_state()``; call before the first ``poll``."""
         self.offsets = {name: (int(v[0]), int(v[1])) for name, v in state["offsets"].items()}
-        self.accepted = int(state["accepted"])
         self.rejected = Counter({k: int(v) for k, v in state["rejected"].items()})
         self._failing = {(name, int(inode)) for name, inode in state["failing"]}
 
     # --- reading -----------------------------------------------------------------------------
 
     def poll(self, ingest: Ingest, stop: Callable[[], bool] = lambda: False) -> int:
-        """Read every complete new line, hand records to ``ingest``; returns lines consumed.
+        """Hand every complete new line's record to ``ingest``, merged by time; returns lines handed on.
 
-        Stops early (between chunks, state consistent) when ``stop()`` turns true.
+        ``stop()`` is checked between rounds; the state is consistent whenever ``poll`` returns.
         """
         listing = self._scan()
         if listing is None:
             return 0
-        consumed = 0
-        for name in [n for n, f in self._open.items() if n not in listing or listing[n][0] != f.inode]:
-            consumed += self._drain_vanished(name, ingest)  # deleted or replaced under us
-        for name in [n for n in self.offsets if n not in listing and n not in self._open]:
-            del self.offsets[name]  # gone while nobody held it open
-        for name in sorted(listing, key=order_key):
-            if stop():
+        self._open_sources(listing)
+        handed = 0
+        while not stop():
+            self._read_round()
+            live = [s for s in self._open.values() if s.items]
+            if not live:
                 break
-            inode, size = listing[name]
-            consumed += self._read_file(name, inode, size, ingest, stop)
-        self._close_idle()
-        return consumed
+            handed += self._hand_on(ingest)
+        self._retire()
+        return handed
 
     def close(self) -> None:
         for name in list(self._open):
@@ -142,95 +154,139 @@ class JournalTail:
         self.directory_ok = True
         return listing
 
-    def _read_file(self, name: str, inode: int, size: int, ingest: Ingest, stop: Callable[[], bool]) -> int:
-        known_inode, offset = self.offsets.get(name, (inode, 0))
-        if known_inode != inode:
-            offset = 0  # a new file under an old name
-        opened = self._open.get(name)
-        if opened is None:
+    def _open_sources(self, listing: dict[str, tuple[int, int]]) -> None:
+        for name, src in self._open.items():
+            if name not in listing or listing[name][0] != src.inode:
+                src.vanished = True  # read what is left through the descriptor, then forget it
+            src.more = True
+        for name in [n for n in self.offsets if n not in listing and n not in self._open]:
+            del self.offsets[name]  # gone while nobody held it open
+        for name in sorted(listing, key=order_key):
+            inode, size = listing[name]
+            if name in self._open and not self._open[name].vanished:
+                continue
+            known_inode, offset = self.offsets.get(name, (inode, 0))
+            if known_inode != inode:
+                offset = 0  # a new file under an old name (its predecessor, if held, drains first)
             if size < offset:
                 self._reject(FILE_TRUNCATED, name, f"size {size} < offset {offset}; going on from {size}")
                 offset = size
+            if name in self._open:  # replaced under us: the new file waits until the old one is drained
+                continue
             self.offsets[name] = (inode, offset)
             if size == offset:
-                return 0
+                continue
             try:
                 fd = os.open(self.directory / name, os.O_RDONLY | os.O_CLOEXEC)
-                if os.fstat(fd).st_ino != inode:  # replaced between scan and open: next poll
-                    os.close(fd)
-                    return 0
             except OSError as exc:
                 self._unreadable(name, inode, exc)
-                return 0
-            opened = self._open[name] = _Open(fd, inode, last_growth=self._clock())
-        return self._read_open(name, opened, ingest, stop)
+                continue
+            if os.fstat(fd).st_ino != inode:  # replaced between scan and open: next poll
+                os.close(fd)
+                continue
+            self._open[name] = _Source(fd, inode, offset, last_growth=self._clock())
 
-    def _read_open(self, name: str, opened: _Open, ingest: Ingest, stop: Callable[[], bool]) -> int:
-        consumed = 0
-        while True:
-            inode, offset = self.offsets[name]
+    def _read_round(self) -> None:
+        """Read the next chunk of every file whose buffer ran dry and that may have more."""
+        hungry = [(n, s) for n, s in self._open.items() if s.more and not s.items]
+        if not hungry:
+            return
+        chunk = max(MIN_CHUNK, self._round_bytes // len(hungry))
+        for name, src in sorted(hungry, key=lambda ns: order_key(ns[0])):
             try:
-                chunk = os.pread(opened.fd, self._chunk, offset + len(opened.pending))
+                data = os.pread(src.fd, chunk, src.read_pos)
             except OSError as exc:
-                self._unreadable(name, inode, exc)
-                self._close(name)
-                return consumed
-            self._failing.discard((name, inode))
-            if not chunk:
-                return consumed
-            opened.last_growth = self._clock()
-            consumed += self._consume(name, opened, chunk, ingest)
-            if stop():
-                return consumed
+                self._unreadable(name, src.inode, exc)
+                src.more = False
+                continue
+            self._failing.discard((name, src.inode))
+            src.more = len(data) == chunk
+            if data:
+                src.last_growth = self._clock()
+                self._split(src, data)
 
-    def _consume(self, name: str, opened: _Open, chunk: bytes, ingest: Ingest) -> int:
-        """Hand on the complete lines of ``pending + chunk``; advance the offset past them."""
-        inode, offset = self.offsets[name]
-        if opened.skipping:  # still inside an over-long line: drop through its newline
-            newline = chunk.find(b"\n")
+    def _split(self, src: _Source, data: bytes) -> None:
+        """Turn ``pending + data`` into items, one per complete line; keep the partial tail."""
+        start = src.read_pos - len(src.pending)  # file offset of the first byte of pending + data
+        src.read_pos += len(data)
+        data = src.pending + data
+        if src.skipping:  # still inside an over-long line: drop through its newline
+            newline = data.find(b"\n")
             if newline < 0:
-                self.offsets[name] = (inode, offset + len(chunk))
-                return 0
-            opened.skipping = False
-            offset += newline + 1
-            chunk = chunk[newline + 1:]
-        data = opened.pending + chunk
+                src.pending = b""
+                src.items.append((src.key, src.read_pos, None))
+                return
+            src.skipping = False
+            src.items.append((src.key, start + newline + 1, None))
+            start, data = start + newline + 1, data[newline + 1:]
         end = data.rfind(b"\n")
         if end < 0:
-            opened.pending = data
+            src.pending = data
             if len(data) > MAX_LINE_BYTES:
-                self._reject(RejectReason.MALFORMED.value, name, f"line longer than {MAX_LINE_BYTES} bytes")
-                opened.pending, opened.skipping = b"", True
-                offset += len(data)
-            self.offsets[name] = (inode, offset)
-            return 0
+                src.pending, src.skipping = b"", True
+                src.items.append((src.key, src.read_pos, RejectReason.MALFORMED.value))
+            return
+        src.pending = data[end + 1:]
         lines = data[:end].split(b"\n")
-        opened.pending = data[end + 1:]
-        self._ingest([line for line in lines if line], name, ingest)
-        self.offsets[name] = (inode, offset + end + 1)
-        return len(lines)
-
-    def _ingest(self, lines: list[bytes], name: str, ingest: Ingest) -> None:
-        records = []
-        for item in decode_batch(lines):
+        offsets, pos = [], start
+        for line in lines:
+            pos += len(line) + 1
+            offsets.append(pos)
+        nonempty = [i for i, line in enumerate(lines) if line]
+        key, items = src.key, src.items
+        for i, item in zip(nonempty, decode_batch([lines[i] for i in nonempty])):
             if isinstance(item, JournalError):
-                self._reject(item.reason.value, name, str(item))
+                items.append((key, offsets[i], item.reason.value))
             else:
-                records.append(item)
-        self.accepted += len(records)
-        for reason in ingest(records):
-            self.accepted -= 1
-            self._reject(reason, name, "rejected by the accounting engine")
+                mono = item["mono"]
+                if mono > key:
+                    key = mono
+                items.append((key, offsets[i], item))
+        if not nonempty or nonempty[-1] != len(lines) - 1:
+            items.append((key, offsets[-1], None))  # trailing empty lines: move past them too
+        src.key = key
 
-    def _drain_vanished(self, name: str, ingest: Ingest) -> int:
-        """Read a deleted (or replaced) file to its end through the descriptor still held."""
-        opened = self._open[name]
-        consumed = self._read_open(name, opened, ingest, lambda: False)
-        if opened.pending and not opened.skipping:
-            self._reject(RejectReason.MALFORMED.value, name, "file deleted with a partial last line")
-        self._close(name)
-        self.offsets.pop(name, None)
-        return consumed
+    def _hand_on(self, ingest: Ingest) -> int:
+        """Ingest every buffered item up to the merge watermark, in key order; advance offsets."""
+        watermark = min((s.key for s in self._open.values() if s.more), default=float("inf"))
+        batch: list[tuple[float, int, Any, str]] = []
+        for name, src in self._open.items():
+            items = src.items
+            n = len(items)
+            if items and items[-1][0] > watermark:
+                n = next(i for i, item in enumerate(items) if item[0] > watermark)
+            if n:
+                batch += [(key, end, payload, name) for key, end, payload in items[:n]]
+                inode = src.inode
+                self.offsets[name] = (inode, items[n - 1][1])
+                del items[:n]
+        if not batch:  # the file setting the watermark has nothing buffered: read it first
+            return 0
+        batch.sort(key=itemgetter(0))
+        records = []
+        for _key, _end, payload, name in batch:
+            if type(payload) is dict:
+                records.append(payload)
+            elif payload is not None:
+                self._reject(payload, name, "bad journal line")
+        ingest(records)
+        return len(batch)
+
+    def _retire(self) -> None:
+        """Forget drained vanished files; close quiet descriptors (offsets stay), quietest first."""
+        for name, src in list(self._open.items()):
+            if src.vanished and not src.more and not src.items:
+                if src.pending and not src.skipping:
+                    self._reject(RejectReason.MALFORMED.value, name, "file deleted with a partial last line")
+                self._close(name)
+                if self.offsets.get(name, (src.inode,))[0] == src.inode:
+                    del self.offsets[name]
+        now = self._clock()
+        by_age = sorted(self._open, key=lambda n: self._open[n].last_growth)
+        excess = len(by_age) - self._max_open
+        for i, name in enumerate(by_age):
+            if i < excess or now - self._open[name].last_growth > self._idle_close_s:
+                self._close(name)
 
     def _reject(self, reason: str, name: str, detail: str) -> None:
         self.rejected[reason] += 1
@@ -242,17 +298,8 @@ class JournalTail:
             self._reject(UNREADABLE, name, f"{type(exc).__name__}: {exc}")
 
     def _close(self, name: str) -> None:
-        opened = self._open.pop(name)
+        src = self._open.pop(name)
         try:
-            os.close(opened.fd)
+            os.close(src.fd)
         except OSError:
             pass
-
-    def _close_idle(self) -> None:
-        """Close descriptors of quiet files (their offsets stay), the quietest first over ``max_open``."""
-        now = self._clock()
-        by_age = sorted(self._open, key=lambda n: self._open[n].last_growth)
-        excess = len(by_age) - self._max_open
-        for i, name in enumerate(by_age):
-            if i < excess or now - self._open[name].last_growth > self._idle_close_s:
-                self._close(name)
