@@ -1,0 +1,83 @@
+"""Alertmanager routing for the generated alerts, as a plain config and as an AlertmanagerConfig CRD.
+
+Policy: group by job (one notification per job, however many of its alerts fire); ``critical``
+goes to the pager, ``warning`` to the ticket queue (anything else too, so nothing is dropped);
+while any page fires for a job, that job's tickets are held back — someone is already on it, and
+they come through if still firing when the page resolves. Receivers are webhooks: put your pager
+and ticket system's URLs in the spec, or swap the receivers for their native configs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts import duration
+from alerts.conventions import JOB_LABELS, SEVERITY_LABEL
+from alerts.spec import Spec
+from alerts.windows import Severity
+
+PAGER, TICKET = "pager", "ticket"
+CRD_NAME = "nvrx-slo"
+
+
+def _is(severity: Severity) -> str:
+    return f'{SEVERITY_LABEL}="{severity.value}"'
+
+
+def config(spec: Spec) -> dict[str, Any]:
+    """alertmanager.yml: `amtool check-config` accepts it."""
+    r = spec.routing
+    return {
+        "route": {
+            "receiver": TICKET,
+            "group_by": list(JOB_LABELS),
+            "group_wait": duration.format(r.group_wait),
+            "group_interval": duration.format(r.group_interval),
+            "repeat_interval": duration.format(r.ticket_repeat_interval),
+            "routes": [
+                {"matchers": [_is(Severity.PAGE)], "receiver": PAGER, "repeat_interval": duration.format(r.page_repeat_interval)},
+                {"matchers": [_is(Severity.TICKET)], "receiver": TICKET},
+            ],
+        },
+        "receivers": [
+            {"name": PAGER, "webhook_configs": [{"url": r.pager_url, "send_resolved": True}]},
+            {"name": TICKET, "webhook_configs": [{"url": r.ticket_url, "send_resolved": True}]},
+        ],
+        "inhibit_rules": [
+            {"source_matchers": [_is(Severity.PAGE)], "target_matchers": [_is(Severity.TICKET)], "equal": list(JOB_LABELS)},
+        ],
+    }
+
+
+def _crd_matcher(severity: Severity) -> dict[str, str]:
+    return {"name": SEVERITY_LABEL, "value": severity.value, "matchType": "="}
+
+
+def crd(spec: Spec) -> dict[str, Any]:
+    """The same routing as a prometheus-operator AlertmanagerConfig (the operator scopes it to its namespace)."""
+    r = spec.routing
+    return {
+        "apiVersion": "monitoring.coreos.com/v1alpha1",
+        "kind": "AlertmanagerConfig",
+        "metadata": {"name": CRD_NAME, "labels": {"release": spec.release}},
+        "spec": {
+            "route": {
+                "receiver": TICKET,
+                "groupBy": list(JOB_LABELS),
+                "groupWait": duration.format(r.group_wait),
+                "groupInterval": duration.format(r.group_interval),
+                "repeatInterval": duration.format(r.ticket_repeat_interval),
+                "routes": [
+                    {"receiver": PAGER, "matchers": [_crd_matcher(Severity.PAGE)], "repeatInterval": duration.format(r.page_repeat_interval)},
+                    {"receiver": TICKET, "matchers": [_crd_matcher(Severity.TICKET)]},
+                ],
+            },
+            "receivers": [
+                {"name": PAGER, "webhookConfigs": [{"url": r.pager_url, "sendResolved": True}]},
+                {"name": TICKET, "webhookConfigs": [{"url": r.ticket_url, "sendResolved": True}]},
+            ],
+            "inhibitRules": [
+                {"sourceMatch": [_crd_matcher(Severity.PAGE)], "targetMatch": [_crd_matcher(Severity.TICKET)], "equal": list(JOB_LABELS)},
+            ],
+        },
+    }

@@ -1,0 +1,109 @@
+"""Every name the generated rules introduce, in one place: recording rules, labels, alert names,
+dashboard uids, and the link stamping that gives each alert its runbook and dashboard.
+
+Recording rules follow Prometheus's ``level:metric:operations`` convention; the level is
+``namespace_job_name`` because every SLI is job-level (summed over pods and ranks). The SLO an
+SLI series belongs to is its ``slo`` label, so a dashboard draws all four with one query.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from alerts import duration
+from alerts.spec import Slo, Spec
+from exporter import catalogue
+
+JOB_LABELS: tuple[str, ...] = catalogue.IDENTITY_LABELS[:2]  # ("namespace", "job_name")
+BY_JOB = f"by ({', '.join(JOB_LABELS)})"
+ON_JOB = f"on ({', '.join(JOB_LABELS)})"
+SLO_LABEL = "slo"
+SEVERITY_LABEL = "severity"
+
+_LEVEL = "_".join(JOB_LABELS)
+
+
+def sli_bad_record(window: int) -> str:
+    """Job-level rate of bad seconds (or events) over the shortest window; the period sums it."""
+    return f"{_LEVEL}:nvrx_slo_sli_bad:rate{duration.format(window)}"
+
+
+def sli_total_record(window: int) -> str:
+    return f"{_LEVEL}:nvrx_slo_sli_total:rate{duration.format(window)}"
+
+
+def error_ratio_record(window: int) -> str:
+    return f"{_LEVEL}:nvrx_slo_error_ratio:rate{duration.format(window)}"
+
+
+def burn_rate_record(window: int) -> str:
+    return f"{_LEVEL}:nvrx_slo_burn_rate:rate{duration.format(window)}"
+
+
+ERROR_BUDGET_REMAINING = f"{_LEVEL}:nvrx_slo_error_budget_remaining:ratio"
+
+
+class Alert(str, Enum):
+    """Every alert the rules define; each has ``docs/runbooks/<name>.md`` and a promtool test."""
+
+    EFFICIENCY_BURN = "NvrxEfficiencyBudgetBurn"
+    RECOVERY_BURN = "NvrxRecoveryBudgetBurn"
+    CHECKPOINT_BLOCKING_BURN = "NvrxCheckpointBlockingBudgetBurn"
+    CHECKPOINT_OVERLAP_BURN = "NvrxCheckpointOverlapBudgetBurn"
+    TRAINING_STALLED = "NvrxTrainingStalled"
+    CHECKPOINT_STALE = "NvrxCheckpointStale"
+    CHECKPOINT_WORKER_DEAD = "NvrxCheckpointWorkerDead"
+    RESTART_STORM = "NvrxRestartStorm"
+    RESTART_BUDGET_LOW = "NvrxRestartBudgetLow"
+    EXPORTER_DOWN = "NvrxExporterDown"
+    SLI_NO_DATA = "NvrxSLINoData"
+    ACCELERATOR_IDLE = "NvrxAcceleratorIdleHigh"
+    STRAGGLER = "NvrxStragglerRank"
+    UNATTRIBUTED = "NvrxUnattributedTimeHigh"
+
+
+BURN_ALERTS: dict[Slo, Alert] = {
+    Slo.EFFICIENCY: Alert.EFFICIENCY_BURN,
+    Slo.RECOVERY: Alert.RECOVERY_BURN,
+    Slo.CHECKPOINT_BLOCKING: Alert.CHECKPOINT_BLOCKING_BURN,
+    Slo.CHECKPOINT_OVERLAP: Alert.CHECKPOINT_OVERLAP_BURN,
+}
+
+
+class Dashboard(str, Enum):
+    """Stable Grafana uids (dashboards/ builds them); links survive regeneration."""
+
+    OVERVIEW = "nvrx-slo-overview"
+    CHECKPOINTING = "nvrx-slo-checkpointing"
+    RECOVERY = "nvrx-slo-recovery"
+    RANKS = "nvrx-slo-ranks"
+
+
+DASHBOARD_OF: dict[Alert, Dashboard] = {
+    Alert.EFFICIENCY_BURN: Dashboard.OVERVIEW,
+    Alert.RECOVERY_BURN: Dashboard.RECOVERY,
+    Alert.CHECKPOINT_BLOCKING_BURN: Dashboard.CHECKPOINTING,
+    Alert.CHECKPOINT_OVERLAP_BURN: Dashboard.CHECKPOINTING,
+    Alert.TRAINING_STALLED: Dashboard.OVERVIEW,
+    Alert.CHECKPOINT_STALE: Dashboard.CHECKPOINTING,
+    Alert.CHECKPOINT_WORKER_DEAD: Dashboard.CHECKPOINTING,
+    Alert.RESTART_STORM: Dashboard.RECOVERY,
+    Alert.RESTART_BUDGET_LOW: Dashboard.RECOVERY,
+    Alert.EXPORTER_DOWN: Dashboard.OVERVIEW,
+    Alert.SLI_NO_DATA: Dashboard.OVERVIEW,
+    Alert.ACCELERATOR_IDLE: Dashboard.RANKS,
+    Alert.STRAGGLER: Dashboard.RANKS,
+    Alert.UNATTRIBUTED: Dashboard.OVERVIEW,
+}
+
+# The dashboards' template variables (dashboards/queries.py: VAR_NAMESPACE, VAR_JOB).
+_DASHBOARD_QUERY = "?var-namespace={{ $labels.namespace }}&var-job={{ $labels.job_name }}"
+
+
+def stamp_links(rule: dict[str, object], spec: Spec) -> dict[str, object]:
+    """Add ``runbook_url`` and ``dashboard_url`` to an alerting rule's annotations, from one pattern each."""
+    alert = Alert(rule["alert"])
+    annotations = dict(rule["annotations"])  # type: ignore[call-overload]
+    annotations["runbook_url"] = spec.runbook_url.replace("{alert}", alert.value)
+    annotations["dashboard_url"] = f"{spec.grafana_url}/d/{DASHBOARD_OF[alert].value}{_DASHBOARD_QUERY}"
+    return {**rule, "annotations": annotations}

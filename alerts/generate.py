@@ -1,0 +1,83 @@
+"""`nvrx-slo generate alerts`: the SLO spec -> Prometheus rules, PrometheusRule, Alertmanager config.
+
+Everything is rendered in memory first; files are written only once the spec has loaded and every
+output has rendered, so a bad spec changes nothing on disk. Run it from the repository root (or
+pass --root); tests/test_alerts_generate.py checks the committed files equal a fresh generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from alerts import alertmanager, sli
+from alerts.plain import plain_group
+from alerts.rules import slo_group
+from alerts.spec import DEFAULT_PATH, Spec, SpecError, load
+
+RULES = Path("alerts/generated/rules.yaml")
+ALERTMANAGER = Path("alerts/generated/alertmanager.yaml")
+PROMETHEUS_RULE = Path("deploy/base/generated/prometheusrule.yaml")
+ALERTMANAGER_CONFIG = Path("deploy/base/generated/alertmanagerconfig.yaml")
+PROMETHEUS_RULE_NAME = "nvrx-slo"
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for multi-line PromQL, so the generated rules read like hand-written ones."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def rule_groups(spec: Spec) -> list[dict[str, Any]]:
+    slis = sli.build(spec)
+    return [slo_group(s, spec) for s in slis.values()] + [plain_group(spec)]
+
+
+def _yaml(document: dict[str, Any], source: str) -> str:
+    header = f"# generated — do not edit: `nvrx-slo generate alerts` from {source}\n"
+    return header + yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=float("inf"), allow_unicode=True)
+
+
+def render(spec: Spec, source: str) -> dict[Path, str]:
+    """Every output file (path relative to the repository root) and its text."""
+    groups = rule_groups(spec)
+    prometheus_rule = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": PROMETHEUS_RULE_NAME, "labels": {"release": spec.release}},
+        "spec": {"groups": groups},
+    }
+    return {
+        RULES: _yaml({"groups": groups}, source),
+        ALERTMANAGER: _yaml(alertmanager.config(spec), source),
+        PROMETHEUS_RULE: _yaml(prometheus_rule, source),
+        ALERTMANAGER_CONFIG: _yaml(alertmanager.crd(spec), source),
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nvrx-slo generate alerts", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", type=Path, default=DEFAULT_PATH, help="SLO spec (default: alerts/slo.yaml)")
+    parser.add_argument("--root", type=Path, default=Path("."), help="write under this directory (default: .)")
+    args = parser.parse_args(argv)
+    try:
+        spec = load(args.spec)
+    except SpecError as err:
+        print(f"nvrx-slo generate alerts: {err}", file=sys.stderr)
+        return 2
+    source = "alerts/slo.yaml" if args.spec == DEFAULT_PATH else str(args.spec)
+    for path, text in render(spec, source).items():
+        target = args.root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        print(target)
+    return 0

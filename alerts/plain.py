@@ -1,0 +1,132 @@
+"""Plain alerts: conditions a burn rate would see late or not at all (a hang, a dead worker, a
+blind spot), each from the catalogue's series, with thresholds from the spec.
+
+Silence where a job has not started yet is deliberate: "no step since …" and "no checkpoint
+since …" fall back to the job's start time, so a job hung in init, or one that never manages a
+first save, is caught too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts import duration
+from alerts.conventions import BY_JOB, ON_JOB, SEVERITY_LABEL, Alert, error_ratio_record, stamp_links
+from alerts.sli import job_rate
+from alerts.spec import Slo, Spec
+from alerts.windows import Severity, all_windows
+from exporter import catalogue as cat
+
+Rule = dict[str, Any]
+
+JOB = "{{ $labels.namespace }}/{{ $labels.job_name }}"
+POD_RANK = JOB + " pod {{ $labels.pod }} rank {{ $labels.rank }}"
+BY_RANK = f"by ({', '.join(cat.IDENTITY_LABELS + (cat.RANK_LABEL,))})"
+BY_POD = f"by ({', '.join(cat.IDENTITY_LABELS)})"
+SCRAPE_TARGET = "on (job, instance)"  # the labels Prometheus gives every series of one scrape
+
+
+def _alert(alert: Alert, expr: str, for_: int, severity: Severity, summary: str, description: str) -> Rule:
+    rule: Rule = {"alert": alert.value, "expr": expr}
+    if for_:
+        rule["for"] = duration.format(for_)
+    rule["labels"] = {SEVERITY_LABEL: severity.value}
+    rule["annotations"] = {"summary": summary, "description": description}
+    return rule
+
+
+def _since(metric: cat.Metric) -> str:
+    """Seconds since ``metric``'s timestamp, or since the job started if it has none yet."""
+    return (
+        f"time() - (max {BY_JOB} ({metric.name})\n"
+        f"  or min {BY_JOB} ({cat.JOB_START_TIMESTAMP.name}))"
+    )
+
+
+def _share_of_wall(selector: str, window: int, by: str = BY_JOB) -> str:
+    w = duration.format(window)
+    return f"sum {by} (rate({selector}[{w}]))\n/ {ON_JOB} group_left\n  {job_rate(cat.WALL.name, w)}"
+
+
+def plain_alerts(spec: Spec) -> list[Rule]:
+    a = spec.alerts
+    base = all_windows(spec.period, spec.min_window)[0]
+    unattributed = f'{cat.TIME.name}{{category="{cat.Category.UNATTRIBUTED.value}"}}'
+    up = f'up{{job=~"{a.exporter_scrape_job}"}}'
+    rules = [
+        _alert(
+            Alert.TRAINING_STALLED, f"{_since(cat.LAST_STEP_TIMESTAMP)}\n> {a.stalled_after}", 0, Severity.PAGE,
+            "A training job has made no step progress.",
+            f"{JOB} has completed no training step for {{{{ $value | humanizeDuration }}}} "
+            f"(alerts after {duration.format(a.stalled_after)}).",
+        ),
+        _alert(
+            Alert.CHECKPOINT_STALE, f"{_since(cat.CKPT_LAST_SUCCESS)}\n> {a.checkpoint_stale_after}", 0, Severity.TICKET,
+            "A training job has no recent durable checkpoint.",
+            f"{JOB}'s latest durable checkpoint is {{{{ $value | humanizeDuration }}}} old "
+            f"(alerts after {duration.format(a.checkpoint_stale_after)}); a fault now loses all work since.",
+        ),
+        _alert(
+            Alert.CHECKPOINT_WORKER_DEAD, f"min {BY_RANK} ({cat.CKPT_WORKER_UP.name}) == 0", a.worker_dead_for, Severity.PAGE,
+            "NVRx's async checkpoint worker is dead.",
+            f"{POD_RANK}: the persistent async checkpoint worker is dead; the next save will hang the training loop.",
+        ),
+        _alert(
+            Alert.RESTART_STORM,
+            f"sum {BY_JOB} (increase({cat.RESTARTS.name}[{duration.format(a.restart_storm_within)}]))\n>= {a.restart_storm_restarts}",
+            0, Severity.TICKET,
+            "A training job is restarting over and over.",
+            f"{JOB} restarted {{{{ $value | printf \"%.0f\" }}}} times in the last "
+            f"{duration.format(a.restart_storm_within)} (alerts at {a.restart_storm_restarts}).",
+        ),
+        _alert(
+            Alert.RESTART_BUDGET_LOW, f"min {BY_POD} ({cat.LAUNCHER_RESTARTS_REMAINING.name}) <= {a.restart_budget_remaining}",
+            0, Severity.TICKET,
+            "ft_launcher is about to run out of restarts.",
+            f"{JOB} pod {{{{ $labels.pod }}}}: ft_launcher has {{{{ $value }}}} restarts left (--max-restarts); "
+            "one more fault than that and the job fails.",
+        ),
+        _alert(
+            Alert.EXPORTER_DOWN, f"{up} == 0", a.exporter_down_for, Severity.TICKET,
+            "Prometheus cannot scrape an nvrx-slo sidecar.",
+            "Scrape target {{ $labels.instance }} ({{ $labels.job }}) is down: its job's SLIs are not being measured.",
+        ),
+        _alert(
+            Alert.SLI_NO_DATA,
+            f"(max {BY_JOB} ({cat.WALL.name})\n"
+            f'  unless {ON_JOB} {error_ratio_record(base)}{{slo="{Slo.EFFICIENCY.value}"}})\n'
+            f"or\n({up} == 1\n  unless {SCRAPE_TARGET} {cat.WALL.name})",
+            a.no_data_for, Severity.TICKET,
+            "An nvrx-slo sidecar is up but its SLIs have no data.",
+            "{{ with $labels.job_name }}Job {{ $labels.namespace }}/{{ . }} reports wall time but has no efficiency SLI "
+            "(is nvrx_job_start_timestamp_seconds missing?){{ else }}Target {{ $labels.instance }} is scraped but "
+            "reports no wall time (is the trainer writing its journal where the sidecar reads?){{ end }}.",
+        ),
+        _alert(
+            Alert.ACCELERATOR_IDLE,
+            f"{_share_of_wall(cat.GPU_IDLE.name, a.idle_over, f'by ({cat.IDENTITY_LABELS[0]}, {cat.IDENTITY_LABELS[1]}, source)')}\n> {a.idle_ratio:g}",
+            a.idle_for, Severity.TICKET,
+            "A training job's accelerators are idle much of the time.",
+            f"{JOB}: accelerators idle {{{{ $value | humanizePercentage }}}} of wall time over the last "
+            f"{duration.format(a.idle_over)} (source {{{{ $labels.source }}}}; alerts above {a.idle_ratio:.0%}).",
+        ),
+        _alert(
+            Alert.STRAGGLER, f'max {BY_RANK} ({cat.STEP_SKEW.name}{{{cat.RANK_LABEL}!="{cat.ALL_RANKS}"}})\n> {a.straggler_skew:g}',
+            a.straggler_for, Severity.TICKET,
+            "A rank is slower than its peers.",
+            f"{POD_RANK} takes {{{{ printf \"%.2f\" $value }}}}× the median rank's step time "
+            f"(alerts above {a.straggler_skew:g}×); in lock step the whole job runs at its pace.",
+        ),
+        _alert(
+            Alert.UNATTRIBUTED, f"{_share_of_wall(unattributed, a.unattributed_over)}\n> {a.unattributed_ratio:g}",
+            a.unattributed_for, Severity.TICKET,
+            "Time nvrx-slo cannot attribute is growing.",
+            f"{JOB}: {{{{ $value | humanizePercentage }}}} of wall time over the last "
+            f"{duration.format(a.unattributed_over)} is unattributed (alerts above {a.unattributed_ratio:.0%}).",
+        ),
+    ]
+    return [stamp_links(rule, spec) for rule in rules]
+
+
+def plain_group(spec: Spec) -> dict[str, Any]:
+    return {"name": "nvrx-slo-alerts", "rules": plain_alerts(spec)}

@@ -1,0 +1,96 @@
+"""The four SLIs as PromQL over the exporter's series, job-level, with every name from the catalogue.
+
+Each SLI is a ratio of *bad* to *total* over a window (``[w]``), summed by (namespace, job_name)
+across pods and ranks. Two kinds:
+
+* **time** SLIs count rank-seconds against wall rank-seconds (efficiency, checkpoint blocking).
+  Only *settled* time counts as bad: unprotected work (the ``nvrx_unprotected_work_seconds``
+  gauge) is neither good nor bad yet. If a fault rolls it back, the exporter moves all of it to
+  ``lost`` at that moment, so the burn appears at the fault, possibly more than a window's worth
+  at once (an error ratio above 1 is then correct: that much budget went in that window).
+* **event** SLIs count restarts (recovery) or checkpoint seconds (overlap); a window without
+  events has no ratio rather than a ratio of zero, since nothing was measured.
+
+Only time SLIs get the young-job rule (see ``rules.young_job_factor``): a time SLI's denominator is
+the whole window for any job older than it, an event SLI's never depends on age.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from alerts.conventions import BY_JOB
+from alerts.spec import Slo, Spec
+from exporter import catalogue as cat
+
+
+@dataclass(frozen=True)
+class Sli:
+    slo: Slo
+    time_based: bool
+    bad: Callable[[str], str]  # window ("5m") -> PromQL, one series per job
+    total: Callable[[str], str]
+    title: str  # for humans: alert summaries
+    goal: str  # the objective in words; "{good}" and "{bad}" take the target and the budget as percentages
+
+    def objective_text(self, target: float) -> str:
+        return self.goal.format(good=f"{target * 100:.4g}%", bad=f"{(1 - target) * 100:.4g}%")
+
+
+def _matching(metric: str, label: str, regex: str) -> str:
+    return f'{metric}{{{label}=~"{regex}"}}'
+
+
+def job_rate(selector: str, window: str) -> str:
+    return f"sum {BY_JOB} (rate({selector}[{window}]))"
+
+
+def _or_zero(expr: str, like: str) -> str:
+    """``expr``, or 0 for each job ``like`` has: a category never seen yet has no series, not zero."""
+    return f"({expr} or 0 * {like})"
+
+
+def _time_sli(slo: Slo, title: str, goal: str, categories: tuple[cat.Category, ...]) -> Sli:
+    time = _matching(cat.TIME.name, "category", "|".join(c.value for c in categories))
+
+    def total(w: str) -> str:
+        return job_rate(cat.WALL.name, w)
+
+    return Sli(slo, True, lambda w: _or_zero(job_rate(time, w), total(w)), total, title, goal)
+
+
+def le_regex(bound: float) -> str:
+    """Both spellings of a bucket bound: Go's ``10`` and Python client's ``10.0``."""
+    spellings = sorted({f"{bound:g}", repr(float(bound))})
+    return "|".join(s.replace(".", "\\\\.") for s in spellings)
+
+
+def build(spec: Spec) -> dict[Slo, Sli]:
+    restarts = f"{cat.RESTART_DURATION.name}_count"
+    fast = _matching(f"{cat.RESTART_DURATION.name}_bucket", "le", le_regex(spec.recovery_threshold))
+    blocking = f"{cat.CKPT_BLOCKING.name}_sum"
+    background = f"{cat.CKPT_BACKGROUND.name}_sum"
+
+    def saves_total(w: str) -> str:
+        return f"({job_rate(blocking, w)} + {_or_zero(job_rate(background, w), job_rate(blocking, w))})"
+
+    return {
+        Slo.EFFICIENCY: _time_sli(
+            Slo.EFFICIENCY, "training efficiency", "productive ≥ {good} of wall rank-seconds", cat.BADPUT_CATEGORIES,
+        ),
+        Slo.RECOVERY: Sli(
+            Slo.RECOVERY, False,
+            lambda w: f"({job_rate(restarts, w)} - {_or_zero(job_rate(fast, w), job_rate(restarts, w))})",
+            lambda w: job_rate(restarts, w),
+            "restart latency", f"{{good}} of restarts back to training within {spec.recovery_threshold:g}s",
+        ),
+        Slo.CHECKPOINT_BLOCKING: _time_sli(
+            Slo.CHECKPOINT_BLOCKING, "checkpoint blocking", "checkpoint blocking ≤ {bad} of wall rank-seconds",
+            (cat.Category.CHECKPOINT_BLOCKING,),
+        ),
+        Slo.CHECKPOINT_OVERLAP: Sli(
+            Slo.CHECKPOINT_OVERLAP, False, lambda w: job_rate(blocking, w), saves_total,
+            "checkpoint overlap", "checkpoint overlap ≥ {good} (background / (blocking + background) seconds)",
+        ),
+    }

@@ -1,0 +1,74 @@
+"""Multi-window, multi-burn-rate alerting windows: the policy as data, scaled to the SLO period.
+
+The policy (Google SRE Workbook, ch. 5; the same four pairs Sloth and kubernetes-mixin use) is
+written for a 30-day period. A pair fires when the error budget burns ``factor`` times faster
+than the period allows over *both* its long window (enough budget is gone to matter) and its
+short window (it is still burning, so the alert resolves soon after the burn stops).
+``factor × long / period`` is the share of the whole budget the long window has consumed when it
+fires: 2% (14.4 × 1h), 5% (6 × 6h), 10% (3 × 1d and 1 × 3d).
+
+For another period every window scales by ``period / 30d`` and the factors stay, so the shares
+stay. That is what lets a test run the same alerts over an hour. Windows are rounded to whole
+seconds and raised to ``min_window``: ``rate()`` needs a few scrapes inside its window, so a
+one-hour period scraped every second needs ``min_window`` of a few seconds. Only windows that
+would be shorter than that move, which for a 30-day period and ``min_window`` ≤ 5m is none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from alerts import duration
+
+REFERENCE_PERIOD = 30 * 86400
+
+
+class Severity(str, Enum):
+    """The ``severity`` label: Alertmanager pages on ``critical`` and files a ticket on ``warning``."""
+
+    PAGE = "critical"
+    TICKET = "warning"
+
+
+@dataclass(frozen=True)
+class BurnWindow:
+    severity: Severity
+    long: int  # seconds
+    short: int  # seconds
+    factor: float  # burn rate: error ratio / error budget
+
+
+POLICY: tuple[BurnWindow, ...] = (
+    BurnWindow(Severity.PAGE, duration.parse("1h"), duration.parse("5m"), 14.4),
+    BurnWindow(Severity.PAGE, duration.parse("6h"), duration.parse("30m"), 6.0),
+    BurnWindow(Severity.TICKET, duration.parse("1d"), duration.parse("2h"), 3.0),
+    BurnWindow(Severity.TICKET, duration.parse("3d"), duration.parse("6h"), 1.0),
+)
+
+
+def scale(seconds: int, period: int, min_window: int) -> int:
+    """One window of the 30-day policy, for ``period``: proportional, whole seconds, ≥ ``min_window``."""
+    return max(round(seconds * period / REFERENCE_PERIOD), min_window, 1)
+
+
+def scaled_policy(period: int, min_window: int) -> tuple[BurnWindow, ...]:
+    """``POLICY`` for ``period``. Raises ``ValueError`` if ``min_window`` swallows a long window."""
+    pairs = tuple(
+        BurnWindow(w.severity, scale(w.long, period, min_window), scale(w.short, period, min_window), w.factor)
+        for w in POLICY
+    )
+    for original, pair in zip(POLICY, pairs):
+        if pair.short >= pair.long:
+            raise ValueError(
+                f"for a period of {duration.format(period)} the {duration.format(original.long)} window becomes "
+                f"{duration.format(pair.long)}, no longer than its short window {duration.format(pair.short)}: "
+                f"lower min_window ({duration.format(min_window)}) or lengthen the period"
+            )
+    return pairs
+
+
+def all_windows(period: int, min_window: int) -> tuple[int, ...]:
+    """Every window a recording rule is needed for: the policy's, shortest first, then the period."""
+    pairs = scaled_policy(period, min_window)
+    return (*sorted({w for pair in pairs for w in (pair.long, pair.short)}), period)
