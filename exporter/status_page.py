@@ -1,0 +1,302 @@
+"""The sidecar's status page: one engine ``Snapshot`` rendered as a self-contained HTML page.
+
+What a person port-forwarding to a sidecar wants first: is the job meeting its efficiency SLO,
+where did the rest of the time go, did the last checkpoints overlap training, how long did the
+restarts take and in which phase. Everything is in the page itself — the stylesheet is inlined,
+charts are inline SVG, nothing is fetched — so it works air-gapped, and it reloads itself.
+
+Key numbers carry stable ids and a ``data-value`` holding the raw number (seconds, ratios) so
+tests and scripts read them without parsing display text. Every string from the journal (job,
+pod, checkpoint ids, causes) goes through ``html.escape``.
+
+The offline report (``exporter/report.py``) reuses ``sections`` and ``page`` around a timeline.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass
+from importlib import resources
+
+from exporter.catalogue import RESTART_SLO_SECONDS, Category, RestartLevel, RestartPhase
+from exporter.snapshot import Histogram, Snapshot
+
+REFRESH_S = 5
+MAX_RANK_BARS = 16  # per-rank breakdown bars; beyond this only the job bar is drawn
+MAX_RANK_ROWS = 64  # per-rank table rows
+
+# The default SLOs (ARCHITECTURE.md, alerts/slo.yaml): what the page judges pass/fail against.
+EFFICIENCY_TARGET = 0.99
+RECOVERY_TARGET = 0.99
+BLOCKING_MAX = 0.01
+OVERLAP_MIN = 0.95
+
+CATEGORY_LABELS: dict[Category, str] = {
+    Category.PRODUCTIVE: "productive",
+    Category.UNPROTECTED: "unprotected (not yet checkpointed)",
+    Category.LOST: "lost (rolled back)",
+    Category.CHECKPOINT_BLOCKING: "checkpoint blocking",
+    Category.CHECKPOINT_RESTORE: "checkpoint restore",
+    Category.RESTART: "restart",
+    Category.INIT: "init",
+    Category.DATA_WAIT: "data wait",
+    Category.UNATTRIBUTED: "unattributed",
+}
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _pct(ratio: float | None, digits: int = 2) -> str:
+    return "—" if ratio is None else f"{100 * ratio:.{digits}f}%"
+
+
+def _secs(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value >= 3600:
+        return f"{value / 3600:.2f} h"
+    if value >= 120:
+        return f"{value / 60:.1f} min"
+    return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+
+
+def _when(wall: float | None, now_wall: float) -> str:
+    if wall is None:
+        return "—"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall))
+    return f'{stamp} <span class="sub">({_secs(max(0.0, now_wall - wall))} ago)</span>'
+
+
+def _num(id_: str, value: float | int | None, text: str, cls: str = "") -> str:
+    """A number with a stable id and its raw value; ``data-value`` is empty when unknown."""
+    raw = "" if value is None else repr(float(value)) if isinstance(value, float) else str(value)
+    return f'<span id="{_e(id_)}" class="{cls}" data-value="{raw}">{_e(text)}</span>'
+
+
+def _verdict(ok: bool | None) -> str:
+    cls, text = ("na", "no data") if ok is None else ("pass", "PASS") if ok else ("fail", "FAIL")
+    return f'<span class="badge {cls}">{text}</span>'
+
+
+# --- SLOs --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SloResult:
+    key: str
+    name: str
+    objective: str
+    value: float | None
+    shown: str
+    ok: bool | None  # None: not measurable yet (no restarts, no saves)
+
+
+def _share_within(hist: Histogram, bound: float) -> float | None:
+    if hist.count == 0:
+        return None
+    return hist.counts[hist.bounds.index(bound)] / hist.count
+
+
+def slo_results(snap: Snapshot) -> list[SloResult]:
+    """The default SLOs judged on this snapshot (whole job so far, not a burn-rate window)."""
+    eff = snap.efficiency
+    durations = list(snap.restarts.duration.values())
+    merged = Histogram(durations[0].bounds, tuple(map(sum, zip(*(h.counts for h in durations)))),
+                       sum(h.sum for h in durations), sum(h.count for h in durations)) if durations else None
+    fast = _share_within(merged, RESTART_SLO_SECONDS) if merged else None
+    ck = snap.checkpoints
+    return [
+        SloResult("efficiency", "training efficiency", f"productive / wall ≥ {_pct(EFFICIENCY_TARGET, 0)}",
+                  eff, _pct(eff), None if eff is None else eff >= EFFICIENCY_TARGET),
+        SloResult("recovery", "recovery latency",
+                  f"{_pct(RECOVERY_TARGET, 0)} of restarts back to training in < {RESTART_SLO_SECONDS:g} s",
+                  fast, _pct(fast, 1) if fast is not None else "no restarts",
+                  None if fast is None else fast >= RECOVERY_TARGET),
+        SloResult("checkpoint_blocking", "checkpoint blocking", f"blocking ≤ {_pct(BLOCKING_MAX, 0)} of wall",
+                  ck.blocking_fraction, _pct(ck.blocking_fraction, 3),
+                  None if ck.blocking_fraction is None else ck.blocking_fraction <= BLOCKING_MAX),
+        SloResult("checkpoint_overlap", "checkpoint overlap", f"background / (blocking + background) ≥ {_pct(OVERLAP_MIN, 0)}",
+                  ck.overlap_ratio, _pct(ck.overlap_ratio, 1),
+                  None if ck.overlap_ratio is None else ck.overlap_ratio >= OVERLAP_MIN),
+    ]
+
+
+# --- sections ----------------------------------------------------------------------------------
+
+def _breakdown(snap: Snapshot) -> dict[Category, float]:
+    seconds = snap.seconds
+    return {c: (snap.unprotected_s if c is Category.UNPROTECTED else seconds.get(c, 0.0)) for c in Category}
+
+
+def _bar_svg(parts: dict[Category, float], label: str, y: int) -> str:
+    total = sum(parts.values())
+    out = [f'<text x="0" y="{y + 15}">{_e(label)}</text>']
+    x = 110.0
+    width = 880.0
+    for cat, value in parts.items():
+        if total <= 0 or value <= 0:
+            continue
+        w = width * value / total
+        title = f"{CATEGORY_LABELS[cat]}: {_secs(value)} ({_pct(value / total)})"
+        out.append(f'<rect class="seg c-{cat.value}" x="{x:.2f}" y="{y}" width="{w:.2f}" height="20">'
+                   f"<title>{_e(title)}</title></rect>")
+        x += w
+    return "".join(out)
+
+
+def _time_section(snap: Snapshot) -> str:
+    parts = _breakdown(snap)
+    wall = snap.wall_s
+    bars = [_bar_svg(parts, "job", 4)]
+    ranks = snap.ranks if len(snap.ranks) <= MAX_RANK_BARS else ()
+    for i, r in enumerate(ranks):
+        rp = {c: (r.unprotected_s if c is Category.UNPROTECTED else r.seconds.get(c, 0.0)) for c in Category}
+        bars.append(_bar_svg(rp, f"rank {r.rank}", 34 + 26 * i))
+    height = 34 + 26 * len(ranks)
+    rows = []
+    for cat, value in parts.items():
+        share = value / wall if wall > 0 else None
+        rows.append(f'<tr data-category="{cat.value}"><td><span class="swatch c-{cat.value}"></span>{_e(CATEGORY_LABELS[cat])}</td>'
+                    f'<td class="num">{_num(f"seconds-{cat.value}", value, _secs(value))}</td>'
+                    f'<td class="num">{_num(f"share-{cat.value}", share, _pct(share))}</td></tr>')
+    rows.append(f'<tr><th>wall (rank-seconds)</th><th class="num">{_num("wall-seconds", wall, _secs(wall))}</th>'
+                f'<th class="num">100%</th></tr>')
+    return (f'<section class="card wide"><h2>Where the time went</h2>'
+            f'<svg class="breakdown" viewBox="0 0 1000 {height}" width="100%" role="img" '
+            f'aria-label="time by category">{"".join(bars)}</svg>'
+            f'<table class="split"><tr><th>category</th><th class="num">rank-seconds</th><th class="num">share of wall</th></tr>'
+            f'{"".join(rows)}</table></section>')
+
+
+def _headline(snap: Snapshot) -> str:
+    eff = snap.efficiency
+    ok = None if eff is None else eff >= EFFICIENCY_TARGET
+    cls = "na" if ok is None else "pass" if ok else "fail"
+    steps = sum(r.steps for r in snap.ranks)
+    step = max((r.step for r in snap.ranks if r.step is not None), default=None)
+    restarts = sum(snap.restarts.counts.values())
+    return (f'<section class="card"><h2>Training efficiency</h2>'
+            f'<div class="big {cls}">{_num("efficiency", eff, _pct(eff))}</div>'
+            f'<div class="sub">SLO ≥ {_pct(EFFICIENCY_TARGET, 0)} {_verdict(ok)} · predicted (ETTR) '
+            f'{_num("predicted-efficiency", snap.predicted_efficiency, _pct(snap.predicted_efficiency))}</div>'
+            f'<table><tr><td>ranks</td><td class="num">{_num("ranks", len(snap.ranks), str(len(snap.ranks)))}</td></tr>'
+            f'<tr><td>latest step</td><td class="num">{_num("step", step, "—" if step is None else str(step))}</td></tr>'
+            f'<tr><td>steps run (all ranks, rolled back included)</td><td class="num">{_num("steps-total", steps, str(steps))}</td></tr>'
+            f'<tr><td>restarts</td><td class="num">{_num("restarts-total", restarts, str(restarts))}</td></tr>'
+            f'<tr><td>job started</td><td class="num">{_when(snap.job_start_wall, snap.now_wall)}</td></tr>'
+            f'<tr><td>state</td><td class="num">{"finished" if snap.finished else "running"}</td></tr>'
+            f"</table></section>")
+
+
+def _slo_section(snap: Snapshot) -> str:
+    rows = "".join(
+        f'<tr id="slo-{r.key}" data-ok="{"" if r.ok is None else str(r.ok).lower()}"><td>{_e(r.name)}</td>'
+        f"<td>{_e(r.objective)}</td><td class=\"num\">{_num(f'slo-{r.key}-value', r.value, r.shown)}</td>"
+        f"<td>{_verdict(r.ok)}</td></tr>"
+        for r in slo_results(snap))
+    return (f'<section class="card"><h2>SLOs (whole job so far)</h2><table>'
+            f'<tr><th>SLO</th><th>objective</th><th class="num">now</th><th></th></tr>{rows}</table></section>')
+
+
+def _checkpoint_section(snap: Snapshot) -> str:
+    ck = snap.checkpoints
+    workers = [r.worker_alive for r in snap.ranks if r.worker_alive is not None]
+    worker = "—" if not workers else "alive" if all(workers) else f"DEAD on {workers.count(False)} rank(s)"
+    head = (f'<table><tr><td>durable saves</td><td class="num">{_num("checkpoint-saves", ck.saves, str(ck.saves))}</td>'
+            f'<td>failed</td><td class="num">{_num("checkpoint-failures", ck.failures, str(ck.failures))}</td>'
+            f'<td>in flight</td><td class="num">{_num("checkpoint-in-flight", ck.in_flight, str(ck.in_flight))}</td></tr>'
+            f'<tr><td>overlap</td><td class="num">{_num("checkpoint-overlap", ck.overlap_ratio, _pct(ck.overlap_ratio, 1))}</td>'
+            f'<td>blocking share</td><td class="num">{_num("checkpoint-blocking-fraction", ck.blocking_fraction, _pct(ck.blocking_fraction, 3))}</td>'
+            f'<td>age</td><td class="num">{_num("checkpoint-age", ck.age_s, _secs(ck.age_s))}</td></tr>'
+            f'<tr><td>interval</td><td class="num">{_secs(ck.interval_s)}</td>'
+            f'<td>Young/Daly optimum</td><td class="num">{_secs(ck.optimal_interval_s)}</td>'
+            f'<td>async worker</td><td class="num">{_e(worker)}</td></tr></table>')
+    rows = []
+    for c in reversed(ck.recent[-10:]):
+        blk, bg = c.blocking_s or 0.0, c.background_s or 0.0
+        total = blk + bg
+        bar = (f'<div class="bar" title="blocking vs background"><span class="blk" style="width:{100 * blk / total:.1f}%"></span>'
+               f'<span class="bg" style="width:{100 * bg / total:.1f}%"></span></div>') if total > 0 else ""
+        status = "in flight" if c.ok is None else "durable" if c.ok else "FAILED"
+        rows.append(f'<tr data-ckpt="{_e(c.ckpt)}"><td class="cause">{_e(c.ckpt)}</td><td class="num">{c.step}</td>'
+                    f"<td>{_e(c.mode)}</td><td class=\"num\">{_secs(c.blocking_s)}</td><td class=\"num\">{_secs(c.background_s)}</td>"
+                    f'<td>{bar}</td><td class="{"na" if c.ok is None else "pass" if c.ok else "fail"}">{status}</td>'
+                    f"<td>{_when(c.written_wall, snap.now_wall)}</td></tr>")
+    table = (f'<table><tr><th>checkpoint</th><th class="num">step</th><th>mode</th><th class="num">blocking</th>'
+             f'<th class="num">background</th><th><span class="swatch c-checkpoint_blocking"></span>blocking vs '
+             f'<span class="swatch" style="background:var(--background)"></span>background</th><th>status</th><th>written</th></tr>'
+             f'{"".join(rows)}</table>') if rows else '<p class="sub">No checkpoint yet.</p>'
+    return f'<section class="card wide"><h2>Checkpoints</h2>{head}<h2>Latest saves</h2>{table}</section>'
+
+
+def _restart_section(snap: Snapshot) -> str:
+    rs = snap.restarts
+    counts = " · ".join(f'{lvl.value} {_num(f"restarts-{lvl.value}", rs.counts.get(lvl, 0), str(rs.counts.get(lvl, 0)))}'
+                        for lvl in RestartLevel)
+    rows = []
+    for r in reversed(rs.recent[-10:]):
+        total = sum(r.phases.values())
+        segs = "".join(f'<span class="phase-{p.value}" style="width:{100 * r.phases[p] / total:.1f}%" '
+                       f'title="{_e(p.value)}: {_secs(r.phases[p])}"></span>'
+                       for p in RestartPhase if p in r.phases and total > 0)
+        detail = ", ".join(f"{p.value} {_secs(r.phases[p])}" for p in RestartPhase if p in r.phases)
+        slow = r.duration_s is not None and r.duration_s >= RESTART_SLO_SECONDS
+        rows.append(f'<tr data-level="{_e(r.level.value)}"><td>{_when(r.fault_wall, snap.now_wall)}</td><td>{_e(r.level.value)}</td>'
+                    f'<td class="num {"fail" if slow else ""}">{"in progress" if r.duration_s is None else _secs(r.duration_s)}</td>'
+                    f'<td><div class="bar">{segs}</div><span class="sub">{_e(detail)}</span></td>'
+                    f'<td class="cause">{_e(r.cause or "—")}</td></tr>')
+    table = ('<table><tr><th>fault</th><th>level</th><th class="num">back in</th><th>phases</th><th>cause</th></tr>'
+             f'{"".join(rows)}</table>') if rows else '<p class="sub">No restart.</p>'
+    legend = " ".join(f'<span class="swatch phase-{p.value}"></span>{p.value}' for p in RestartPhase)
+    return (f'<section class="card wide"><h2>Restarts</h2><p>{counts} · MTBF '
+            f'{_num("mtbf", rs.mtbf_s, _secs(rs.mtbf_s))}</p><p class="sub">{legend}</p>{table}</section>')
+
+
+def _ranks_section(snap: Snapshot) -> str:
+    rows = []
+    for r in snap.ranks[:MAX_RANK_ROWS]:
+        eff = r.seconds.get(Category.PRODUCTIVE, 0.0) / r.wall_s if r.wall_s > 0 else None
+        worker = "—" if r.worker_alive is None else "alive" if r.worker_alive else "DEAD"
+        rows.append(f'<tr data-rank="{r.rank}"><td>{r.rank}</td><td>{_e(r.state.value)}</td>'
+                    f'<td class="num">{"—" if r.step is None else r.step}</td><td class="num">{_pct(eff)}</td>'
+                    f'<td class="num">{_secs(r.unprotected_s)}</td>'
+                    f'<td class="num">{"—" if r.skew_ratio is None else f"{r.skew_ratio:.2f}"}</td>'
+                    f"<td>{worker}</td><td class=\"num\">{r.restart}/{r.iter}</td><td>{_when(r.last_step_wall, snap.now_wall)}</td></tr>")
+    more = (f'<p class="sub">{len(snap.ranks) - MAX_RANK_ROWS} more ranks not listed.</p>'
+            if len(snap.ranks) > MAX_RANK_ROWS else "")
+    return ('<section class="card wide"><h2>Ranks</h2><table><tr><th>rank</th><th>state</th><th class="num">step</th>'
+            '<th class="num">efficiency</th><th class="num">unprotected</th><th class="num">step-time skew</th>'
+            '<th>ckpt worker</th><th class="num">restart/iter</th><th>last step</th></tr>'
+            f'{"".join(rows)}</table>{more}</section>')
+
+
+def sections(snap: Snapshot) -> str:
+    """The page body: every card, in reading order."""
+    return (f'<div class="grid">{_headline(snap)}{_slo_section(snap)}{_time_section(snap)}'
+            f"{_checkpoint_section(snap)}{_restart_section(snap)}{_ranks_section(snap)}</div>")
+
+
+def page(title: str, snap: Snapshot, body: str, *, refresh_s: int | None, links: str) -> str:
+    """A whole HTML document with the stylesheet inlined."""
+    css = resources.files("exporter").joinpath("templates/style.css").read_text(encoding="utf-8")
+    refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
+    ident = " · ".join(f"{k} <b>{_e(v)}</b>" for k, v in (("job", snap.job), ("pod", snap.pod), ("node", snap.node)) if v)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snap.now_wall))
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}'
+            f"<title>{_e(title)}</title><style>{css}</style></head><body>"
+            f'<header><h1>{_e(title)}</h1><span class="ident">{ident}</span>'
+            f'<span class="ident" id="generated" data-value="{snap.now_wall!r}">as of {stamp}</span>{links}</header>'
+            f"<main>{body}</main>"
+            f'<footer>Events accepted {snap.events_accepted} · duplicates {snap.duplicates} · late {snap.late} · '
+            f"journal lag {_secs(snap.journal_lag_s)}. Time is in rank-seconds: N ranks accrue N seconds per second."
+            f"</footer></body></html>")
+
+
+def render(snap: Snapshot) -> str:
+    """The live page served at ``/``."""
+    links = ('<span class="ident"><a href="metrics">/metrics</a> · <a href="healthz">/healthz</a> · '
+             f"refreshes every {REFRESH_S} s</span>")
+    return page("nvrx-slo status", snap, sections(snap), refresh_s=REFRESH_S, links=links)
