@@ -1,0 +1,130 @@
+"""``nvrx-slo report JOURNAL_DIR -o report.html``: the status page's accounting, offline, plus a timeline.
+
+For the engineer who copied a journal off a node after the fact, or wants one file to attach to
+an incident ticket. The journal is read exactly as the sidecar reads it (``JournalTail``: same
+decoding, same merge by time, same rejections) into the same ``Engine``; the page reuses the
+status page's sections and adds the timeline (``exporter/timeline.py``). One self-contained
+HTML file: stylesheet inlined, inline SVG, no script.
+
+"Now" for an offline journal is its newest event, so a journal that ends mid-run (the node died)
+is accounted up to its last word, not up to the moment the report was made.
+
+Restarts on the timeline come from the engine. Its snapshot keeps only the newest ones, so the
+report takes a snapshot every ``SNAPSHOT_EVERY`` records while replaying and keeps every restart
+it saw; if a burst still outran that, the picture says how many restarts it could not mark.
+Restart phases are laid end to end from the fault in their natural order (the engine gives
+their durations, not their instants).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import html
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from exporter import status_page, timeline
+from exporter.catalogue import RestartPhase
+from exporter.engine import Engine
+from exporter.snapshot import RestartRecord, Snapshot
+from exporter.tail import JournalTail
+from exporter.timeline import RestartBand, TimelineBuilder
+
+SNAPSHOT_EVERY = 2000
+
+
+class EmptyJournal(ValueError):
+    """The directory holds no accepted journal event."""
+
+
+def _band(r: RestartRecord, now_wall: float) -> RestartBand:
+    end = r.fault_wall + r.duration_s if r.duration_s is not None else now_wall
+    phases, t = [], r.fault_wall
+    for phase in RestartPhase:
+        if phase in r.phases:
+            phases.append((phase.value, t, t + r.phases[phase]))
+            t += r.phases[phase]
+    return RestartBand(r.level.value, r.fault_wall, max(end, t), tuple(phases), r.cause)
+
+
+class _Replay:
+    """Feed records to the engine and the timeline builder; collect restarts as they finish."""
+
+    def __init__(self) -> None:
+        self.engine = Engine()
+        self.builder = TimelineBuilder()
+        self.restarts: dict[tuple[str, float], RestartRecord] = {}
+        self.newest: tuple[float, float] | None = None  # (mono, wall) of the newest event
+        self._since = 0
+
+    def ingest(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self.engine.ingest(record)
+            self.builder.add(record)
+            if self.newest is None or record["mono"] > self.newest[0]:
+                self.newest = (record["mono"], record["wall"])
+            self._since += 1
+            if self._since >= SNAPSHOT_EVERY:
+                self.snapshot()
+
+    def snapshot(self) -> Snapshot:
+        assert self.newest is not None
+        self._since = 0
+        snap = self.engine.snapshot(*self.newest)
+        for r in snap.restarts.recent:
+            self.restarts[(r.level.value, r.fault_wall)] = r  # a finished one replaces its in-progress self
+        return snap
+
+
+def build(journal_dir: str | Path) -> str:
+    """The report of ``journal_dir`` as one HTML document; ``EmptyJournal`` if nothing was accepted."""
+    tail = JournalTail(journal_dir)
+    replay = _Replay()
+    try:
+        tail.poll(replay.ingest)
+    finally:
+        tail.close()
+    if not tail.directory_ok:
+        raise FileNotFoundError(f"cannot read journal directory {journal_dir}")
+    if replay.newest is None:
+        raise EmptyJournal(f"no journal events in {journal_dir}"
+                           + (f" ({sum(tail.rejected.values())} lines rejected)" if tail.rejected else ""))
+    snap = replay.snapshot()
+    restarts = sorted(replay.restarts.values(), key=lambda r: r.fault_wall)
+    tl = replay.builder.build([_band(r, snap.now_wall) for r in restarts])
+    unmarked = sum(snap.restarts.counts.values()) - len(restarts)
+    if unmarked > 0:
+        tl = dataclasses.replace(tl, restarts_omitted=tl.restarts_omitted + unmarked)
+    rejected = ""
+    if tail.rejected:
+        reasons = ", ".join(f"{html.escape(k)} {v}" for k, v in sorted(tail.rejected.items()))
+        rejected = (f'<p class="fail" id="rejected" data-value="{sum(tail.rejected.values())}">'
+                    f"Journal lines rejected (not accounted): {reasons}.</p>")
+    body = (f'<div class="grid"><section class="card wide"><h2>Timeline</h2>{rejected}'
+            f"{timeline.legend_html()}{timeline.render_svg(tl)}"
+            f'<p class="sub">One lane per rank; hover a span for details. Restarts and their phases run '
+            f"across all lanes; lost work is the training that a restart rolled back.</p></section></div>"
+            f"{status_page.sections(snap)}")
+    made = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    links = (f'<span class="ident">journal <b>{html.escape(str(journal_dir))}</b> · report made {made}</span>')
+    return status_page.page("nvrx-slo report", snap, body, refresh_s=None, links=links)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nvrx-slo report", description=__doc__.split("\n")[0])
+    parser.add_argument("journal_dir", metavar="JOURNAL_DIR", type=Path, help="a journal directory (one pod's)")
+    parser.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="HTML file to write")
+    args = parser.parse_args(argv)
+    if not args.journal_dir.is_dir():
+        parser.error(f"JOURNAL_DIR {args.journal_dir}: not a directory")
+    try:
+        document = build(args.journal_dir)
+    except (EmptyJournal, FileNotFoundError) as exc:
+        print(f"nvrx-slo report: {exc}", file=sys.stderr)
+        return 1
+    args.output.write_text(document, encoding="utf-8")
+    print(args.output.resolve())
+    return 0
