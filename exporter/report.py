@@ -11,9 +11,9 @@ is accounted up to its last word, not up to the moment the report was made.
 
 Restarts on the timeline come from the engine. Its snapshot keeps only the newest ones, so the
 report takes a snapshot every ``SNAPSHOT_EVERY`` records while replaying and keeps every restart
-it saw; if a burst still outran that, the picture says how many restarts it could not mark.
-Restart phases are laid end to end from the fault in their natural order (the engine gives
-their durations, not their instants).
+it saw (a later view of a restart replaces an earlier one); if a burst still outran that, the
+picture says how many restarts it could not mark. The engine's phases are consecutive stretches
+from the fault that sum to the restart's duration, so they are laid end to end.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class _Replay:
     def __init__(self) -> None:
         self.engine = Engine()
         self.builder = TimelineBuilder()
-        self.restarts: dict[tuple[str, float], RestartRecord] = {}
+        self.restarts: list[RestartRecord] = []
         self.newest: tuple[float, float] | None = None  # (mono, wall) of the newest event
         self._since = 0
 
@@ -75,8 +75,16 @@ class _Replay:
         self._since = 0
         snap = self.engine.snapshot(*self.newest)
         for r in snap.restarts.recent:
-            self.restarts[(r.level.value, r.fault_wall)] = r  # a finished one replaces its in-progress self
+            self._keep(r)
         return snap
+
+    def _keep(self, new: RestartRecord) -> None:
+        """Add ``new``, replacing an earlier view of the same restart (same level, overlapping)."""
+        def end(r: RestartRecord) -> float:
+            return r.fault_wall + (r.duration_s if r.duration_s is not None else float("inf"))
+        self.restarts = [r for r in self.restarts
+                         if r.level != new.level or end(r) < new.fault_wall or end(new) < r.fault_wall]
+        self.restarts.append(new)
 
 
 def build(journal_dir: str | Path) -> str:
@@ -93,7 +101,7 @@ def build(journal_dir: str | Path) -> str:
         raise EmptyJournal(f"no journal events in {journal_dir}"
                            + (f" ({sum(tail.rejected.values())} lines rejected)" if tail.rejected else ""))
     snap = replay.snapshot()
-    restarts = sorted(replay.restarts.values(), key=lambda r: r.fault_wall)
+    restarts = sorted(replay.restarts, key=lambda r: r.fault_wall)
     tl = replay.builder.build([_band(r, snap.now_wall) for r in restarts])
     unmarked = sum(snap.restarts.counts.values()) - len(restarts)
     if unmarked > 0:
