@@ -1,0 +1,254 @@
+"""One rank's time accounting: its events, applied in monotonic order, partition its clock.
+
+A ``Ledger`` has accounted the rank's time up to ``t``. Each event moves ``t`` forward: the gap
+since ``t`` goes to the category the loop's *state* implies (init before the first step,
+checkpoint_blocking while a save blocks, restart after a fault, unattributed otherwise), then a
+span event (step, restore, finalize) takes its own stretch. Point events that other threads
+write in the middle of a step (worker liveness, checkpoint_end, warnings) never move ``t``, so
+they cannot cut a step in two. Spans that overlap time already accounted are clipped: each
+second is counted once.
+
+Work (a step minus its ``data_s``) is not settled when the step ends: it waits in the *pool*
+(provisional, reported as unprotected) until the first later decisive event: a checkpoint_end ok
+at a step ≥ its own, or a restore from a step ≥ its own, makes it productive; a restore from an
+older step (or a fresh start) makes it lost. Productive is final: a later fallback restore does
+not take it back.
+
+Restarts: a new pid for the rank is an in-job restart (``restart`` count went up) or a pod
+restart (it did not: a new launcher counts from 0 again); Wrapper callbacks or a higher ``iter``
+in the same pid are an in-process restart. The fault instant is the dead incarnation's
+FAULT_INJECTED if it wrote one after its last step, else its last event. The rank stays in
+state RESTART until the first step of the restarted loop starts. Each restart is reported to a
+``RestartSink`` under a key all ranks share, so the pod counts it once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Protocol
+
+from exporter.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS, Category, RestartLevel
+from exporter.histogram import Buckets
+from exporter.snapshot import RankState
+
+IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
+PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]
+RESTORE, RESTART, INIT = IDX[Category.CHECKPOINT_RESTORE], IDX[Category.RESTART], IDX[Category.INIT]
+DATA, UNATTRIBUTED = IDX[Category.DATA_WAIT], IDX[Category.UNATTRIBUTED]
+_GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
+        RankState.ENDED: UNATTRIBUTED}
+RECENT_STEPS = 16  # step durations kept for the skew ratio
+_INPROCESS_FAULT = {"inprocess_abort", "inprocess_finalize", "inprocess_rank_assignment"}
+_MARKS = {"inprocess_abort": "detect", "inprocess_finalize": "teardown",
+          "inprocess_rank_assignment": "rendezvous"}
+
+
+class RestartSink(Protocol):
+    """Receives each rank's view of a restart; ``key`` is the same on every rank of the pod."""
+
+    def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
+              cause: str | None) -> None: ...
+
+    def mark(self, rank: int, key: str, phase: str, mono: float) -> None: ...
+
+    def cause(self, rank: int, key: str, cause: str) -> None: ...
+
+    def ended(self, rank: int, key: str, end: float) -> None: ...
+
+
+class Ledger:
+    """The accounted state of one rank. ``apply`` events in (mono, pid, seq) order."""
+
+    __slots__ = ("rank", "first", "t", "state", "blocking", "fault", "fault_wall", "cause", "pid",
+                 "restart", "iter", "gen", "inproc", "fact", "fact_inprocess", "fact_reinit",
+                 "seconds", "pool_steps", "pool_work", "pool_sum", "steps", "step", "last_step_wall",
+                 "hist", "recent", "worker", "last_wall", "world_size")
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.first: float | None = None  # start of the rank's first event
+        self.t = 0.0  # accounted up to here (mono)
+        self.state = RankState.INIT
+        self.blocking: str | None = None  # ckpt id of the save blocking the loop now
+        self.fault: float | None = None  # FAULT_INJECTED instant in the current loop
+        self.fault_wall = 0.0
+        self.cause: str | None = None
+        self.pid = -1
+        self.restart = 0
+        self.iter = 0
+        self.gen = 0  # pod restarts seen
+        self.inproc = 0  # in-process restarts in this pid
+        self.fact: str | None = None  # key of the open restart
+        self.fact_inprocess = False
+        self.fact_reinit = False  # the open in-process restart has re-initialised
+        self.seconds = [0.0] * len(SETTLED_CATEGORIES)
+        self.pool_steps: list[int] = []  # undecided steps, oldest first
+        self.pool_work: list[float] = []
+        self.pool_sum = 0.0
+        self.steps = 0
+        self.step: int | None = None
+        self.last_step_wall: float | None = None
+        self.hist = Buckets(STEP_BUCKETS)
+        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.worker: bool | None = None
+        self.last_wall = 0.0
+        self.world_size: int | None = None
+
+    # --- time ------------------------------------------------------------------------------
+    def _advance(self, to: float) -> None:
+        if to > self.t:
+            idx = BLOCKING if self.blocking is not None else _GAP[self.state]
+            self.seconds[idx] += to - self.t
+            self.t = to
+
+    def _span(self, start: float, end: float, idx: int) -> None:
+        self._advance(start)
+        if end > self.t:
+            self.seconds[idx] += end - self.t
+            self.t = end
+
+    # --- durability --------------------------------------------------------------------------
+    def _decide(self, keep_upto: int | None, drop_rest: bool) -> None:
+        """Steps ≤ ``keep_upto`` become productive; the rest become lost if ``drop_rest``."""
+        keep_steps: list[int] = []
+        keep_work: list[float] = []
+        for step, work in zip(self.pool_steps, self.pool_work):
+            if keep_upto is not None and step <= keep_upto:
+                self.seconds[PRODUCTIVE] += work
+            elif drop_rest:
+                self.seconds[LOST] += work
+            else:
+                keep_steps.append(step)
+                keep_work.append(work)
+        self.pool_steps, self.pool_work = keep_steps, keep_work
+        self.pool_sum = sum(keep_work)
+
+    # --- restarts ----------------------------------------------------------------------------
+    def _begin(self, key: str, level: RestartLevel, sink: RestartSink, inprocess: bool) -> None:
+        fault = self.fault if self.fault is not None else self.t
+        fault_wall = self.fault_wall if self.fault is not None else self.last_wall
+        if self.fact is not None:  # the previous restart failed before its first step
+            sink.ended(self.rank, self.fact, fault)
+        sink.began(self.rank, key, level, fault, fault_wall, self.cause)
+        self.fact, self.fact_inprocess, self.fact_reinit = key, inprocess, False
+        self.state, self.blocking, self.fault, self.cause = RankState.RESTART, None, None, None
+
+    def _new_process(self, rec: dict[str, Any], sink: RestartSink) -> None:
+        if rec["restart"] > self.restart:
+            level, key = RestartLevel.INJOB, f"injob/{self.gen}/{rec['restart']}"
+        else:
+            self.gen += 1
+            level, key = RestartLevel.POD, f"pod/{self.gen}"
+        self._begin(key, level, sink, inprocess=False)
+        self.pid, self.restart, self.iter, self.inproc, self.worker = rec["pid"], rec["restart"], rec["iter"], 0, None
+
+    def _inprocess(self, sink: RestartSink) -> None:
+        self.inproc += 1
+        self._begin(f"inprocess/{self.gen}/{self.restart}/{self.inproc}", RestartLevel.INPROCESS, sink, inprocess=True)
+
+    # --- events ------------------------------------------------------------------------------
+    def apply(self, rec: dict[str, Any], sink: RestartSink) -> None:
+        mono: float = rec["mono"]
+        kind: str = rec["type"]
+        if self.first is None:
+            self.first = self.t = min(mono, rec.get("start", mono))
+            self.pid, self.restart, self.iter, self.last_wall = rec["pid"], rec["restart"], rec["iter"], rec["wall"]
+        elif rec["pid"] != self.pid:
+            self._new_process(rec, sink)
+        elif rec["iter"] > self.iter or (kind in _INPROCESS_FAULT and (
+                self.state is not RankState.RESTART or not self.fact_inprocess or
+                (kind == "inprocess_abort" and self.fact_reinit))):
+            self._inprocess(sink)
+        if rec["iter"] > self.iter:
+            self.iter = rec["iter"]
+
+        if kind == "step":
+            self._step(rec, sink)
+        elif kind == "checkpoint_start":
+            self._advance(mono)
+            if self.state is not RankState.RESTART:
+                self.blocking = rec["ckpt"]
+        elif kind == "checkpoint_scheduled" or (kind == "checkpoint_end" and self.blocking == rec["ckpt"]):
+            if self.blocking == rec["ckpt"]:
+                self._advance(mono)
+                self.blocking = None
+        elif kind == "checkpoint_finalize":
+            self._span(rec["start"], mono, BLOCKING)
+        elif kind == "restore":
+            self._span(rec["start"], mono, RESTORE)
+            self._decide(rec["step"], drop_rest=True)
+        elif kind == "fault_injected":
+            self._advance(mono)
+            self.fault, self.fault_wall, self.cause = mono, rec["wall"], f"fault_injected: {rec['kind']}"
+        elif kind == "process_start":
+            self._advance(mono)
+            self.world_size = rec["world_size"]
+            if self.fact is not None:
+                sink.mark(self.rank, self.fact, "reinit", mono)
+        elif kind == "process_end":
+            self._advance(mono)
+            self.state = RankState.ENDED
+        elif kind in _MARKS or kind == "inprocess_initialize":
+            self._advance(mono)
+            if rec.get("cause") and self.fact is not None:
+                sink.cause(self.rank, self.fact, rec["cause"])
+            if self.fact is not None and self.state is RankState.RESTART:
+                sink.mark(self.rank, self.fact, _MARKS.get(kind, "reinit"), mono)
+                self.fact_reinit = self.fact_reinit or kind == "inprocess_initialize"
+        elif kind == "checkpoint_worker":
+            self.worker = rec["alive"]
+        if kind == "checkpoint_end" and rec["ok"]:
+            self._decide(rec["step"], drop_rest=False)
+        self.last_wall = rec["wall"]
+
+    def _step(self, rec: dict[str, Any], sink: RestartSink) -> None:
+        start: float = rec["start"]
+        mono: float = rec["mono"]
+        self._advance(start)
+        if self.fact is not None:
+            sink.ended(self.rank, self.fact, max(start, self.t))
+            self.fact = None
+        self.state, self.blocking, self.fault, self.cause = RankState.TRAINING, None, None, None
+        span = mono - self.t
+        if span > 0:
+            data = min(max(rec["data_s"], 0.0), span)
+            work = span - data
+            self.seconds[DATA] += data
+            self.pool_steps.append(rec["step"])
+            self.pool_work.append(work)
+            self.pool_sum += work
+            self.t = mono
+        duration = mono - start
+        self.steps += 1
+        self.step = rec["step"]
+        self.last_step_wall = rec["wall"]
+        self.hist.observe(duration)
+        self.recent.append(duration)
+
+    # --- copies and state ----------------------------------------------------------------------
+    def copy(self) -> Ledger:
+        out = Ledger.__new__(Ledger)
+        for name in Ledger.__slots__:
+            setattr(out, name, getattr(self, name))
+        out.seconds = self.seconds[:]
+        out.pool_steps, out.pool_work = self.pool_steps[:], self.pool_work[:]
+        out.hist = self.hist.copy()
+        out.recent = deque(self.recent, maxlen=RECENT_STEPS)
+        return out
+
+    def to_state(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in Ledger.__slots__}
+        out["state"] = self.state.value
+        out["hist"] = self.hist.to_state()
+        out["recent"] = list(self.recent)
+        return out
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Ledger:
+        out = cls(int(state["rank"]))
+        for name in Ledger.__slots__:
+            setattr(out, name, state[name])
+        out.state = RankState(state["state"])
+        out.hist = Buckets.from_state(STEP_BUCKETS, state["hist"])
+        out.recent = deque(state["recent"], maxlen=RECENT_STEPS)
+        return out

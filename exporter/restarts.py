@@ -1,0 +1,230 @@
+"""Pod-level restarts: every rank's view of one restart, merged into one record and counted once.
+
+Ranks report a restart under a shared key (see ``accounting``). The record's fault instant is
+the earliest rank's fault; it ends when the *last* rank starts its first step again (a job in
+lock step trains only when every rank does), so ``duration`` = max(rank ends) − min(rank faults).
+
+Phases are consecutive stretches between journaled instants, in this order:
+
+========== ================================== =============================================
+phase      in-process (Wrapper callbacks)     in-job / pod (ft_launcher events, rank starts)
+========== ================================== =============================================
+detect     → first ``inprocess_abort``        → ``launcher_failure_detected`` (pod: new
+                                              ``launcher_start``)
+teardown   → last ``inprocess_finalize``      → ``launcher_workers_terminated``
+rendezvous → last ``inprocess_rank_assignment`` → ``launcher_rendezvous_done``
+reinit     → last ``inprocess_initialize``    → last restarted ``process_start``
+restore    → the last rank's first step       → the last rank's first step
+========== ================================== =============================================
+
+A phase whose instant was not journaled is left out and its time goes to the next phase that
+was, so the phases of a finished restart always sum to its duration. A restart enters the
+counters at once and the duration and phase histograms once it is finished and the newest
+event in the pod is ``window`` seconds past its end (so stragglers can still join it), or when
+the job finished.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import deque
+from typing import Any
+
+from exporter.catalogue import RESTART_BUCKETS, RestartLevel, RestartPhase
+from exporter.histogram import Buckets
+from exporter.snapshot import RestartRecord, RestartStats
+
+RECENT = 32  # finished restarts kept for the status page
+LAUNCHER_KEPT = 4096  # ft_launcher events kept for phase boundaries
+_LAUNCHER_MARKS = {
+    RestartLevel.INJOB: {RestartPhase.DETECT: "launcher_failure_detected",
+                         RestartPhase.TEARDOWN: "launcher_workers_terminated",
+                         RestartPhase.RENDEZVOUS: "launcher_rendezvous_done"},
+    RestartLevel.POD: {RestartPhase.DETECT: "launcher_start",
+                       RestartPhase.RENDEZVOUS: "launcher_rendezvous_done"},
+}
+_CHAIN = (RestartPhase.DETECT, RestartPhase.TEARDOWN, RestartPhase.RENDEZVOUS, RestartPhase.REINIT)
+
+
+class _Open:
+    """One restart still gathering ranks: per-rank faults and ends, merged phase instants."""
+
+    __slots__ = ("level", "faults", "ends", "marks", "causes")
+
+    def __init__(self, level: RestartLevel) -> None:
+        self.level = level
+        self.faults: dict[int, tuple[float, float]] = {}  # rank -> (mono, wall)
+        self.ends: dict[int, float] = {}
+        self.marks: dict[str, float] = {}  # detect: earliest rank; the others: latest rank
+        self.causes: dict[int, str] = {}
+
+    def copy(self) -> _Open:
+        out = _Open(self.level)
+        out.faults, out.ends, out.marks, out.causes = dict(self.faults), dict(self.ends), dict(self.marks), dict(self.causes)
+        return out
+
+    def done(self) -> bool:
+        return len(self.ends) == len(self.faults)
+
+
+class Restarts:
+    """The ``RestartSink`` the ledgers report to, plus the folded history."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, _Open] = {}
+        self.folded: set[str] = set()
+        self.counts = {level: 0 for level in RestartLevel}
+        self.duration = {level: Buckets(RESTART_BUCKETS) for level in RestartLevel}
+        self.phases = {(lv, ph): Buckets(RESTART_BUCKETS) for lv in RestartLevel for ph in RestartPhase}
+        self.recent: deque[RestartRecord] = deque(maxlen=RECENT)
+        self.launcher: list[tuple[float, str]] = []
+
+    # --- the sink ------------------------------------------------------------------------------
+    def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
+              cause: str | None) -> None:
+        if key in self.folded:
+            return
+        rec = self.open.get(key)
+        if rec is None:
+            rec = self.open[key] = _Open(level)
+        rec.faults[rank] = (fault, fault_wall)
+        if cause:
+            rec.causes[rank] = cause
+
+    def mark(self, rank: int, key: str, phase: str, mono: float) -> None:
+        rec = self.open.get(key)
+        if rec is not None:
+            old = rec.marks.get(phase)
+            if old is None or (mono < old if phase == RestartPhase.DETECT.value else mono > old):
+                rec.marks[phase] = mono
+
+    def cause(self, rank: int, key: str, cause: str) -> None:
+        rec = self.open.get(key)
+        if rec is not None:
+            rec.causes.setdefault(rank, cause)
+
+    def ended(self, rank: int, key: str, end: float) -> None:
+        rec = self.open.get(key)
+        if rec is not None and rank in rec.faults:
+            rec.ends[rank] = end
+
+    def launcher_event(self, kind: str, mono: float) -> None:
+        insort(self.launcher, (mono, kind))
+        if len(self.launcher) > LAUNCHER_KEPT:
+            del self.launcher[0]
+
+    # --- records -------------------------------------------------------------------------------
+    def _first_launcher(self, kind: str, after: float, until: float | None) -> float | None:
+        for mono, k in self.launcher[bisect_left(self.launcher, (after, "")):]:
+            if until is not None and mono > until:
+                return None
+            if k == kind:
+                return mono
+        return None
+
+    def record(self, rec: _Open) -> RestartRecord:
+        first_rank = min(rec.faults, key=lambda r: (rec.faults[r][0], r))
+        fault, fault_wall = rec.faults[first_rank]
+        end = max(rec.ends.values()) if rec.done() else None
+        instants: dict[RestartPhase, float | None] = {}
+        launcher = _LAUNCHER_MARKS.get(rec.level)
+        for phase in _CHAIN:
+            if launcher is None or phase is RestartPhase.REINIT:
+                instants[phase] = rec.marks.get(phase.value)
+            else:
+                kind = launcher.get(phase)
+                instants[phase] = None if kind is None else self._first_launcher(kind, fault, end)
+        instants[RestartPhase.RESTORE] = end
+        phases: dict[RestartPhase, float] = {}
+        prev = fault
+        for phase, at in instants.items():
+            if at is None:
+                continue
+            at = max(at, prev) if end is None else min(max(at, prev), end)
+            phases[phase] = at - prev
+            prev = at
+        with_cause = sorted((rec.faults[r][0], r) for r in rec.causes)
+        cause = rec.causes[with_cause[0][1]] if with_cause else None
+        return RestartRecord(rec.level, cause, fault_wall, None if end is None else end - fault, phases, len(rec.faults))
+
+    def _observe(self, record: RestartRecord, duration: dict[RestartLevel, Buckets],
+                 phases: dict[tuple[RestartLevel, RestartPhase], Buckets]) -> None:
+        if record.duration_s is not None:
+            duration[record.level].observe(record.duration_s)
+        for phase, seconds in record.phases.items():
+            phases[(record.level, phase)].observe(seconds)
+
+    def fold(self, newest: float, window: float) -> None:
+        """Move finished restarts whose last end is ``window`` behind ``newest`` into the histograms."""
+        for key in [k for k, rec in self.open.items() if rec.done() and max(rec.ends.values()) + window <= newest]:
+            rec = self.open.pop(key)
+            record = self.record(rec)
+            self.counts[rec.level] += 1
+            self._observe(record, self.duration, self.phases)
+            self.recent.append(record)
+            self.folded.add(key)
+
+    def copy(self) -> Restarts:
+        """A copy whose open restarts can take more events; the folded history is shared, read-only."""
+        out = Restarts.__new__(Restarts)
+        out.__dict__.update(self.__dict__)
+        out.open = {k: rec.copy() for k, rec in self.open.items()}
+        return out
+
+    def stats(self, finished: bool, mtbf_s: float | None) -> RestartStats:
+        counts = dict(self.counts)
+        duration, phases = self.duration, self.phases
+        open_records = [(rec, self.record(rec)) for rec in self.open.values()]
+        if finished and any(rec.done() for rec, _ in open_records):
+            duration = {k: b.copy() for k, b in duration.items()}
+            phases = {k: b.copy() for k, b in phases.items()}
+            for rec, record in open_records:
+                if rec.done():
+                    self._observe(record, duration, phases)
+        for rec, _ in open_records:
+            counts[rec.level] += 1
+        recent = list(self.recent) + sorted((r for _, r in open_records), key=lambda r: r.fault_wall)
+        return RestartStats(counts, {k: b.frozen() for k, b in duration.items()},
+                            {k: b.frozen() for k, b in phases.items()}, mtbf_s, tuple(recent[-RECENT:]))
+
+    def faults(self) -> int:
+        return sum(self.counts.values()) + len(self.open)
+
+    def mean_duration(self) -> float | None:
+        n = sum(b.count for b in self.duration.values())
+        return sum(b.sum for b in self.duration.values()) / n if n else None
+
+    # --- state ---------------------------------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "open": {k: [r.level.value, {str(rank): list(v) for rank, v in r.faults.items()},
+                         {str(rank): v for rank, v in r.ends.items()}, r.marks,
+                         {str(rank): v for rank, v in r.causes.items()}] for k, r in self.open.items()},
+            "folded": sorted(self.folded),
+            "counts": {lv.value: n for lv, n in self.counts.items()},
+            "duration": {lv.value: b.to_state() for lv, b in self.duration.items()},
+            "phases": {f"{lv.value}/{ph.value}": b.to_state() for (lv, ph), b in self.phases.items()},
+            "recent": [[r.level.value, r.cause, r.fault_wall, r.duration_s,
+                        {ph.value: s for ph, s in r.phases.items()}, r.ranks] for r in self.recent],
+            "launcher": [list(x) for x in self.launcher],
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Restarts:
+        out = cls()
+        for key, (level, faults, ends, marks, causes) in state["open"].items():
+            rec = out.open[key] = _Open(RestartLevel(level))
+            rec.faults = {int(r): (v[0], v[1]) for r, v in faults.items()}
+            rec.ends = {int(r): v for r, v in ends.items()}
+            rec.marks = dict(marks)
+            rec.causes = {int(r): v for r, v in causes.items()}
+        out.folded = set(state["folded"])
+        out.counts = {RestartLevel(k): int(n) for k, n in state["counts"].items()}
+        out.duration = {RestartLevel(k): Buckets.from_state(RESTART_BUCKETS, v) for k, v in state["duration"].items()}
+        for key, value in state["phases"].items():
+            level, phase = key.split("/")
+            out.phases[(RestartLevel(level), RestartPhase(phase))] = Buckets.from_state(RESTART_BUCKETS, value)
+        out.recent = deque((RestartRecord(RestartLevel(lv), cause, fw, d, {RestartPhase(p): s for p, s in ph.items()}, n)
+                            for lv, cause, fw, d, ph, n in state["recent"]), maxlen=RECENT)
+        out.launcher = [(float(m), str(k)) for m, k in state["launcher"]]
+        return out
