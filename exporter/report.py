@@ -83,7 +83,7 @@ class _Replay:
         def end(r: RestartRecord) -> float:
             return r.fault_wall + (r.duration_s if r.duration_s is not None else float("inf"))
         self.restarts = [r for r in self.restarts
-                         if r.level != new.level or end(r) < new.fault_wall or end(new) < r.fault_wall]
+                         if r.level != new.level or end(r) <= new.fault_wall or end(new) <= r.fault_wall]
         self.restarts.append(new)
 
 
