@@ -5,26 +5,31 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from alerts import duration
+from alerts.spec import Slo, Spec
 from dashboards import panels as p
 from dashboards import queries as q
 from exporter import catalogue as cat
 
 UID = "nvrx-slo-checkpointing"
 
-_BLOCKING_MAX = f"{q.CHECKPOINT_BLOCKING_OBJECTIVE:.0%}"
-_OVERLAP_MIN = f"{q.CHECKPOINT_OVERLAP_OBJECTIVE:.0%}"
-_BLOCKING_STEPS = ((None, p.GREEN), (q.CHECKPOINT_BLOCKING_OBJECTIVE, p.RED))
-_OVERLAP_STEPS = ((None, p.RED), (q.CHECKPOINT_OVERLAP_OBJECTIVE, p.GREEN))
 _POD = (q.POD_LABEL,)
+_BLOCKING = (cat.Category.CHECKPOINT_BLOCKING,)
 
 
-def _summary() -> list[object]:
+def _limits(spec: Spec) -> tuple[float, float]:
+    """(most blocking share of wall, least overlap) the checkpoint SLOs allow."""
+    return round(spec.objectives[Slo.CHECKPOINT_BLOCKING].budget, 9), spec.objectives[Slo.CHECKPOINT_OVERLAP].target
+
+
+def _summary(spec: Spec) -> list[object]:
+    blocking_max, overlap_min = _limits(spec)
     return [
         p.stat("Blocking share of wall", f"checkpoint_blocking / wall rank-seconds since job start. Objective ≤ "
-               f"{_BLOCKING_MAX}.", [p.Query(q.blocking_fraction(None))], p.RATIO, steps=_BLOCKING_STEPS, decimals=2, w=4),
+               f"{blocking_max:.0%}.", [p.Query(q.badput_ratio(None, _BLOCKING))], p.RATIO, steps=((None, p.GREEN), (blocking_max, p.RED)), decimals=2, w=4),
         p.stat("Overlap", f"background / (blocking + background) over all saves so far, per pod. Objective ≥ "
-               f"{_OVERLAP_MIN}.", [p.Query(q.series(cat.CKPT_OVERLAP), "{{pod}}")], p.RATIO,
-               steps=_OVERLAP_STEPS, decimals=1, w=4),
+               f"{overlap_min:.0%}.", [p.Query(q.series(cat.CKPT_OVERLAP), "{{pod}}")], p.RATIO,
+               steps=((None, p.RED), (overlap_min, p.GREEN)), decimals=1, w=4),
         p.stat("Mean seconds per save", "Mean blocking and background seconds per save since job start, over all "
                "pods.", [p.Query(q.mean_per_event(cat.CKPT_BLOCKING), "blocking"),
                          p.Query(q.mean_per_event(cat.CKPT_BACKGROUND), "background")], p.SECONDS, w=4),
@@ -40,7 +45,9 @@ def _summary() -> list[object]:
     ]
 
 
-def _over_time() -> list[object]:
+def _over_time(spec: Spec) -> list[object]:
+    blocking_max, overlap_min = _limits(spec)
+    stale = spec.alerts.checkpoint_stale_after
     return [
         p.timeseries("Blocking vs background seconds per save", "Mean seconds per save over the rate window: "
                      "blocking stalls the training loop; background overlaps it. No line where no save finished.",
@@ -49,16 +56,18 @@ def _over_time() -> list[object]:
                       p.Query(q.quantile(0.9, cat.CKPT_BLOCKING, window=q.RATE_INTERVAL), "blocking p90")],
                      p.SECONDS),
         p.timeseries("Blocking share of wall", f"checkpoint_blocking / wall rank-seconds, since job start and over the "
-                     f"rate window. Dashed: the {_BLOCKING_MAX} objective.",
-                     [p.Query(q.blocking_fraction(None), "since job start"),
-                      p.Query(q.blocking_fraction(q.RATE_INTERVAL), "over rate window")],
-                     p.RATIO, steps=_BLOCKING_STEPS),
+                     f"rate window. Dashed: the {blocking_max:.0%} objective.",
+                     [p.Query(q.badput_ratio(None, _BLOCKING), "since job start"),
+                      p.Query(q.badput_ratio(q.RATE_INTERVAL, _BLOCKING), "over rate window")],
+                     p.RATIO, steps=((None, p.GREEN), (blocking_max, p.RED))),
         p.timeseries("Overlap ratio", f"background / (blocking + background) over all saves so far, per pod. "
-                     f"Dashed: the {_OVERLAP_MIN} objective.", [p.Query(q.series(cat.CKPT_OVERLAP), "{{pod}}")],
-                     p.RATIO, steps=_OVERLAP_STEPS, w=8),
+                     f"Dashed: the {overlap_min:.0%} objective.", [p.Query(q.series(cat.CKPT_OVERLAP), "{{pod}}")],
+                     p.RATIO, steps=((None, p.RED), (overlap_min, p.GREEN)), w=8),
         p.timeseries("Checkpoint age", "Seconds since the latest durable checkpoint finished writing, per pod: "
-                     "the work a fault would throw away grows with it.",
-                     [p.Query(f"time() - {q.series(cat.CKPT_LAST_SUCCESS)}", "{{pod}}")], p.SECONDS, w=8),
+                     "the work a fault would throw away grows with it. Dashed: the stale-checkpoint alert's "
+                     f"{duration.format(stale)}.",
+                     [p.Query(f"time() - {q.series(cat.CKPT_LAST_SUCCESS)}", "{{pod}}")], p.SECONDS,
+                     steps=((None, p.GREEN), (float(stale), p.RED)), w=8),
         p.timeseries("Saves in flight", "Saves scheduled and not yet durable or failed, per pod. Stuck above 0 "
                      "means the background writer is not finishing.",
                      [p.Query(q.series(cat.CKPT_IN_FLIGHT), "{{pod}}")], p.COUNT, w=8),
@@ -76,9 +85,11 @@ def _over_time() -> list[object]:
     ]
 
 
-def dashboard() -> g.Dashboard:
+def dashboard(spec: Spec) -> g.Dashboard:
+    blocking_max, overlap_min = _limits(spec)
     return p.dashboard(
         uid=UID, title="nvrx-slo / Checkpointing", module="checkpointing",
-        description=f"Checkpoint cost and health for one job: blocking ≤ {_BLOCKING_MAX} of wall, overlap ≥ {_OVERLAP_MIN}.",
-        panels=[p.row("Since job start"), *_summary(), p.row("Over time"), *_over_time()],
+        description=f"Checkpoint cost and health for one job: blocking ≤ {blocking_max:.0%} of wall, "
+                    f"overlap ≥ {overlap_min:.0%}.",
+        panels=[p.row("Since job start"), *_summary(spec), p.row("Over time"), *_over_time(spec)],
     )

@@ -5,69 +5,86 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from alerts import duration
+from alerts.spec import Slo, Spec
+from alerts.windows import Severity
 from dashboards import panels as p
 from dashboards import queries as q
 from exporter import catalogue as cat
 
 UID = "nvrx-slo-overview"
 
-_OBJECTIVE = f"{q.EFFICIENCY_OBJECTIVE:.0%}"
-_SETTLED = cat.SETTLED_CATEGORIES
+_SLI_NOTE = ("The SLI counts settled badput only: work since the last durable checkpoint is not bad until a "
+             "fault rolls it back (then all of it lands in lost at once).")
 
 
-def _efficiency_panels() -> list[object]:
-    below_objective = ((None, p.RED), (q.EFFICIENCY_OBJECTIVE, p.GREEN))
+def _efficiency(spec: Spec) -> list[object]:
+    objective = spec.objectives[Slo.EFFICIENCY]
+    target = f"{objective.target:.0%}"
+    period = duration.format(spec.period)
+    pages = [w for w in spec.burn_windows if w.severity is Severity.PAGE]
+    fastest = max(pages, key=lambda w: w.factor)
+    objective_steps = ((None, p.RED), (objective.target, p.GREEN))
     return [
-        p.stat("Efficiency since job start", f"productive / wall rank-seconds since the job's first process start "
-               f"(rank-average). Objective {_OBJECTIVE}. Work since the last durable checkpoint is not counted "
-               "until a save lands, so this dips between checkpoints.",
-               [p.Query(q.efficiency(None))], p.RATIO, steps=below_objective, decimals=2),
-        p.stat("Error budget remaining", f"Share of the {q.SLO_PERIOD} error budget (1 − {_OBJECTIVE} of wall time) "
-               "not yet spent: 1 − (1 − efficiency over the period) / budget. Negative once overspent.",
-               [p.Query(q.budget_remaining())], p.RATIO,
+        p.stat("Efficiency since job start", "productive / wall rank-seconds since the job's first process start "
+               f"(rank-average). Objective {target}. Work since the last durable checkpoint counts only once a "
+               "save lands, so this dips between checkpoints.",
+               [p.Query(q.efficiency(None))], p.RATIO, steps=objective_steps, decimals=2),
+        p.stat("Error budget remaining", f"Share of the {period} error budget ({objective.budget:.0%} of wall) not "
+               "yet spent, as the alert rules compute it (the part of the period before the job started counts "
+               f"as healthy). Negative once overspent. {_SLI_NOTE}",
+               [p.Query(q.budget_remaining(spec.period, objective.budget))], p.RATIO,
                steps=((None, p.RED), (0.0, p.YELLOW), (0.25, p.GREEN)), decimals=1),
-        p.stat("Burn rate (1h)", "Error-budget burn rate over the last hour (1 = spending exactly the budget). "
-               f"Pages at {max(q.PAGE_BURN_RATES)}× over 1h and 5m.", [p.Query(q.burn_rate("1h"))], p.COUNT,
-               steps=((None, p.GREEN), (1.0, p.YELLOW), (max(q.PAGE_BURN_RATES), p.RED)), decimals=1),
+        p.stat(f"Burn rate ({duration.format(fastest.long)})", "Error-budget burn rate over the fastest page's long "
+               f"window (1 = spending exactly the budget). Pages at {fastest.factor:g}× over "
+               f"{duration.format(fastest.long)} and {duration.format(fastest.short)}.",
+               [p.Query(q.burn_rate(fastest.long, objective.budget))], p.COUNT,
+               steps=((None, p.GREEN), (1.0, p.YELLOW), (fastest.factor, p.RED)), decimals=1),
         p.stat("Unprotected work", "Rank-seconds of training since the last durable checkpoint, summed over the job: "
                "lost if a fault comes now.", [p.Query(q.by((), q.series(cat.UNPROTECTED_WORK)))], p.SECONDS),
-        p.timeseries("Efficiency vs objective", f"productive / wall (rank-average), since job start and over the "
-                     f"rate window, with the {_OBJECTIVE} objective drawn as a line.",
-                     [p.Query(q.efficiency(None), "since job start"),
-                      p.Query(q.efficiency(q.RATE_INTERVAL), "over rate window")],
-                     p.RATIO, steps=below_objective, w=12),
-        p.timeseries("Burn rates", "Error-budget burn rate per alert window (1 = on budget). Dashed lines: the page "
-                     "thresholds (both windows of a pair must exceed theirs to page).",
-                     [p.Query(q.burn_rate(w), w) for pair in q.PAGE_BURN_RATES.values() for w in pair],
-                     p.COUNT, steps=((None, p.GREEN), *((f, p.RED) for f in sorted(q.PAGE_BURN_RATES))), w=12),
+        p.timeseries("Efficiency vs objective", f"The efficiency SLI (1 − settled badput / wall) since job start and "
+                     f"over the rate window, and productive / wall since job start; dashed: the {target} objective. "
+                     f"{_SLI_NOTE}",
+                     [p.Query(f"1 - {q.badput_ratio(None)}", "SLI since job start"),
+                      p.Query(f"1 - {q.badput_ratio(q.RATE_INTERVAL)}", "SLI over rate window"),
+                      p.Query(q.efficiency(None), "productive / wall since job start")],
+                     p.RATIO, steps=objective_steps),
+        p.timeseries("Burn rates", "Error-budget burn rate over each page window (1 = on budget), as the alert "
+                     "rules compute it. Dashed: the page factors; both windows of a pair must exceed theirs to page.",
+                     [p.Query(q.burn_rate(s, objective.budget), duration.format(s))
+                      for w in pages for s in (w.long, w.short)],
+                     p.COUNT, steps=((None, p.GREEN), *((w.factor, p.RED) for w in sorted(pages, key=lambda w: w.factor)))),
     ]
 
 
-def _time_panels() -> list[object]:
+def _time(spec: Spec) -> list[object]:
     return [
         p.timeseries("Where the time went (since job start)", "Each settled category's share of wall rank-seconds "
                      "since the job started, plus the provisional unprotected slice; the stack sums to 100%.",
-                     [p.Query(q.category_share(_SETTLED, None), "{{category}}"),
+                     [p.Query(q.category_share(cat.SETTLED_CATEGORIES, None), "{{category}}"),
                       p.Query(q.unprotected_share(), cat.Category.UNPROTECTED.value)],
-                     p.RATIO, stack=True, w=12),
+                     p.RATIO, stack=True),
         p.timeseries("Badput breakdown (rate window)", "Share of wall rank-seconds per badput category over the "
                      "rate window, stacked: what is eating the budget now.",
                      [p.Query(q.category_share(cat.BADPUT_CATEGORIES, q.RATE_INTERVAL), "{{category}}")],
-                     p.RATIO, stack=True, w=12),
-        p.table("Firing alerts", "Prometheus ALERTS for this job that are firing, by alert and severity "
-                "(from the generated nvrx-slo rules, or any rule that keeps the job's labels).",
-                p.Query(q.alerts_firing()), w=12, h=7),
+                     p.RATIO, stack=True),
+        p.table("Firing alerts", "Prometheus ALERTS for this job that are firing, by alert and severity (the "
+                "generated nvrx-slo rules keep the job's namespace and job_name labels).",
+                p.Query(q.alerts_firing()), h=7),
         p.stat("Restarts since job start", "Restarts by level (in-process, in-job via ft_launcher, pod) since the "
                "job's first start.", [p.Query(q.by(q.LEVEL_LABEL, q.series(cat.RESTARTS)), "{{level}}")],
-               p.COUNT, w=6, h=7),
-        p.stat("Checkpoint age", "Seconds since the latest durable checkpoint finished, per pod.",
-               [p.Query(f"time() - {q.series(cat.CKPT_LAST_SUCCESS)}", "{{pod}}")], p.SECONDS, w=6, h=7),
+               p.COUNT, h=7),
+        p.stat("Checkpoint age", "Seconds since the latest durable checkpoint finished, per pod. Red after "
+               f"{duration.format(spec.alerts.checkpoint_stale_after)}, when the stale-checkpoint alert fires.",
+               [p.Query(f"time() - {q.series(cat.CKPT_LAST_SUCCESS)}", "{{pod}}")], p.SECONDS,
+               steps=((None, p.GREEN), (float(spec.alerts.checkpoint_stale_after), p.RED)), h=7),
     ]
 
 
-def dashboard() -> g.Dashboard:
+def dashboard(spec: Spec) -> g.Dashboard:
+    target = spec.objectives[Slo.EFFICIENCY].target
     return p.dashboard(
         uid=UID, title="nvrx-slo / SLO overview", module="overview",
-        description=f"Training efficiency SLO ({_OBJECTIVE} of accelerator time trains the model) for one job.",
-        panels=[p.row("Efficiency SLO"), *_efficiency_panels(), p.row("Time accounting and alerts"), *_time_panels()],
+        description=f"Training efficiency SLO ({target:.0%} of accelerator time trains the model) for one job.",
+        panels=[p.row("Efficiency SLO"), *_efficiency(spec), p.row("Time accounting and alerts"), *_time(spec)],
     )

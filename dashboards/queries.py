@@ -3,10 +3,11 @@
 Every metric name and label comes from ``exporter.catalogue``; nothing here spells one by hand,
 so a renamed metric fails generation (and the tests), not a dashboard in production.
 
-The queries read the exporter's raw series, not recording rules, so the dashboards work
-before (or without) the generated alert rules. Aggregation, as the catalogue prescribes:
-time is in rank-seconds, so ``sum(productive) / sum(wall)`` over a job is its rank-average
-efficiency; per-pod gauges (checkpoint age, MTBF, …) are shown per pod.
+The queries read the exporter's raw series, not recording rules, so the dashboards work before
+(or without) the generated alert rules; the SLO arithmetic mirrors those rules (``alerts/sli.py``,
+``alerts/rules.py``) so a panel shows the number an alert fired on. Aggregation, as the catalogue
+prescribes: time is in rank-seconds, so ``sum(productive) / sum(wall)`` over a job is its
+rank-average efficiency; per-pod gauges (checkpoint age, MTBF, …) are shown per pod.
 
 Two time bases appear, and each panel says which one it uses:
 * **since job start** — the sidecar's counters are job-lifetime totals rebuilt from the
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from alerts import duration
+from alerts.conventions import SEVERITY_LABEL
 from exporter import catalogue as cat
 from exporter.catalogue import Metric
 
@@ -48,38 +51,28 @@ SOURCE_LABEL = "source"
 ALERTS = "ALERTS"
 ALERT_NAME_LABEL = "alertname"
 ALERT_STATE_LABEL = "alertstate"
-SEVERITY_LABEL = "severity"
-
-# SLO defaults (ARCHITECTURE.md "SLOs"); the alert rules enforce them, the dashboards draw them.
-EFFICIENCY_OBJECTIVE = 0.99
-SLO_PERIOD = "30d"
-# Burn-rate factor -> (long, short) window, for a 30-day period (the multi-window multi-burn-rate table).
-PAGE_BURN_RATES: dict[float, tuple[str, str]] = {14.4: ("1h", "5m"), 6.0: ("6h", "30m")}
-TICKET_BURN_RATES: dict[float, tuple[str, str]] = {3.0: ("1d", "2h"), 1.0: ("3d", "6h")}
-CHECKPOINT_BLOCKING_OBJECTIVE = 0.01  # blocking <= 1% of wall
-CHECKPOINT_OVERLAP_OBJECTIVE = 0.95
-RESTART_LATENCY_OBJECTIVE = 0.99  # of restarts back to training within catalogue.RESTART_SLO_SECONDS
-STRAGGLER_SKEW = 1.2  # a rank this much slower than the median is drawn as a straggler
 
 RATE_INTERVAL = "$__rate_interval"
 INTERVAL = "$__interval"
+
+
+class Regex(str):
+    """A matcher value to use as a regular expression (``label=~"..."``)."""
+
+
+Match = str | Enum | Regex | tuple[str | Enum, ...]
 
 
 def _value(v: str | Enum) -> str:
     return v.value if isinstance(v, Enum) else v
 
 
-def le_value(seconds: float) -> str:
-    """A bucket bound as the exporter writes it in ``le`` (Go's float formatting: 10.0 -> "10.0")."""
-    return repr(float(seconds))
-
-
-def series(metric: Metric, suffix: str = "", **match: str | Enum | tuple[str | Enum, ...]) -> str:
+def series(metric: Metric, suffix: str = "", **match: Match) -> str:
     """``name{identity matchers, extra matchers}`` for one catalogue metric.
 
     ``suffix`` picks a histogram's ``_bucket``/``_sum``/``_count`` series. A tuple value becomes a
-    regex alternation (``label=~"a|b"``). Labels the metric does not carry are refused here, at
-    generation time.
+    regex alternation (``label=~"a|b"``), a ``Regex`` a regex as written. Labels the metric does
+    not carry are refused here, at generation time.
     """
     if suffix and (metric.kind is not cat.Kind.HISTOGRAM or suffix not in HISTOGRAM_SUFFIXES):
         raise ValueError(f"{metric.name}: suffix {suffix!r} needs a histogram and one of {HISTOGRAM_SUFFIXES}")
@@ -91,6 +84,8 @@ def series(metric: Metric, suffix: str = "", **match: str | Enum | tuple[str | E
     for label, value in match.items():
         if isinstance(value, tuple):
             matchers.append(f'{label}=~"{"|".join(_value(v) for v in value)}"')
+        elif isinstance(value, Regex):
+            matchers.append(f'{label}=~"{value}"')
         else:
             matchers.append(f'{label}="{_value(value)}"')
     return f"{metric.name}{suffix}{{{', '.join(matchers)}}}"
@@ -102,11 +97,11 @@ def alerts_firing() -> str:
     return f"sum by ({ALERT_NAME_LABEL}, {SEVERITY_LABEL}) ({ALERTS}{{{matchers}}})"
 
 
-def rate(metric: Metric, window: str = RATE_INTERVAL, suffix: str = "", **match: str | Enum | tuple[str | Enum, ...]) -> str:
+def rate(metric: Metric, window: str = RATE_INTERVAL, suffix: str = "", **match: Match) -> str:
     return f"rate({series(metric, suffix, **match)}[{window}])"
 
 
-def increase(metric: Metric, window: str, suffix: str = "", **match: str | Enum | tuple[str | Enum, ...]) -> str:
+def increase(metric: Metric, window: str, suffix: str = "", **match: Match) -> str:
     return f"increase({series(metric, suffix, **match)}[{window}])"
 
 
@@ -146,32 +141,42 @@ def unprotected_share() -> str:
 
 
 def efficiency(window: str | None) -> str:
-    """productive / wall for the job (rank-average): since job start, or over a window."""
+    """productive / wall for the job (rank-average): since job start, or over a window.
+
+    Work since the last durable checkpoint is not productive yet, so this dips between saves.
+    """
     if window is None:
         return f"{by((), series(cat.TIME, category=cat.Category.PRODUCTIVE))} / {by((), series(cat.WALL))}"
     return f"{by((), rate(cat.TIME, window, category=cat.Category.PRODUCTIVE))} / {by((), rate(cat.WALL, window))}"
 
 
-def error_budget() -> float:
-    return round(1 - EFFICIENCY_OBJECTIVE, 10)
+def badput_ratio(window: str | None, categories: tuple[cat.Category, ...] = cat.BADPUT_CATEGORIES) -> str:
+    """Settled seconds in ``categories`` / wall: a time SLI's error ratio, as the alert rules count it.
 
-
-def burn_rate(window: str) -> str:
-    """How fast the efficiency SLO's error budget burns over a window (1 = exactly on budget)."""
-    return f"(1 - {efficiency(window)}) / {error_budget()}"
-
-
-def budget_remaining() -> str:
-    """Share of the SLO period's error budget left (negative once overspent)."""
-    return f"1 - (1 - {efficiency(SLO_PERIOD)}) / {error_budget()}"
-
-
-def blocking_fraction(window: str | None) -> str:
-    """checkpoint_blocking rank-seconds over wall rank-seconds."""
+    Unprotected work is not bad until a fault rolls it back (it then lands in ``lost`` at once);
+    a category with no series yet counts as zero.
+    """
     if window is None:
-        return f"{by((), series(cat.TIME, category=cat.Category.CHECKPOINT_BLOCKING))} / {by((), series(cat.WALL))}"
-    return (f"{by((), rate(cat.TIME, window, category=cat.Category.CHECKPOINT_BLOCKING))}"
-            f" / {by((), rate(cat.WALL, window))}")
+        bad, wall = by((), series(cat.TIME, category=categories)), by((), series(cat.WALL))
+    else:
+        bad, wall = by((), rate(cat.TIME, window, category=categories)), by((), rate(cat.WALL, window))
+    return f"({bad} or 0 * {wall}) / {wall}"
+
+
+def job_age_share(window_s: int) -> str:
+    """min(job age / window, 1): the alert rules count the part of a window before the job as healthy."""
+    start = by((), series(cat.JOB_START_TIMESTAMP), "min")
+    return f"clamp((time() - {start}) / {window_s}, 0, 1)"
+
+
+def burn_rate(window_s: int, budget: float) -> str:
+    """How fast the efficiency SLO's error budget burns over a window (1 = exactly on budget)."""
+    return f"{badput_ratio(duration.format(window_s))} * {job_age_share(window_s)} / {budget:g}"
+
+
+def budget_remaining(period_s: int, budget: float) -> str:
+    """Share of the period's error budget left (negative once overspent)."""
+    return f"1 - {burn_rate(period_s, budget)}"
 
 
 def delta(metric: Metric, labels: tuple[str, ...]) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from alerts import duration
+from alerts.spec import Spec
 from dashboards import panels as p
 from dashboards import queries as q
 from exporter import catalogue as cat
@@ -18,34 +20,40 @@ _IDLE_SINCE_START = (f"{q.by(_RANK_SOURCE, q.series(cat.GPU_IDLE))}"
                      f" / ignoring({q.SOURCE_LABEL}) group_left() {q.by(_RANK, q.series(cat.WALL))}")
 
 
-def _steps() -> list[object]:
+def _steps(spec: Spec) -> list[object]:
+    skew, stalled = spec.alerts.straggler_skew, spec.alerts.stalled_after
     return [
         p.heatmap("Step time per rank", "Mean seconds per training step over the rate window, one row per rank "
                   "(colour = step time). A row hotter than the rest is a straggler.",
                   p.Query(_STEP_TIME, "{{rank}}"), p.SECONDS, w=12, h=9),
         p.timeseries("Straggler view: step-time skew", "Each rank's recent mean step time over the median across "
-                     f"ranks (1 = typical). Dashed: {q.STRAGGLER_SKEW}×, where a rank counts as a straggler.",
+                     f"ranks (1 = typical). Dashed: {skew:g}×, where the straggler alert counts a rank as one.",
                      [p.Query(q.by(_RANK, q.series(cat.STEP_SKEW), "max"), "rank {{rank}}")], p.COUNT,
-                     steps=((None, p.GREEN), (q.STRAGGLER_SKEW, p.RED)), h=9),
+                     steps=((None, p.GREEN), (skew, p.RED)), h=9),
         p.timeseries("Steps per second per rank", "Training steps completed per second over the rate window, per "
                      "rank (rolled-back steps included).",
                      [p.Query(q.by(_RANK, q.rate(cat.STEPS)), "rank {{rank}}")], p.PER_SECOND),
         p.timeseries("Seconds since last step", "Time since each rank's latest completed step: a rank that stops "
-                     "here while the others go on is stuck.",
+                     "here while the others go on is stuck. Dashed: the training-stalled alert's "
+                     f"{duration.format(stalled)}.",
                      [p.Query(f"time() - {q.by(_RANK, q.series(cat.LAST_STEP_TIMESTAMP), 'max')}", "rank {{rank}}")],
-                     p.SECONDS),
+                     p.SECONDS, steps=((None, p.GREEN), (float(stalled), p.RED))),
     ]
 
 
-def _accelerators() -> list[object]:
+def _accelerators(spec: Spec) -> list[object]:
+    idle = spec.alerts.idle_ratio
+    idle_steps = ((None, p.GREEN), (idle, p.RED))
     return [
         p.stat("Accelerator idle since job start", "Share of each rank's wall time its accelerator sat idle, by "
                "source: nvml (sampled utilisation) or step_phases (inferred from the journal where no GPU is "
-               "visible).", [p.Query(_IDLE_SINCE_START, "rank {{rank}} ({{source}})")], p.RATIO,
-               steps=((None, p.GREEN), (0.2, p.YELLOW), (0.5, p.RED)), decimals=1, w=6, h=8),
+               f"visible). Red above the accelerator-idle alert's {idle:.0%}.",
+               [p.Query(_IDLE_SINCE_START, "rank {{rank}} ({{source}})")], p.RATIO, steps=idle_steps, decimals=1,
+               w=6, h=8),
         p.timeseries("Accelerator idle per rank", "Idle accelerator seconds per second of wall over the rate window "
-                     "(1 = idle all the time), per rank and source.",
-                     [p.Query(q.by(_RANK_SOURCE, q.rate(cat.GPU_IDLE)), "rank {{rank}} ({{source}})")], p.RATIO, w=9),
+                     f"(1 = idle all the time), per rank and source. Dashed: the accelerator-idle alert's {idle:.0%}.",
+                     [p.Query(q.by(_RANK_SOURCE, q.rate(cat.GPU_IDLE)), "rank {{rank}} ({{source}})")], p.RATIO,
+                     steps=idle_steps, w=9),
         p.timeseries("Unprotected work per rank", "Seconds of training each rank did since the last durable "
                      "checkpoint: lost if a fault comes now. Drops to 0 when a save lands.",
                      [p.Query(q.by((q.POD_LABEL, q.RANK_LABEL), q.series(cat.UNPROTECTED_WORK)),
@@ -53,9 +61,9 @@ def _accelerators() -> list[object]:
     ]
 
 
-def dashboard() -> g.Dashboard:
+def dashboard(spec: Spec) -> g.Dashboard:
     return p.dashboard(
         uid=UID, title="nvrx-slo / Ranks & accelerators", module="ranks",
         description="Per-rank step time, stragglers, accelerator idle time and unprotected work for one job.",
-        panels=[p.row("Step time"), *_steps(), p.row("Accelerators and unsaved work"), *_accelerators()],
+        panels=[p.row("Step time"), *_steps(spec), p.row("Accelerators and unsaved work"), *_accelerators(spec)],
     )

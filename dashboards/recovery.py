@@ -5,52 +5,65 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from alerts.sli import le_regex
+from alerts.spec import Slo, Spec
 from dashboards import panels as p
 from dashboards import queries as q
 from exporter import catalogue as cat
 
 UID = "nvrx-slo-recovery"
 
-_SLO_S = f"{cat.RESTART_SLO_SECONDS:g} s"
 _LEVEL = (q.LEVEL_LABEL,)
 _PHASE = (q.LEVEL_LABEL, q.PHASE_LABEL)
-_WITHIN_SLO = (f"{q.by((), q.series(cat.RESTART_DURATION, '_bucket', le=q.le_value(cat.RESTART_SLO_SECONDS)))}"
-               f" / {q.by((), q.series(cat.RESTART_DURATION, '_count'))}")
 
 
-def _summary() -> list[object]:
+def _within(threshold_s: float) -> str:
+    """Share of restarts since job start back within ``threshold_s`` (a bucket bound, in either spelling)."""
+    fast = q.series(cat.RESTART_DURATION, "_bucket", le=q.Regex(le_regex(threshold_s)))
+    return f"{q.by((), fast)} / {q.by((), q.series(cat.RESTART_DURATION, '_count'))}"
+
+
+def _summary(spec: Spec) -> list[object]:
+    recovery, efficiency = spec.objectives[Slo.RECOVERY], spec.objectives[Slo.EFFICIENCY]
+    slo_s = f"{spec.recovery_threshold:g} s"
     return [
         p.stat("Restarts since job start", "Restarts by level: inprocess (NVRx Wrapper), injob (ft_launcher), pod.",
-               [p.Query(q.by(_LEVEL, q.series(cat.RESTARTS)), "{{level}}")], p.COUNT, w=5),
-        p.stat(f"Restarts back within {_SLO_S}", f"Share of restarts (all levels) from fault to the first step of "
-               f"the restarted loop within {_SLO_S}, since job start. Objective {q.RESTART_LATENCY_OBJECTIVE:.0%}.",
-               [p.Query(_WITHIN_SLO)], p.RATIO, steps=((None, p.RED), (q.RESTART_LATENCY_OBJECTIVE, p.GREEN)),
-               decimals=1, w=5),
+               [p.Query(q.by(_LEVEL, q.series(cat.RESTARTS)), "{{level}}")], p.COUNT, w=4),
+        p.stat(f"Restarts back within {slo_s}", f"Share of restarts (all levels) from fault to the first step of "
+               f"the restarted loop within {slo_s}, since job start. Objective {recovery.target:.0%}.",
+               [p.Query(_within(spec.recovery_threshold))], p.RATIO, steps=((None, p.RED), (recovery.target, p.GREEN)),
+               decimals=1, w=4),
         p.stat("Mean restart latency", "Mean seconds from fault to the first step of the restarted loop (restore "
                "included), by level, since job start.",
                [p.Query(q.mean_per_event(cat.RESTART_DURATION, _LEVEL), "{{level}}")], p.SECONDS,
-               steps=((None, p.GREEN), (cat.RESTART_SLO_SECONDS, p.RED)), w=5),
+               steps=((None, p.GREEN), (spec.recovery_threshold, p.RED)), w=4),
+        p.stat("Restarts left (ft_launcher)", "Restarts ft_launcher may still make before the job fails "
+               "(--max-restarts minus restarts so far), per pod. Red at the restart-budget-low alert's "
+               f"{spec.alerts.restart_budget_remaining}.",
+               [p.Query(q.series(cat.LAUNCHER_RESTARTS_REMAINING), "{{pod}}")], p.COUNT,
+               steps=((None, p.RED), (spec.alerts.restart_budget_remaining + 1.0, p.GREEN)), w=4),
         p.stat("MTBF", "Mean wall time between faults observed in this job, per pod.",
                [p.Query(q.series(cat.MTBF), "{{pod}}")], p.SECONDS, w=4),
         p.stat("Predicted efficiency", "Efficiency the ETTR model predicts from measured MTBF, restart and "
                "checkpoint costs, per pod. Compare with the measured efficiency below.",
                [p.Query(q.series(cat.EFFICIENCY_PREDICTED), "{{pod}}")], p.RATIO,
-               steps=((None, p.RED), (q.EFFICIENCY_OBJECTIVE, p.GREEN)), decimals=2, w=5),
+               steps=((None, p.RED), (efficiency.target, p.GREEN)), decimals=2, w=4),
     ]
 
 
-def _detail() -> list[object]:
+def _detail(spec: Spec) -> list[object]:
+    efficiency = spec.objectives[Slo.EFFICIENCY]
+    slo_s = f"{spec.recovery_threshold:g} s"
     return [
         p.timeseries("Restart latency by level", f"Mean and p99 seconds from fault to the restarted loop's first "
                      f"step, per level, over every restart since job start (steps up at each restart). Dashed: "
-                     f"the {_SLO_S} objective.",
+                     f"the {slo_s} objective.",
                      [p.Query(q.mean_per_event(cat.RESTART_DURATION, _LEVEL), "{{level}} mean"),
                       p.Query(q.quantile(0.99, cat.RESTART_DURATION, _LEVEL), "{{level}} p99")],
-                     p.SECONDS, steps=((None, p.GREEN), (cat.RESTART_SLO_SECONDS, p.RED))),
+                     p.SECONDS, steps=((None, p.GREEN), (spec.recovery_threshold, p.RED))),
         p.timeseries("Restart latency by phase", "Mean seconds per phase (detect, teardown, rendezvous, reinit, "
-                     "restore) and level since job start, stacked: where a restart spends its time.",
-                     [p.Query(q.mean_per_event(cat.RESTART_PHASE, _PHASE), "{{level}} {{phase}}")],
-                     p.SECONDS, stack=True),
+                     "restore) and level over every restart since job start: where a restart spends its time.",
+                     [p.Query(q.mean_per_event(cat.RESTART_PHASE, _PHASE), "{{level}} {{phase}}")], p.SECONDS),
         p.timeseries("Restarts over time", "Restarts per dashboard interval, by level.",
                      [p.Query(q.delta(cat.RESTARTS, _LEVEL), "{{level}}")], p.COUNT, bars=True, w=8),
         p.timeseries("Checkpoint interval: optimal vs actual", "Measured mean time between durable checkpoints vs "
@@ -59,10 +72,10 @@ def _detail() -> list[object]:
                      [p.Query(q.series(cat.CKPT_INTERVAL), "{{pod}} actual"),
                       p.Query(q.series(cat.CKPT_INTERVAL_OPTIMAL), "{{pod}} optimal")], p.SECONDS, w=8),
         p.timeseries("Efficiency: predicted vs measured", "ETTR-model prediction per pod against the measured "
-                     f"productive / wall since job start. Dashed: the {q.EFFICIENCY_OBJECTIVE:.0%} objective.",
+                     f"productive / wall since job start. Dashed: the {efficiency.target:.0%} objective.",
                      [p.Query(q.series(cat.EFFICIENCY_PREDICTED), "{{pod}} predicted"),
                       p.Query(q.efficiency(None), "measured")],
-                     p.RATIO, steps=((None, p.RED), (q.EFFICIENCY_OBJECTIVE, p.GREEN)), w=8),
+                     p.RATIO, steps=((None, p.RED), (efficiency.target, p.GREEN)), w=8),
         p.timeseries("MTBF", "Mean wall time between faults observed in this job, per pod.",
                      [p.Query(q.series(cat.MTBF), "{{pod}}")], p.SECONDS, w=12),
         p.timeseries("Restart and restore share of wall", "Rank-seconds spent restarting and restoring, and work "
@@ -73,11 +86,11 @@ def _detail() -> list[object]:
     ]
 
 
-def dashboard() -> g.Dashboard:
+def dashboard(spec: Spec) -> g.Dashboard:
     return p.dashboard(
         uid=UID, title="nvrx-slo / Recovery", module="recovery",
-        description=f"Faults and restarts for one job: {q.RESTART_LATENCY_OBJECTIVE:.0%} of restarts back to training "
-                    f"within {_SLO_S}.",
-        panels=[p.row("Since job start"), *_summary(), p.row("Latency, frequency and the checkpoint interval"),
-                *_detail()],
+        description=f"Faults and restarts for one job: {spec.objectives[Slo.RECOVERY].target:.0%} of restarts back "
+                    f"to training within {spec.recovery_threshold:g} s.",
+        panels=[p.row("Since job start"), *_summary(spec), p.row("Latency, frequency and the checkpoint interval"),
+                *_detail(spec)],
     )

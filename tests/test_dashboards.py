@@ -20,11 +20,14 @@ import sys
 import pytest
 import yaml
 
+from alerts import spec as slo_spec
+from alerts.windows import Severity
 from dashboard_model import ROOT, ROW, legend_labels, load_all, names, panels, queries
 from dashboards import generate, queries as q
 from exporter import catalogue as cat
 
 MODELS = load_all()
+SPEC = slo_spec.load()
 UIDS = {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery", "nvrx-slo-ranks"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRAFANA_BUILTINS = {"__interval", "__rate_interval", "__range", "__all"}
@@ -104,15 +107,21 @@ def _threshold_lines(model):
             yield p["title"], [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]]
 
 
-def test_the_slo_lines_are_drawn():
+def test_the_slo_lines_are_drawn_from_the_alerts_spec():
+    objectives = SPEC.objectives
     lines = dict(_threshold_lines(MODELS["nvrx-slo-overview"]))
-    assert q.EFFICIENCY_OBJECTIVE in lines["Efficiency vs objective"]
-    assert set(q.PAGE_BURN_RATES) <= set(lines["Burn rates"])
+    assert objectives[slo_spec.Slo.EFFICIENCY].target in lines["Efficiency vs objective"]
+    pages = {w.factor for w in SPEC.burn_windows if w.severity is Severity.PAGE}
+    assert pages <= set(lines["Burn rates"])
     lines = dict(_threshold_lines(MODELS["nvrx-slo-checkpointing"]))
-    assert q.CHECKPOINT_OVERLAP_OBJECTIVE in lines["Overlap ratio"]
-    assert q.CHECKPOINT_BLOCKING_OBJECTIVE in lines["Blocking share of wall"]
+    assert objectives[slo_spec.Slo.CHECKPOINT_OVERLAP].target in lines["Overlap ratio"]
+    assert pytest.approx(objectives[slo_spec.Slo.CHECKPOINT_BLOCKING].budget) in lines["Blocking share of wall"]
+    assert SPEC.alerts.checkpoint_stale_after in lines["Checkpoint age"]
     lines = dict(_threshold_lines(MODELS["nvrx-slo-recovery"]))
-    assert cat.RESTART_SLO_SECONDS in lines["Restart latency by level"]
+    assert SPEC.recovery_threshold in lines["Restart latency by level"]
+    lines = dict(_threshold_lines(MODELS["nvrx-slo-ranks"]))
+    assert SPEC.alerts.straggler_skew in lines["Straggler view: step-time skew"]
+    assert SPEC.alerts.idle_ratio in lines["Accelerator idle per rank"]
 
 
 def _catalogue_series():
@@ -152,10 +161,10 @@ def test_the_name_parser_finds_what_it_should():
 
 def test_committed_files_equal_a_fresh_generation(tmp_path):
     """Drift: the real CLI regenerates every file byte for byte, and nothing else lives in generated/."""
-    subprocess.run([sys.executable, "-m", "nvrx_slo", "generate", "dashboards", "--out", str(tmp_path)],
+    subprocess.run([sys.executable, "-m", "nvrx_slo", "generate", "dashboards", "--root", str(tmp_path)],
                    check=True, capture_output=True, cwd=ROOT)
     fresh = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
-    assert fresh == set(generate.render())
+    assert fresh == set(generate.render(SPEC))
     for rel in fresh:
         assert (ROOT / rel).read_bytes() == (tmp_path / rel).read_bytes(), f"{rel} is stale: run `nvrx-slo generate dashboards`"
     committed = {p.relative_to(ROOT) for p in (ROOT / generate.JSON_DIR).iterdir()}
@@ -185,6 +194,15 @@ def test_configmaps_pass_the_kubernetes_schema():
 def test_an_oversized_configmap_is_refused():
     with pytest.raises(ValueError, match="over 262144"):
         generate.to_configmaps({"nvrx-slo-huge": "x\n" * (generate.CONFIGMAP_LIMIT_BYTES // 2)})
+
+
+def test_a_bad_spec_is_refused_naming_the_key_and_writes_nothing(tmp_path):
+    bad = tmp_path / "slo.yaml"
+    bad.write_text(slo_spec.DEFAULT_PATH.read_text().replace("target: 0.99", "target: 1.5", 1))
+    result = subprocess.run([sys.executable, "-m", "nvrx_slo", "generate", "dashboards", "--spec", str(bad),
+                             "--root", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and "objectives.efficiency.target" in result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_label_the_metric_does_not_carry_is_refused_at_generation():
