@@ -28,6 +28,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -114,10 +115,13 @@ class JournalTail:
 
     # --- reading -----------------------------------------------------------------------------
 
-    def poll(self, ingest: Ingest, stop: Callable[[], bool] = lambda: False) -> int:
+    def poll(self, ingest: Ingest, stop: Callable[[], bool] = lambda: False,
+             guard: AbstractContextManager[Any] = nullcontext()) -> int:
         """Hand every complete new line's record to ``ingest``, merged by time; returns lines handed on.
 
         ``stop()`` is checked between rounds; the state is consistent whenever ``poll`` returns.
+        Each hand-on (``ingest`` and the rejection counts) runs inside ``guard``, the caller's
+        lock, so whoever reads ``rejected`` and the engine under it sees both move together.
         """
         listing = self._scan()
         if listing is None:
@@ -129,7 +133,8 @@ class JournalTail:
             live = [s for s in self._open.values() if s.items]
             if not live:
                 break
-            handed += self._hand_on(ingest)
+            with guard:
+                handed += self._hand_on(ingest)
         self._retire()
         return handed
 

@@ -1,0 +1,86 @@
+"""The sidecar's one state, and the ``View`` every output renders from it.
+
+The engine, the journal reader's counters and the two side inputs (NVML idle time, pod-watcher
+restarts) change under one lock, and ``view()`` copies all of them at one instant. /metrics, OTLP
+and the status page each render a ``View``: there is no second instrumentation path to drift.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.engine import Engine
+from exporter.snapshot import Snapshot
+from exporter.tail import JournalTail
+
+DUPLICATE = "duplicate"  # the engine saw this (pid, seq) already: ignored
+LATE = "late"  # older than the engine's reorder window when it arrived: not accounted
+
+
+@dataclass(frozen=True)
+class View:
+    snapshot: Snapshot
+    rejected: Mapping[str, int]  # by reason: the reader's (schema, I/O) and the engine's (duplicate, late)
+    gpu_idle_nvml: Mapping[int, float]  # idle seconds by NVML device index; empty when NVML is off
+    pod_restarts: Mapping[tuple[str, str], int]  # (container, reason) -> restarts seen by the pod watcher
+
+
+class Live:
+    def __init__(self, engine: Engine, tail: JournalTail, *, mono: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.lock = threading.Lock()
+        self.engine = engine
+        self.tail = tail
+        self.gpu_idle_nvml: dict[int, float] = {}
+        self.pod_restarts: Counter[tuple[str, str]] = Counter()
+        self._mono = mono
+        self._wall = wall
+
+    def poll(self, stop: Callable[[], bool] = lambda: False) -> int:
+        """Read what the journal has new into the engine; see ``JournalTail.poll``."""
+        return self.tail.poll(self._ingest, stop, guard=self.lock)
+
+    def _ingest(self, records: list[dict[str, Any]]) -> None:  # called by the tail under self.lock
+        ingest = self.engine.ingest
+        for record in records:
+            ingest(record)
+
+    def add_gpu_idle(self, idle_by_device: Mapping[int, float]) -> None:
+        with self.lock:
+            for device, seconds in idle_by_device.items():
+                self.gpu_idle_nvml[device] = self.gpu_idle_nvml.get(device, 0.0) + seconds
+
+    def add_pod_restarts(self, restarts: Mapping[tuple[str, str], int]) -> None:
+        with self.lock:
+            self.pod_restarts.update(restarts)
+
+    def view(self) -> View:
+        with self.lock:
+            snap = self.engine.snapshot(self._mono(), self._wall())
+            rejected = {**self.tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late}
+            return View(snap, rejected, dict(self.gpu_idle_nvml), dict(self.pod_restarts))
+
+    # --- persistence (state_store saves these parts in one file) ------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "engine": self.engine.to_state(),
+                "tail": self.tail.to_state(),
+                "gpu_idle_nvml": {str(k): v for k, v in self.gpu_idle_nvml.items()},
+                "pod_restarts": [[c, r, n] for (c, r), n in self.pod_restarts.items()],
+            }
+
+    def load_state(self, parts: dict[str, Any]) -> None:
+        """Resume from ``to_state()``; raises ``ValueError``/``KeyError`` on a state that is not one."""
+        engine = Engine.from_state(parts["engine"])
+        with self.lock:
+            self.engine = engine
+            self.tail.load_state(parts["tail"])
+            self.gpu_idle_nvml = {int(k): float(v) for k, v in parts["gpu_idle_nvml"].items()}
+            self.pod_restarts = Counter({(c, r): int(n) for c, r, n in parts["pod_restarts"]})
