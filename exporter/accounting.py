@@ -24,20 +24,17 @@ state RESTART until the first step of the restarted loop starts. Each restart is
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Protocol
 
-from exporter.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS, Category, RestartLevel
-from exporter.histogram import Buckets
+from exporter.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
 from exporter.snapshot import RankState
 
 IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
 PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]
 RESTORE, RESTART, INIT = IDX[Category.CHECKPOINT_RESTORE], IDX[Category.RESTART], IDX[Category.INIT]
 DATA, UNATTRIBUTED = IDX[Category.DATA_WAIT], IDX[Category.UNATTRIBUTED]
-_GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
+GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
         RankState.ENDED: UNATTRIBUTED}
-RECENT_STEPS = 16  # step durations kept for the skew ratio
 _INPROCESS_FAULT = {"inprocess_abort", "inprocess_finalize", "inprocess_rank_assignment"}
 _MARKS = {"inprocess_abort": "detect", "inprocess_finalize": "teardown",
           "inprocess_rank_assignment": "rendezvous"}
@@ -47,7 +44,7 @@ class RestartSink(Protocol):
     """Receives each rank's view of a restart; ``key`` is the same on every rank of the pod."""
 
     def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
-              cause: str | None) -> None: ...
+              injected: bool, cause: str | None) -> None: ...
 
     def mark(self, rank: int, key: str, phase: str, mono: float) -> None: ...
 
@@ -61,8 +58,7 @@ class Ledger:
 
     __slots__ = ("rank", "first", "t", "state", "blocking", "fault", "fault_wall", "cause", "pid",
                  "restart", "iter", "gen", "inproc", "fact", "fact_inprocess", "fact_reinit",
-                 "seconds", "pool_steps", "pool_work", "pool_sum", "steps", "step", "last_step_wall",
-                 "hist", "recent", "worker", "last_wall", "world_size")
+                 "seconds", "pool_steps", "pool_work", "pool_sum", "last_wall")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -85,19 +81,12 @@ class Ledger:
         self.pool_steps: list[int] = []  # undecided steps, oldest first
         self.pool_work: list[float] = []
         self.pool_sum = 0.0
-        self.steps = 0
-        self.step: int | None = None
-        self.last_step_wall: float | None = None
-        self.hist = Buckets(STEP_BUCKETS)
-        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
-        self.worker: bool | None = None
         self.last_wall = 0.0
-        self.world_size: int | None = None
 
     # --- time ------------------------------------------------------------------------------
     def _advance(self, to: float) -> None:
         if to > self.t:
-            idx = BLOCKING if self.blocking is not None else _GAP[self.state]
+            idx = BLOCKING if self.blocking is not None else GAP[self.state]
             self.seconds[idx] += to - self.t
             self.t = to
 
@@ -125,11 +114,12 @@ class Ledger:
 
     # --- restarts ----------------------------------------------------------------------------
     def _begin(self, key: str, level: RestartLevel, sink: RestartSink, inprocess: bool) -> None:
+        injected = self.fault is not None
         fault = self.fault if self.fault is not None else self.t
         fault_wall = self.fault_wall if self.fault is not None else self.last_wall
         if self.fact is not None:  # the previous restart failed before its first step
             sink.ended(self.rank, self.fact, fault)
-        sink.began(self.rank, key, level, fault, fault_wall, self.cause)
+        sink.began(self.rank, key, level, fault, fault_wall, injected, self.cause)
         self.fact, self.fact_inprocess, self.fact_reinit = key, inprocess, False
         self.state, self.blocking, self.fault, self.cause = RankState.RESTART, None, None, None
 
@@ -140,7 +130,7 @@ class Ledger:
             self.gen += 1
             level, key = RestartLevel.POD, f"pod/{self.gen}"
         self._begin(key, level, sink, inprocess=False)
-        self.pid, self.restart, self.iter, self.inproc, self.worker = rec["pid"], rec["restart"], rec["iter"], 0, None
+        self.pid, self.restart, self.iter, self.inproc = rec["pid"], rec["restart"], rec["iter"], 0
 
     def _inprocess(self, sink: RestartSink) -> None:
         self.inproc += 1
@@ -182,7 +172,6 @@ class Ledger:
             self.fault, self.fault_wall, self.cause = mono, rec["wall"], f"fault_injected: {rec['kind']}"
         elif kind == "process_start":
             self._advance(mono)
-            self.world_size = rec["world_size"]
             if self.fact is not None:
                 sink.mark(self.rank, self.fact, "reinit", mono)
         elif kind == "process_end":
@@ -195,8 +184,6 @@ class Ledger:
             if self.fact is not None and self.state is RankState.RESTART:
                 sink.mark(self.rank, self.fact, _MARKS.get(kind, "reinit"), mono)
                 self.fact_reinit = self.fact_reinit or kind == "inprocess_initialize"
-        elif kind == "checkpoint_worker":
-            self.worker = rec["alive"]
         if kind == "checkpoint_end" and rec["ok"]:
             self._decide(rec["step"], drop_rest=False)
         self.last_wall = rec["wall"]
@@ -218,12 +205,6 @@ class Ledger:
             self.pool_work.append(work)
             self.pool_sum += work
             self.t = mono
-        duration = mono - start
-        self.steps += 1
-        self.step = rec["step"]
-        self.last_step_wall = rec["wall"]
-        self.hist.observe(duration)
-        self.recent.append(duration)
 
     # --- copies and state ----------------------------------------------------------------------
     def copy(self) -> Ledger:
@@ -232,15 +213,11 @@ class Ledger:
             setattr(out, name, getattr(self, name))
         out.seconds = self.seconds[:]
         out.pool_steps, out.pool_work = self.pool_steps[:], self.pool_work[:]
-        out.hist = self.hist.copy()
-        out.recent = deque(self.recent, maxlen=RECENT_STEPS)
         return out
 
     def to_state(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in Ledger.__slots__}
         out["state"] = self.state.value
-        out["hist"] = self.hist.to_state()
-        out["recent"] = list(self.recent)
         return out
 
     @classmethod
@@ -249,6 +226,4 @@ class Ledger:
         for name in Ledger.__slots__:
             setattr(out, name, state[name])
         out.state = RankState(state["state"])
-        out.hist = Buckets.from_state(STEP_BUCKETS, state["hist"])
-        out.recent = deque(state["recent"], maxlen=RECENT_STEPS)
         return out

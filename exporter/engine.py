@@ -18,44 +18,90 @@ time it would change is already settled in counters that must never go down. A r
 catches up on a backlog must therefore feed each rank's files oldest first (merging by ``mono``
 is best). Duplicates by (pid, seq) are counted and ignored. See docs/accounting.md for the model.
 
-How: each rank keeps its not-yet-settled records sorted in a buffer; a record is applied to the
-rank's ``Ledger`` once the rank's newest record is ``reorder_window_s`` past it. ``snapshot``
-replays the buffers on copies, so it sees every record and changes nothing.
+How: each rank keeps its not-yet-applied records sorted in a buffer; a record is applied to the
+rank's ``Ledger`` once the rank's newest record is ``reorder_window_s`` past it, and only applied
+records settle time, so settled seconds never go down whatever the arrival order. The rank's
+time after its last applied record is provisional (``unprotected_s``) — the settled numbers lag
+the journal by the window. Once the job finished, ``snapshot`` replays the buffers on copies and
+settles everything. Counts that need no ordering (steps, the step histogram, the latest step,
+worker liveness, checkpoint aggregates) are taken at ingest, without lag.
 """
 
 from __future__ import annotations
 
 from bisect import insort
+from collections import deque
 from typing import Any
 
 from exporter import derived
-from exporter.accounting import _GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger
-from exporter.catalogue import SETTLED_CATEGORIES
+from exporter.accounting import GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger
+from exporter.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
 from exporter.checkpoints import Checkpoints
+from exporter.histogram import Buckets
 from exporter.restarts import Restarts
-from exporter.snapshot import CheckpointStats, RankSnapshot, RankState, Snapshot
+from exporter.snapshot import CheckpointStats, RankSnapshot, Snapshot
 
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
 STATE_VERSION = 1
 FOLD_EVERY_S = 1.0  # how often (journal time) finished saves and restarts move into the histograms
+RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
 _CHECKPOINT_EVENTS = {"checkpoint_start", "checkpoint_scheduled", "checkpoint_finalize", "checkpoint_end"}
 
 
 class _Lane:
-    """One rank: its ledger and its buffer of records not yet applied, sorted by (mono, pid, seq)."""
+    """One rank: its ledger, its buffer of records not yet applied (sorted by (mono, pid, seq)),
+    and the per-rank counts that need no ordering."""
 
-    __slots__ = ("ledger", "pending", "head", "newest", "newest_pid", "applied")
+    __slots__ = ("ledger", "pending", "head", "newest", "newest_pid", "newest_kind", "newest_restart",
+                 "newest_iter", "applied",
+                 "steps", "step", "step_mono", "step_wall", "hist", "recent", "worker", "worker_mono",
+                 "worker_pid", "world_size")
 
     def __init__(self, rank: int) -> None:
         self.ledger = Ledger(rank)
         self.pending: list[tuple[tuple[float, int, int], dict[str, Any]]] = []
         self.head = 0  # pending[:head] are applied
-        self.newest = float("-inf")
+        self.newest = float("-inf")  # mono of the newest record
         self.newest_pid = -1
+        self.newest_kind = ""
+        self.newest_restart = 0
+        self.newest_iter = 0
         self.applied: tuple[float, int, int] | None = None  # key of the last applied record
+        self.steps = 0
+        self.step: int | None = None  # of the newest step record
+        self.step_mono = float("-inf")
+        self.step_wall: float | None = None
+        self.hist = Buckets(STEP_BUCKETS)
+        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.worker: bool | None = None
+        self.worker_mono = float("-inf")
+        self.worker_pid = -1
+        self.world_size = 0
+
+    def count(self, record: dict[str, Any], kind: str, mono: float) -> None:
+        """The order-free per-rank counts."""
+        if kind == "step":
+            duration = mono - record["start"]
+            self.steps += 1
+            self.hist.observe(duration)
+            self.recent.append(duration)
+            if mono > self.step_mono:
+                self.step, self.step_mono, self.step_wall = record["step"], mono, record["wall"]
+        elif kind == "checkpoint_worker":
+            if mono > self.worker_mono:
+                self.worker, self.worker_mono, self.worker_pid = record["alive"], mono, record["pid"]
+        elif kind == "process_start":
+            self.world_size = max(self.world_size, record["world_size"])
+        if mono > self.newest:
+            self.newest, self.newest_pid, self.newest_kind = mono, record["pid"], kind
+            self.newest_restart, self.newest_iter = record["restart"], record["iter"]
+
+    def worker_alive(self) -> bool | None:
+        """The newest process's async checkpoint worker, as it last reported (None: not yet)."""
+        return self.worker if self.worker_pid == self.newest_pid else None
 
 
 class Engine:
@@ -140,6 +186,8 @@ class Engine:
         lane = self._lanes.get(rank)
         if lane is None:
             lane = self._lanes[rank] = _Lane(rank)
+        mono = key[0]
+        lane.count(record, record["type"], mono)
         if lane.applied is not None and key < lane.applied:
             self._counts["late"] += 1
             return
@@ -147,12 +195,8 @@ class Engine:
         if pending and key < pending[-1][0]:
             insort(pending, (key, record), lo=lane.head)
             self._counts["out_of_order"] += 1
-        else:
-            pending.append((key, record))
-        mono = key[0]
-        if mono <= lane.newest:
             return
-        lane.newest, lane.newest_pid = mono, key[1]
+        pending.append((key, record))
         horizon = mono - self.window
         head = lane.head
         if pending[head][0][0] >= horizon:
@@ -176,35 +220,37 @@ class Engine:
         self._next_fold = self._newest + FOLD_EVERY_S
 
     # --- snapshot ------------------------------------------------------------------------------
-    def _finished(self, ledgers: dict[int, Ledger]) -> bool:
-        if not ledgers or any(led.state is not RankState.ENDED for led in ledgers.values()):
+    def _finished(self) -> bool:
+        """Every rank's newest record is its process_end, and the launcher (if any) exited last."""
+        lanes = self._lanes.values()
+        if not lanes or any(lane.newest_kind != "process_end" for lane in lanes):
             return False
         if self._launcher_start is not None or self._launcher_exit is not None:
             return self._launcher_exit is not None and (
                 self._launcher_start is None or self._launcher_exit > self._launcher_start)
-        world = max((led.world_size or 0) for led in ledgers.values())
-        return len(ledgers) >= world
+        return len(self._lanes) >= max(lane.world_size for lane in lanes)
 
     def snapshot(self, now_mono: float, now_wall: float) -> Snapshot:
         """Everything known at ``now_mono`` (the journal's monotonic clock); does not change the engine."""
-        restarts = self._restarts.copy()
+        finished = self._finished()
+        restarts = self._restarts.copy() if finished else self._restarts
         ledgers: dict[int, Ledger] = {}
         for rank in sorted(self._lanes):
             lane = self._lanes[rank]
             ledger = lane.ledger
-            if lane.head < len(lane.pending):
+            if finished and lane.head < len(lane.pending):  # nothing more will come: settle all
                 ledger = ledger.copy()
                 for _, record in lane.pending[lane.head:]:
                     ledger.apply(record, restarts)
             ledgers[rank] = ledger
-        finished = self._finished(ledgers)
         origin = self._origin if self._origin is not None else now_mono
         end = self._newest if finished else max(now_mono, self._newest)
-        live = {rank: led.pid for rank, led in ledgers.items()}
-        skew = derived.skew_ratios({r: sum(led.recent) / len(led.recent) for r, led in ledgers.items() if led.recent})
-        ranks = tuple(self._rank(led, origin, end, finished, skew.get(r)) for r, led in ledgers.items())
+        live = self._live()
+        skew = derived.skew_ratios({r: sum(lane.recent) / len(lane.recent)
+                                    for r, lane in self._lanes.items() if lane.recent})
+        ranks = tuple(self._rank(ledgers[r], self._lanes[r], origin, end, finished, skew.get(r)) for r in ledgers)
 
-        elapsed = end - origin if self._origin is not None else 0.0
+        elapsed = end - origin
         mtbf = derived.mtbf(elapsed, restarts.faults())
         ck = self._checkpoints.view(finished, live)
         blocking_h, background_h = ck["blocking"], ck["background"]
@@ -232,43 +278,42 @@ class Engine:
             journal_lag_s=None if self._origin is None else max(0.0, now_mono - self._newest))
 
     @staticmethod
-    def _rank(led: Ledger, origin: float, end: float, finished: bool, skew: float | None) -> RankSnapshot:
-        seconds = led.seconds[:]
-        seconds[INIT] += max(0.0, (led.first if led.first is not None else end) - origin)
-        tail = max(0.0, end - led.t)
-        unprotected = led.pool_sum
-        if finished:
-            seconds[BLOCKING if led.blocking is not None else _GAP[led.state]] += tail
-        else:
-            unprotected += tail
+    def _rank(led: Ledger, lane: _Lane, origin: float, end: float, finished: bool,
+              skew: float | None) -> RankSnapshot:
+        seconds = [0.0] * len(SETTLED_CATEGORIES)
+        unprotected = end - origin  # nothing applied yet: all provisional
+        if led.first is not None:
+            seconds = led.seconds[:]
+            seconds[INIT] += led.first - origin
+            tail = max(0.0, end - led.t)
+            unprotected = led.pool_sum
+            if finished:
+                seconds[BLOCKING if led.blocking is not None else GAP[led.state]] += tail
+            else:
+                unprotected += tail
         idle = sum(seconds) - seconds[PRODUCTIVE] - seconds[LOST]
         return RankSnapshot(
             rank=led.rank, wall_s=end - origin, seconds=dict(zip(SETTLED_CATEGORIES, seconds)),
-            unprotected_s=unprotected, steps=led.steps, step=led.step, last_step_wall=led.last_step_wall,
-            step_duration=led.hist.frozen(), worker_alive=led.worker, skew_ratio=skew, gpu_idle_s=idle,
-            state=led.state, pid=led.pid, restart=led.restart, iter=led.iter)
+            unprotected_s=unprotected, steps=lane.steps, step=lane.step, last_step_wall=lane.step_wall,
+            step_duration=lane.hist.frozen(), worker_alive=lane.worker_alive(), skew_ratio=skew, gpu_idle_s=idle,
+            state=led.state, pid=lane.newest_pid, restart=lane.newest_restart, iter=lane.newest_iter)
 
     # --- state ---------------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
-        """A JSON-safe copy of the engine's state."""
+        """A JSON-safe copy of the engine's state (strict JSON: no NaN or infinities)."""
         return {
             "version": STATE_VERSION,
             "window": self.window,
-            "lanes": {str(rank): {"ledger": lane.ledger.to_state(),
-                                  "pending": [record for _, record in lane.pending[lane.head:]],
-                                  "newest": lane.newest if lane.pending or lane.applied else None,
-                                  "newest_pid": lane.newest_pid,
-                                  "applied": None if lane.applied is None else list(lane.applied)}
-                      for rank, lane in self._lanes.items()},
+            "lanes": {str(rank): _lane_state(lane) for rank, lane in self._lanes.items()},
             "restarts": self._restarts.to_state(),
             "checkpoints": self._checkpoints.to_state(),
             "seen": {str(pid): [nxt, sorted(ahead)] for pid, (nxt, ahead) in self._seen.items()},
             "origin": [self._origin, self._origin_wall],
-            "newest": self._newest if self._origin is not None else None,
+            "newest": _finite(self._newest),
             "launcher": [self._launcher_start, self._launcher_exit],
             "identity": list(self._identity),
             "counts": dict(self._counts),
-            "next_fold": self._next_fold if self._next_fold > float("-inf") else None,
+            "next_fold": _finite(self._next_fold),
         }
 
     @classmethod
@@ -278,26 +323,52 @@ class Engine:
             raise ValueError(f"not an engine state of version {STATE_VERSION}")
         try:
             engine = cls(float(state["window"]))
-            for rank, lane_state in state["lanes"].items():
-                lane = engine._lanes[int(rank)] = _Lane(int(rank))
-                lane.ledger = Ledger.from_state(lane_state["ledger"])
-                lane.pending = sorted(((r["mono"], r["pid"], r["seq"]), r) for r in lane_state["pending"])
-                newest = lane_state["newest"]
-                lane.newest = float("-inf") if newest is None else float(newest)
-                lane.newest_pid = int(lane_state["newest_pid"])
-                applied = lane_state["applied"]
-                lane.applied = None if applied is None else (applied[0], applied[1], applied[2])
+            engine._lanes = {int(rank): _lane_from_state(int(rank), lane) for rank, lane in state["lanes"].items()}
             engine._restarts = Restarts.from_state(state["restarts"])
             engine._checkpoints = Checkpoints.from_state(state["checkpoints"])
             engine._seen = {int(pid): [int(nxt), set(ahead)] for pid, (nxt, ahead) in state["seen"].items()}
             engine._origin, engine._origin_wall = state["origin"]
-            newest = state["newest"]
-            engine._newest = float("-inf") if newest is None else float(newest)
+            engine._newest = _infinite(state["newest"])
             engine._launcher_start, engine._launcher_exit = state["launcher"]
-            engine._identity = tuple(state["identity"])  # type: ignore[assignment]
+            job, pod, node = state["identity"]
+            engine._identity = (str(job), str(pod), str(node))
             engine._counts = {k: int(state["counts"][k]) for k in engine._counts}
-            next_fold = state["next_fold"]
-            engine._next_fold = float("-inf") if next_fold is None else float(next_fold)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            engine._next_fold = _infinite(state["next_fold"])
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise ValueError(f"not an engine state: {exc!r}") from None
         return engine
+
+
+def _finite(value: float) -> float | None:
+    return None if value == float("-inf") else value
+
+
+def _infinite(value: float | None) -> float:
+    return float("-inf") if value is None else float(value)
+
+
+_LANE_FIELDS = ("newest_pid", "newest_kind", "newest_restart", "newest_iter", "steps", "step", "step_wall",
+                "worker", "worker_pid", "world_size")
+
+
+def _lane_state(lane: _Lane) -> dict[str, Any]:
+    out = {name: getattr(lane, name) for name in _LANE_FIELDS}
+    out.update(ledger=lane.ledger.to_state(), pending=[record for _, record in lane.pending[lane.head:]],
+               newest=_finite(lane.newest), step_mono=_finite(lane.step_mono), worker_mono=_finite(lane.worker_mono),
+               applied=None if lane.applied is None else list(lane.applied), hist=lane.hist.to_state(),
+               recent=list(lane.recent))
+    return out
+
+
+def _lane_from_state(rank: int, state: dict[str, Any]) -> _Lane:
+    lane = _Lane(rank)
+    for name in _LANE_FIELDS:
+        setattr(lane, name, state[name])
+    lane.ledger = Ledger.from_state(state["ledger"])
+    lane.pending = sorted(((r["mono"], r["pid"], r["seq"]), r) for r in state["pending"])
+    lane.newest, lane.step_mono, lane.worker_mono = (_infinite(state[k]) for k in ("newest", "step_mono", "worker_mono"))
+    applied = state["applied"]
+    lane.applied = None if applied is None else (applied[0], applied[1], applied[2])
+    lane.hist = Buckets.from_state(STEP_BUCKETS, state["hist"])
+    lane.recent = deque(state["recent"], maxlen=RECENT_STEPS)
+    return lane

@@ -1,8 +1,9 @@
 """Pod-level restarts: every rank's view of one restart, merged into one record and counted once.
 
 Ranks report a restart under a shared key (see ``accounting``). The record's fault instant is
-the earliest rank's fault; it ends when the *last* rank starts its first step again (a job in
-lock step trains only when every rank does), so ``duration`` = max(rank ends) − min(rank faults).
+the earliest FAULT_INJECTED any rank journaled, else the earliest rank's last event before it
+died; it ends when the *last* rank starts its first step again (a job in lock step trains only
+when every rank does), so ``duration`` = max(rank ends) − fault.
 
 Phases are consecutive stretches between journaled instants, in this order:
 
@@ -53,7 +54,7 @@ class _Open:
 
     def __init__(self, level: RestartLevel) -> None:
         self.level = level
-        self.faults: dict[int, tuple[float, float]] = {}  # rank -> (mono, wall)
+        self.faults: dict[int, tuple[float, float, bool]] = {}  # rank -> (mono, wall, injected)
         self.ends: dict[int, float] = {}
         self.marks: dict[str, float] = {}  # detect: earliest rank; the others: latest rank
         self.causes: dict[int, str] = {}
@@ -81,13 +82,13 @@ class Restarts:
 
     # --- the sink ------------------------------------------------------------------------------
     def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
-              cause: str | None) -> None:
+              injected: bool, cause: str | None) -> None:
         if key in self.folded:
             return
         rec = self.open.get(key)
         if rec is None:
             rec = self.open[key] = _Open(level)
-        rec.faults[rank] = (fault, fault_wall)
+        rec.faults[rank] = (fault, fault_wall, injected)
         if cause:
             rec.causes[rank] = cause
 
@@ -123,8 +124,9 @@ class Restarts:
         return None
 
     def record(self, rec: _Open) -> RestartRecord:
-        first_rank = min(rec.faults, key=lambda r: (rec.faults[r][0], r))
-        fault, fault_wall = rec.faults[first_rank]
+        # an injected fault is the true instant; a rank's last event only bounds it from below
+        first_rank = min(rec.faults, key=lambda r: (not rec.faults[r][2], rec.faults[r][0], r))
+        fault, fault_wall, _ = rec.faults[first_rank]
         end = max(rec.ends.values()) if rec.done() else None
         instants: dict[RestartPhase, float | None] = {}
         launcher = _LAUNCHER_MARKS.get(rec.level)
@@ -214,7 +216,7 @@ class Restarts:
         out = cls()
         for key, (level, faults, ends, marks, causes) in state["open"].items():
             rec = out.open[key] = _Open(RestartLevel(level))
-            rec.faults = {int(r): (v[0], v[1]) for r, v in faults.items()}
+            rec.faults = {int(r): (float(v[0]), float(v[1]), bool(v[2])) for r, v in faults.items()}
             rec.ends = {int(r): v for r, v in ends.items()}
             rec.marks = dict(marks)
             rec.causes = {int(r): v for r, v in causes.items()}
