@@ -337,6 +337,16 @@ def test_the_prometheusrule_has_the_fields_its_crd_requires(rendered):
             assert ("alert" in r) != ("record" in r), r
 
 
+def test_one_release_label_selects_everything_and_agrees_with_the_alerts_spec(rendered):
+    """The base's `release` label is the one to set; out of the box it equals the generators' own."""
+    skip_unless_generated("prometheusrule.yaml")
+    generated = yaml.load((DEPLOY / "base" / "generated" / "prometheusrule.yaml").read_text(), Loader=K8sLoader)
+    for overlay in OVERLAYS:
+        releases = {o["metadata"]["labels"].get("release") for o in rendered[overlay]
+                    if o["kind"] in {"PodMonitor", "PrometheusRule", "AlertmanagerConfig"}}
+        assert releases == {generated["metadata"]["labels"]["release"]}
+
+
 def test_the_prometheusrule_carries_exactly_the_plain_rule_file_promtool_tests(rendered):
     skip_unless_generated("prometheusrule.yaml")
     plain = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "alerts" / "generated").glob("*.y*ml"))]
