@@ -2,8 +2,8 @@
 
 The demo runs for minutes with faults injected on purpose; a person watching wants to see the
 crash happen and the job come back. This follows the journal the same way the sidecar does
-(``JournalTail`` into an ``Engine``), so the counts it shows are the ones the SLO report will
-give. On a terminal it redraws one line in place; anywhere else (CI logs, a pipe) it prints a
+(``exporter.live.Live``: a ``JournalTail`` into an ``Engine``), so the counts it shows are the
+ones /metrics and the SLO report give. On a terminal it redraws one line in place; anywhere else (CI logs, a pipe) it prints a
 plain line when a checkpoint or restart lands and at most every ``PLAIN_EVERY_S`` otherwise, so
 a log holds a readable history instead of carriage-return noise.
 
@@ -26,6 +26,7 @@ from typing import TextIO
 
 from exporter.catalogue import RestartLevel
 from exporter.engine import Engine
+from exporter.live import Live
 from exporter.snapshot import Snapshot
 from exporter.tail import JournalTail
 
@@ -46,7 +47,7 @@ def summary(snap: Snapshot) -> str:
     elapsed = 0.0 if snap.job_start_wall is None else max(0.0, snap.now_wall - snap.job_start_wall)
     parts = [
         f"{elapsed:5.0f} s",
-        f"{len(snap.ranks)} ranks",
+        f"ranks {len(snap.ranks)}",
         "no step yet" if step is None else f"step {step}",
         f"checkpoints {ck.saves} durable" + (f", {ck.failures} failed" if ck.failures else "")
         + (f", {ck.in_flight} in flight" if ck.in_flight else ""),
@@ -61,12 +62,10 @@ class Progress:
 
     def __init__(self, journal_dir: str | Path, stream: TextIO | None = None, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
-        self._tail = JournalTail(journal_dir)
-        self._engine = Engine()
+        self._live = Live(Engine(), JournalTail(journal_dir), mono=clock, wall=wall)
         self._stream = stream if stream is not None else sys.stderr
         self._tty = self._stream.isatty()
         self._clock = clock
-        self._wall = wall
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -78,8 +77,8 @@ class Progress:
     def update(self) -> str:
         """Read what is new in the journal and redraw; returns the current summary line."""
         with self._lock:
-            self._tail.poll(self._ingest)
-            snap = self._engine.snapshot(self._clock(), self._wall())
+            self._live.poll()
+            snap = self._live.view().snapshot
             line = summary(snap)
             events = (snap.checkpoints.saves, snap.checkpoints.failures, sum(snap.restarts.counts.values()))
             if self._tty:
@@ -97,10 +96,6 @@ class Progress:
         self._stream.flush()
         self._printed, self._last_line_at = line, self._clock()
 
-    def _ingest(self, records: list[dict]) -> None:
-        for record in records:
-            self._engine.ingest(record)
-
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="nvrx-slo-progress", daemon=True)
         self._thread.start()
@@ -116,7 +111,7 @@ class Progress:
             self._stream.flush()
         elif line != self._printed:
             self._print(line)
-        self._tail.close()
+        self._live.tail.close()
         return line
 
     def _run(self) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 from exporter import status_page, timeline
 from exporter.catalogue import RestartPhase
 from exporter.engine import Engine
+from exporter.live import DUPLICATE, LATE, View
 from exporter.snapshot import RestartRecord, Snapshot
 from exporter.tail import JournalTail
 from exporter.timeline import RestartBand, TimelineBuilder
@@ -106,16 +107,15 @@ def build(journal_dir: str | Path) -> str:
     unmarked = sum(snap.restarts.counts.values()) - len(restarts)
     if unmarked > 0:
         tl = dataclasses.replace(tl, restarts_omitted=tl.restarts_omitted + unmarked)
-    rejected = ""
-    if tail.rejected:
-        reasons = ", ".join(f"{html.escape(k)} {v}" for k, v in sorted(tail.rejected.items()))
-        rejected = (f'<p class="fail" id="rejected" data-value="{sum(tail.rejected.values())}">'
-                    f"Journal lines rejected (not accounted): {reasons}.</p>")
-    body = (f'<div class="grid"><section class="card wide"><h2>Timeline</h2>{rejected}'
+    view = View(snap, {**tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late}, {}, {})
+    rejected = sum(view.rejected.values())
+    warning = (f'<p class="fail">{rejected} journal lines were rejected and not accounted '
+               f"(see Exporter below).</p>") if rejected else ""
+    body = (f'<div class="grid"><section class="card wide"><h2>Timeline</h2>{warning}'
             f"{timeline.legend_html()}{timeline.render_svg(tl)}"
             f'<p class="sub">One lane per rank; hover a span for details. Restarts and their phases run '
             f"across all lanes; lost work is the training that a restart rolled back.</p></section></div>"
-            f"{status_page.sections(snap)}")
+            f"{status_page.sections(view)}")
     made = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     links = (f'<span class="ident">journal <b>{html.escape(str(journal_dir))}</b> · report made {made}</span>')
     return status_page.page("nvrx-slo report", snap, body, refresh_s=None, links=links)

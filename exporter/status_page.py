@@ -1,4 +1,4 @@
-"""The sidecar's status page: one engine ``Snapshot`` rendered as a self-contained HTML page.
+"""The sidecar's status page: one ``View`` (engine snapshot + reader counters) as a self-contained page.
 
 What a person port-forwarding to a sidecar wants first: is the job meeting its efficiency SLO,
 where did the rest of the time go, did the last checkpoints overlap training, how long did the
@@ -9,7 +9,9 @@ Key numbers carry stable ids and a ``data-value`` holding the raw number (second
 tests and scripts read them without parsing display text. Every string from the journal (job,
 pod, checkpoint ids, causes) goes through ``html.escape``.
 
-The offline report (``exporter/report.py``) reuses ``sections`` and ``page`` around a timeline.
+It renders the same ``exporter.live.View`` as /metrics and OTLP, so the numbers agree by
+construction. The offline report (``exporter/report.py``) reuses ``sections`` and ``page`` around a
+timeline.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from exporter.catalogue import RESTART_SLO_SECONDS, Category, RestartLevel, RestartPhase
+from exporter.live import View
 from exporter.snapshot import Histogram, Snapshot
 
 REFRESH_S = 5
@@ -263,19 +266,34 @@ def _ranks_section(snap: Snapshot) -> str:
                     f'<td class="num">{"—" if r.step is None else r.step}</td><td class="num">{_pct(eff)}</td>'
                     f'<td class="num">{_secs(r.unprotected_s)}</td>'
                     f'<td class="num">{"—" if r.skew_ratio is None else f"{r.skew_ratio:.2f}"}</td>'
-                    f"<td>{worker}</td><td class=\"num\">{r.restart}/{r.iter}</td><td>{_when(r.last_step_wall, snap.now_wall)}</td></tr>")
+                    f"<td>{worker}</td><td class=\"num\">{_secs(r.gpu_idle_s)}</td><td class=\"num\">{r.restart}/{r.iter}</td><td>{_when(r.last_step_wall, snap.now_wall)}</td></tr>")
     more = (f'<p class="sub">{len(snap.ranks) - MAX_RANK_ROWS} more ranks not listed.</p>'
             if len(snap.ranks) > MAX_RANK_ROWS else "")
     return ('<section class="card wide"><h2>Ranks</h2><table><tr><th>rank</th><th>state</th><th class="num">step</th>'
             '<th class="num">efficiency</th><th class="num">unprotected</th><th class="num">step-time skew</th>'
-            '<th>ckpt worker</th><th class="num">restart/iter</th><th>last step</th></tr>'
+            '<th>ckpt worker</th><th class="num">accel. idle</th><th class="num">restart/iter</th><th>last step</th></tr>'
             f'{"".join(rows)}</table>{more}</section>')
 
 
-def sections(snap: Snapshot) -> str:
+def _exporter_section(view: View) -> str:
+    rejected = sum(view.rejected.values())
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(view.rejected.items()) if n) or "none"
+    pod = ", ".join(f"{c} ({r}) {n}" for (c, r), n in sorted(view.pod_restarts.items())) or "none seen"
+    snap = view.snapshot
+    return (f'<section class="card wide"><h2>Exporter</h2><table>'
+            f'<tr><td>journal events accepted</td><td class="num">{_num("events-accepted", snap.events_accepted, str(snap.events_accepted))}</td></tr>'
+            f'<tr><td>journal lines rejected</td><td class="num {"fail" if rejected else ""}">'
+            f'{_num("rejected", rejected, str(rejected))}</td><td>{_e(reasons)}</td></tr>'
+            f'<tr><td>journal lag</td><td class="num">{_secs(snap.journal_lag_s)}</td></tr>'
+            f"<tr><td>container restarts (pod watcher)</td><td></td><td>{_e(pod)}</td></tr></table></section>")
+
+
+def sections(view: View) -> str:
     """The page body: every card, in reading order."""
+    snap = view.snapshot
     return (f'<div class="grid">{_headline(snap)}{_slo_section(snap)}{_time_section(snap)}'
-            f"{_checkpoint_section(snap)}{_restart_section(snap)}{_ranks_section(snap)}</div>")
+            f"{_checkpoint_section(snap)}{_restart_section(snap)}{_ranks_section(snap)}"
+            f"{_exporter_section(view)}</div>")
 
 
 def page(title: str, snap: Snapshot, body: str, *, refresh_s: int | None, links: str) -> str:
@@ -290,13 +308,12 @@ def page(title: str, snap: Snapshot, body: str, *, refresh_s: int | None, links:
             f'<header><h1>{_e(title)}</h1><span class="ident">{ident}</span>'
             f'<span class="ident" id="generated" data-value="{snap.now_wall!r}">as of {stamp}</span>{links}</header>'
             f"<main>{body}</main>"
-            f'<footer>Events accepted {snap.events_accepted} · duplicates {snap.duplicates} · late {snap.late} · '
-            f"journal lag {_secs(snap.journal_lag_s)}. Time is in rank-seconds: N ranks accrue N seconds per second."
-            f"</footer></body></html>")
+            f"<footer>Time is in rank-seconds: N ranks accrue N seconds per second of wall clock. "
+            f"Job-level numbers sum over ranks.</footer></body></html>")
 
 
-def render(snap: Snapshot) -> str:
+def render(view: View) -> str:
     """The live page served at ``/``."""
     links = ('<span class="ident"><a href="metrics">/metrics</a> · <a href="healthz">/healthz</a> · '
              f"refreshes every {REFRESH_S} s</span>")
-    return page("nvrx-slo status", snap, sections(snap), refresh_s=REFRESH_S, links=links)
+    return page("nvrx-slo status", view.snapshot, sections(view), refresh_s=REFRESH_S, links=links)
