@@ -129,3 +129,11 @@ def test_the_renderer_reuses_label_text_across_scrapes_and_stays_right():
     first, second = renderer.generate(registry), renderer.generate(registry)
     assert first.replace(b"nvrx_exporter_events_total{namespace=\"train\",job_name=\"llm\",pod=\"pod-0\"} 1234",
                          b"nvrx_exporter_events_total{namespace=\"train\",job_name=\"llm\",pod=\"pod-0\"} 99") == second
+
+
+def test_every_catalogue_metric_is_fed_from_the_snapshot():
+    """A catalogue metric the snapshot cannot fill shows up here, not as a silent empty family."""
+    _, fams = scrape(View(snapshot(2), {}, {0: 1.0}, {("trainer", "Error"): 1}))
+    empty = {m.name for m in cat.CATALOGUE
+             if not fams[m.name[: -len("_total")] if m.kind is cat.Kind.COUNTER else m.name].samples}
+    assert empty == {cat.LAUNCHER_RESTARTS_REMAINING.name}  # the Snapshot has no field for it yet

@@ -1,0 +1,75 @@
+"""The sidecar's HTTP endpoint: a small threaded server over a table of routes.
+
+Each route is a function returning ``(status, content type, body)``; the sidecar builds the table
+(/metrics, /healthz, /readyz, / for the status page), so this module knows nothing about
+metrics. A route that raises answers 500 and is logged; the server never goes down with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+log = logging.getLogger("nvrx_slo.server")
+
+Response = tuple[int, str, bytes]
+Route = Callable[[], Response]
+
+TEXT = "text/plain; charset=utf-8"
+
+
+def _handler(routes: Mapping[str, Route]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "nvrx-slo"
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self._answer(send_body=True)
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._answer(send_body=False)
+
+        def _answer(self, send_body: bool) -> None:
+            route = routes.get(urlsplit(self.path).path)
+            if route is None:
+                status, ctype, body = 404, TEXT, f"not found; try {', '.join(routes)}\n".encode()
+            else:
+                try:
+                    status, ctype, body = route()
+                except Exception:
+                    log.exception("GET %s failed", self.path)
+                    status, ctype, body = 500, TEXT, b"internal error (see the sidecar's log)\n"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if send_body:
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base class name
+            log.debug("%s " + format, self.address_string(), *args)
+
+    return Handler
+
+
+class Server:
+    """Serves ``routes`` on ``host:port`` (port 0 picks a free one; see ``port``) in a daemon thread."""
+
+    def __init__(self, host: str, port: int, routes: Mapping[str, Route]) -> None:
+        self._httpd = ThreadingHTTPServer((host, port), _handler(dict(routes)))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -1,0 +1,81 @@
+"""OTLP export through opentelemetry-sdk to a real OTLP/HTTP endpoint on loopback."""
+
+from __future__ import annotations
+
+from exporter import catalogue as cat
+from exporter import otlp
+from exporter.collector import families
+from exporter.identity import Identity
+from exporter.live import View
+from otlp_receiver import Receiver, metrics_by_name, point_attributes, resource_attributes
+from snapshot_fixtures import snapshot
+
+IDENT = Identity(namespace="train", pod="pod-0", node="node-7", job_name="llm", replica_index=1)
+
+
+def export_once(view: View, **kw) -> dict:
+    with Receiver() as receiver:
+        provider = otlp.start(lambda: view, IDENT, endpoint=receiver.endpoint, interval_s=3600,
+                              per_rank=kw.get("per_rank", True), max_ranks=64)
+        try:
+            assert provider.force_flush(10_000)
+        finally:
+            provider.shutdown()
+        [request, *_] = receiver.wait(1)
+    return {"resource": resource_attributes(request), "metrics": metrics_by_name(request)}
+
+
+def test_export_carries_k8s_identity_and_every_catalogue_metric():
+    got = export_once(View(snapshot(2), {"malformed": 4}, {}, {}))
+    assert {k: v for k, v in got["resource"].items() if k.startswith("k8s.")} == {
+        "k8s.namespace.name": "train", "k8s.pod.name": "pod-0", "k8s.node.name": "node-7", "k8s.job.name": "llm",
+        "k8s.job.completion_index": 1}
+    assert got["resource"]["service.name"] == "nvrx-slo-sidecar"
+    prometheus_side = families(View(snapshot(2), {"malformed": 4}, {}, {}), IDENT, per_rank=True, max_ranks=64)
+    with_samples = {otlp.otel_name(m) for m, f in zip(cat.CATALOGUE, prometheus_side) if f.samples}
+    assert set(got["metrics"]) == with_samples  # the same metrics as /metrics, each with data
+
+
+def test_counters_are_cumulative_monotonic_sums_with_rank_attributes():
+    metrics = export_once(View(snapshot(2), {}, {}, {}))["metrics"]
+    wall = metrics["nvrx_wall_seconds"].sum
+    assert wall.is_monotonic and wall.aggregation_temporality == 2  # CUMULATIVE
+    assert {point_attributes(p)["rank"]: p.as_double for p in wall.data_points} == {"0": 100.0, "1": 100.0}
+    time = metrics["nvrx_time_seconds"].sum.data_points
+    assert {(point_attributes(p)["rank"], point_attributes(p)["category"]) for p in time} == {
+        (r, c.value) for r in ("0", "1") for c in cat.SETTLED_CATEGORIES}
+    lag = metrics["nvrx_exporter_journal_lag_seconds"].gauge.data_points
+    assert [p.as_double for p in lag] == [0.4] and point_attributes(lag[0]) == {}
+
+
+def test_histograms_arrive_as_cumulative_bucketed_points():
+    metrics = export_once(View(snapshot(2), {}, {}, {}))["metrics"]
+    restart = metrics["nvrx_restart_duration_seconds"].histogram
+    assert restart.aggregation_temporality == 2
+    injob = next(p for p in restart.data_points if point_attributes(p) == {"level": "injob"})
+    assert (injob.count, injob.sum) == (1, 3.0) and list(injob.explicit_bounds) == list(cat.RESTART_BUCKETS)
+    assert sum(injob.bucket_counts) == 1 and injob.bucket_counts[list(cat.RESTART_BUCKETS).index(5.0)] == 1
+    assert injob.start_time_unix_nano == int(1.7e9 * 1e9)
+    steps = metrics["nvrx_step_duration_seconds"].histogram.data_points
+    assert sorted(point_attributes(p)["rank"] for p in steps) == ["0", "1"]
+
+
+def test_the_cardinality_guard_applies_to_otlp_too():
+    metrics = export_once(View(snapshot(3), {}, {}, {}), per_rank=False)["metrics"]
+    wall = metrics["nvrx_wall_seconds"].sum.data_points
+    assert [(point_attributes(p), p.as_double) for p in wall] == [({"rank": "all"}, 300.0)]
+
+
+def test_nothing_is_observed_before_the_state_is_loaded():
+    with Receiver() as receiver:
+        provider = otlp.start(lambda: None, IDENT, endpoint=receiver.endpoint, interval_s=3600,
+                              per_rank=True, max_ranks=64)
+        provider.force_flush(10_000)
+        provider.shutdown()
+        assert all(not metrics_by_name(r) for r in receiver.requests)
+
+
+def test_metrics_url():
+    assert otlp.metrics_url("http://c:4318") == "http://c:4318/v1/metrics"
+    assert otlp.metrics_url("http://c:4318/") == "http://c:4318/v1/metrics"
+    assert otlp.metrics_url("https://c/otlp/v1/metrics") == "https://c/otlp/v1/metrics"
