@@ -1,0 +1,201 @@
+"""``nvrx-slo report``: hostile journals (huge, truncated, HTML in every string) and the CLI's errors.
+
+The real demo journal in a real browser is in ``test_report_browser.py``. Here the journal is a
+hand-built story (``story``) with known totals, written to disk and read back through the real
+reader, engine and renderer.
+"""
+
+from __future__ import annotations
+
+import html
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from exporter import report, timeline
+from journal_builder import Pod
+from trainer import schema
+
+EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
+
+
+def story(ranks: int = 2, steps: int = 60, ckpt_every: int = 20, fault_after: int = 50,
+          dt: float = 0.1) -> Pod:
+    """Each rank trains ``steps`` steps, saving every ``ckpt_every``; after step ``fault_after``
+    an exception triggers an in-process restart that resumes from the last save. One launcher."""
+    pod = Pod()
+    t0 = 1000.0
+    launcher = pod.launcher(t0 - 1.0)
+    end_times = []
+    for rank in range(ranks):
+        p = pod.proc(rank)
+        p.start(t0)
+        p.restore(None, t0 + 0.2, t0 + 0.5)
+        t, n, saved, faulted = t0 + 0.5, 1, 0, False
+        pending = None  # (observed, proc) of a save whose end is still to be written
+        while n <= steps:
+            p.step(n, t, t + dt * 0.9, data_s=0.005)
+            t += dt
+            if pending is not None and pending <= t:
+                p.save_end()
+                pending = None
+            if n % ckpt_every == 0:
+                p.save(n, t, t + 0.02, t + 0.3, t + 0.31)
+                pending, saved, t = t + 0.31, n, t + 0.02
+            if n == fault_after and not faulted:
+                if pending is not None:  # the write lands before the fault
+                    t = max(t, pending)
+                    p.save_end()
+                    pending = None
+                faulted = True
+                p.ev("inprocess_abort", t + 0.2)
+                p.ev("inprocess_finalize", t + 0.6, cause=f"RuntimeError: injected {EVIL}")
+                p.ev("inprocess_rank_assignment", t + 0.8, cause=f"RuntimeError: injected {EVIL}")
+                p.iter = 1
+                p.ev("inprocess_initialize", t + 1.0)
+                p.restore(saved, t + 1.05, t + 1.3)
+                t, n = t + 1.3, saved
+            n += 1
+        if pending is not None:
+            p.save_end()
+            t = max(t, pending)
+        p.end(t + 0.1)
+        end_times.append(t + 0.1)
+    launcher.ev("launcher_exit", max(end_times) + 0.2, code=0)
+    return pod
+
+
+def write_journal(pod: Pod, directory: Path, evil: bool = True) -> dict[str, int]:
+    """Write ``pod``'s records as the writer would (one file per process), with every journal
+    string made hostile when ``evil``; returns what the story holds, counted from the records."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files: dict[tuple[int | None, int], list[bytes]] = {}
+    for rec in sorted(pod.records, key=lambda r: (r["pid"], r["seq"])):
+        rec = dict(rec)
+        if evil:
+            rec.update(job=EVIL, pod=EVIL, node=EVIL)
+            if "ckpt" in rec:
+                rec["ckpt"] = EVIL + rec["ckpt"]
+            if rec["type"] == "checkpoint_start":
+                rec["mode"] = EVIL
+        files.setdefault((rec["rank"], rec["pid"]), []).append(schema.encode(rec))
+    for (rank, pid), lines in files.items():
+        (directory / schema.journal_file_name("pod-0", rank, pid)).write_bytes(b"".join(lines))
+    return {
+        "ranks": len({r["rank"] for r in pod.records if r["rank"] is not None}),
+        "checkpoints": len({r["ckpt"] for r in pod.records if r["type"] == "checkpoint_start"}),
+        "restarts": len({(r["restart"], r["iter"]) for r in pod.records if r["rank"] is not None}) - 1,
+    }
+
+
+class _Inventory(HTMLParser):
+    """Every element and attribute of a page, as a browser's tokenizer sees them."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[str] = []
+        self.attrs: list[tuple[str, str | None]] = []
+        self.by_id: dict[str, dict[str, str | None]] = {}
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        self.attrs += attrs
+        attr = dict(attrs)
+        if attr.get("id"):
+            self.by_id[attr["id"]] = attr
+
+    handle_startendtag = handle_starttag
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def inventory(document: str) -> _Inventory:
+    inv = _Inventory()
+    inv.feed(document)
+    return inv
+
+
+def assert_inert(document: str) -> _Inventory:
+    """No script, no event handler, no javascript: URL, no external fetch in ``document``."""
+    inv = inventory(document)
+    assert "script" not in inv.tags and "img" not in inv.tags and "iframe" not in inv.tags
+    assert not [name for name, _ in inv.attrs if name.startswith("on")]
+    assert not [v for name, v in inv.attrs if name in ("href", "src") and v and ("javascript:" in v or "//" in v)]
+    return inv
+
+
+def test_a_hostile_journal_renders_a_correct_escaped_report(tmp_path):
+    expected = write_journal(story(), tmp_path / "journal")
+    with open(tmp_path / "journal" / schema.journal_file_name("pod-0", 0, 101), "ab") as f:
+        f.write(b'{"v":1,"type":"step","seq"\n')  # truncated by a crash mid-write
+        f.write(b"\xff\xfe not utf-8\n")
+        f.write(b"<script>alert(3)</script>\n")
+        f.write(schema.encode({"v": 99, "type": "step"}))
+        f.write(b'{"v":1,"type":"step","seq":9')  # a torn last line, no newline: never read
+    document = report.build(tmp_path / "journal")
+
+    inv = assert_inert(document)
+    text = "".join(inv.text)
+    assert EVIL in text  # the strings are shown, as text
+    assert html.escape(EVIL) in document
+    # one lane per rank, one marker per checkpoint and per restart
+    assert document.count('class="tl-lane"') == expected["ranks"] == 2
+    assert document.count('data-kind="checkpoint"') == expected["checkpoints"] == 3
+    assert document.count('data-kind="restart"') == expected["restarts"] == 1
+    assert inv.by_id["restarts-inprocess"]["data-value"] == "1"
+    assert inv.by_id["checkpoint-saves"]["data-value"] == "3"
+    assert inv.by_id["rejected"]["data-value"] == "4"
+    # the breakdown adds up to the wall, and work rolled back by the restart shows as lost
+    wall = float(inv.by_id["wall-seconds"]["data-value"])
+    parts = [float(v["data-value"]) for k, v in inv.by_id.items() if k.startswith("seconds-")]
+    assert len(parts) == 9 and sum(parts) == pytest.approx(wall, rel=1e-9)
+    assert float(inv.by_id["seconds-lost"]["data-value"]) > 0
+    assert 'class="tl-lost"' in document
+
+
+def test_a_huge_journal_gives_a_small_report_quickly(tmp_path):
+    expected = write_journal(story(ranks=4, steps=25_000, ckpt_every=500, fault_after=24_900, dt=0.01),
+                             tmp_path / "journal", evil=False)
+    size = sum(f.stat().st_size for f in (tmp_path / "journal").iterdir())
+    t0 = time.perf_counter()
+    document = report.build(tmp_path / "journal")
+    elapsed = time.perf_counter() - t0
+    print(f"report of {size / 1e6:.1f} MB journal: {elapsed:.2f} s, {len(document) / 1e3:.0f} kB HTML")
+    assert size > 20e6
+    assert len(document) < 1_000_000
+    assert document.count('class="tl-lane"') == 4
+    assert document.count('data-kind="checkpoint"') == min(expected["checkpoints"], timeline.MAX_MARKERS)
+    assert document.count('data-kind="restart"') == 1
+    assert_inert(document)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nvrx_slo", "report", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_cli_writes_the_report_and_prints_its_path(tmp_path):
+    write_journal(story(), tmp_path / "journal")
+    out = tmp_path / "r.html"
+    done = _cli(str(tmp_path / "journal"), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(out.resolve())
+    assert out.read_text().startswith("<!doctype html>")
+
+
+def test_the_cli_names_what_is_wrong(tmp_path):
+    missing = _cli(str(tmp_path / "nope"), "-o", str(tmp_path / "r.html"))
+    assert missing.returncode == 2 and "JOURNAL_DIR" in missing.stderr
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "x.rank-0.1.jsonl").write_bytes(b"garbage\n")
+    empty = _cli(str(tmp_path / "empty"), "-o", str(tmp_path / "r.html"))
+    assert empty.returncode == 1 and "no journal events" in empty.stderr and "1 lines rejected" in empty.stderr
+    assert not (tmp_path / "r.html").exists()
+    flag = _cli(str(tmp_path / "empty"), "--output-file", "x")
+    assert flag.returncode == 2 and "--output-file" in flag.stderr
