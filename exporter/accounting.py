@@ -145,10 +145,9 @@ class Ledger:
             self.pid, self.restart, self.iter, self.last_wall = rec["pid"], rec["restart"], rec["iter"], rec["wall"]
         elif rec["pid"] != self.pid:
             self._new_process(rec, sink)
-        elif rec["iter"] > self.iter or (kind in _INPROCESS_FAULT and (
-                self.state is not RankState.RESTART or not self.fact_inprocess or
-                (kind == "inprocess_abort" and self.fact_reinit))):
-            self._inprocess(sink)
+        elif (rec["iter"] > self.iter or kind in _INPROCESS_FAULT) and not (
+                self.state is RankState.RESTART and self.fact_inprocess and not self.fact_reinit):
+            self._inprocess(sink)  # not while one is under way, unless it failed after re-initialising
         if rec["iter"] > self.iter:
             self.iter = rec["iter"]
 

@@ -48,6 +48,7 @@ class Checkpoints:
         self.last_step: int | None = None
         self.first_written: float | None = None
         self.recent: deque[CheckpointRecord] = deque(maxlen=RECENT)
+        self.ended_since_fold = False
 
     def add(self, rec: dict[str, Any]) -> None:
         """One checkpoint_* event of a rank (checkpoint_worker is the ledger's)."""
@@ -65,6 +66,7 @@ class Checkpoints:
         elif kind == "checkpoint_finalize":
             part[FINALIZE] += max(0.0, rec["mono"] - rec["start"])
         else:  # checkpoint_end
+            self.ended_since_fold = True
             part[END], part[STEP], part[OK] = rec["mono"], rec["step"], rec["ok"]
             part[WRITTEN] = rec["written"]
             part[WRITTEN_WALL] = rec["wall"] - (rec["mono"] - rec["written"])
@@ -113,6 +115,7 @@ class Checkpoints:
         return record, record.ok is True
 
     def fold(self, newest: float, window: float, live: dict[int, int]) -> None:
+        self.ended_since_fold = False
         for ckpt in list(self.open):
             parts = self.open[ckpt]
             ends = [p[END] for p in parts.values() if p[END] is not None]
@@ -172,6 +175,7 @@ class Checkpoints:
             "blocking": self.blocking.to_state(), "background": self.background.to_state(),
             "saves": self.saves, "failures": self.failures, "bytes_total": self.bytes_total,
             "last": [self.last_written, self.last_wall, self.last_step], "first_written": self.first_written,
+            "ended_since_fold": self.ended_since_fold,
             "recent": [[r.ckpt, r.step, r.mode, r.blocking_s, r.background_s, r.ok, r.bytes, r.written_wall, r.ranks]
                        for r in self.recent],
         }
@@ -185,5 +189,6 @@ class Checkpoints:
         out.saves, out.failures, out.bytes_total = int(state["saves"]), int(state["failures"]), int(state["bytes_total"])
         out.last_written, out.last_wall, out.last_step = state["last"]
         out.first_written = state["first_written"]
+        out.ended_since_fold = bool(state["ended_since_fold"])
         out.recent = deque((CheckpointRecord(*r) for r in state["recent"]), maxlen=RECENT)
         return out

@@ -12,9 +12,9 @@ Usage (one engine per pod journal)::
 
 Arrival order: records may arrive in any order within ``reorder_window_s`` of monotonic time per
 rank (files read round-robin, threads writing slightly out of order); they are accounted exactly
-as if they had arrived sorted. A record older than that, relative to the newest record of its
-rank, is counted in ``Snapshot.late`` and left out of the rank's time accounting, because the
-time it would change is already settled in counters that must never go down. A reader that
+as if they had arrived sorted. A record older than one the rank has already applied (one more
+than the window behind its newest) is counted in ``Snapshot.late`` and left out of the rank's
+time accounting, because the time it would change is settled in counters that never go down. A reader that
 catches up on a backlog must therefore feed each rank's files oldest first (merging by ``mono``
 is best). Duplicates by (pid, seq) are counted and ignored. See docs/accounting.md for the model.
 
@@ -45,7 +45,7 @@ __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
 STATE_VERSION = 1
-FOLD_EVERY_S = 1.0  # how often (journal time) finished saves and restarts move into the histograms
+FOLD_EVERY_S = 1.0  # finished saves and restarts move into the histograms when one ends, and this often
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
 _CHECKPOINT_EVENTS = {"checkpoint_start", "checkpoint_scheduled", "checkpoint_finalize", "checkpoint_end"}
@@ -172,7 +172,7 @@ class Engine:
             if kind in _CHECKPOINT_EVENTS:
                 self._checkpoints.add(record)
             self._lane_ingest(rank, record, (mono, pid, seq))
-        if self._newest >= self._next_fold:
+        if self._newest >= self._next_fold or self._restarts.ended_since_fold or self._checkpoints.ended_since_fold:
             self._fold()
 
     def _launcher(self, kind: str, mono: float) -> None:

@@ -79,6 +79,7 @@ class Restarts:
         self.phases = {(lv, ph): Buckets(RESTART_BUCKETS) for lv in RestartLevel for ph in RestartPhase}
         self.recent: deque[RestartRecord] = deque(maxlen=RECENT)
         self.launcher: list[tuple[float, str]] = []
+        self.ended_since_fold = False
 
     # --- the sink ------------------------------------------------------------------------------
     def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
@@ -108,6 +109,7 @@ class Restarts:
         rec = self.open.get(key)
         if rec is not None and rank in rec.faults:
             rec.ends[rank] = end
+            self.ended_since_fold = True
 
     def launcher_event(self, kind: str, mono: float) -> None:
         insort(self.launcher, (mono, kind))
@@ -125,8 +127,8 @@ class Restarts:
 
     def record(self, rec: _Open) -> RestartRecord:
         # an injected fault is the true instant; a rank's last event only bounds it from below
-        first_rank = min(rec.faults, key=lambda r: (not rec.faults[r][2], rec.faults[r][0], r))
-        fault, fault_wall, _ = rec.faults[first_rank]
+        order = sorted(rec.faults, key=lambda r: (not rec.faults[r][2], rec.faults[r][0], r))
+        fault, fault_wall, _ = rec.faults[order[0]]
         end = max(rec.ends.values()) if rec.done() else None
         instants: dict[RestartPhase, float | None] = {}
         launcher = _LAUNCHER_MARKS.get(rec.level)
@@ -145,8 +147,7 @@ class Restarts:
             at = max(at, prev) if end is None else min(max(at, prev), end)
             phases[phase] = at - prev
             prev = at
-        with_cause = sorted((rec.faults[r][0], r) for r in rec.causes)
-        cause = rec.causes[with_cause[0][1]] if with_cause else None
+        cause = next((rec.causes[r] for r in order if r in rec.causes), None)  # the faulting rank's first
         return RestartRecord(rec.level, cause, fault_wall, None if end is None else end - fault, phases, len(rec.faults))
 
     def _observe(self, record: RestartRecord, duration: dict[RestartLevel, Buckets],
@@ -158,6 +159,7 @@ class Restarts:
 
     def fold(self, newest: float, window: float) -> None:
         """Move finished restarts whose last end is ``window`` behind ``newest`` into the histograms."""
+        self.ended_since_fold = False
         for key in [k for k, rec in self.open.items() if rec.done() and max(rec.ends.values()) + window <= newest]:
             rec = self.open.pop(key)
             record = self.record(rec)
@@ -209,6 +211,7 @@ class Restarts:
             "recent": [[r.level.value, r.cause, r.fault_wall, r.duration_s,
                         {ph.value: s for ph, s in r.phases.items()}, r.ranks] for r in self.recent],
             "launcher": [list(x) for x in self.launcher],
+            "ended_since_fold": self.ended_since_fold,
         }
 
     @classmethod
@@ -229,4 +232,5 @@ class Restarts:
         out.recent = deque((RestartRecord(RestartLevel(lv), cause, fw, d, {RestartPhase(p): s for p, s in ph.items()}, n)
                             for lv, cause, fw, d, ph, n in state["recent"]), maxlen=RECENT)
         out.launcher = [(float(m), str(k)) for m, k in state["launcher"]]
+        out.ended_since_fold = bool(state["ended_since_fold"])
         return out

@@ -21,8 +21,8 @@ class Proc:
     iter: int = 0
     seq: int = 0
 
-    def ev(self, kind: str, mono: float, **payload: Any) -> dict[str, Any]:
-        record = {"v": SCHEMA_VERSION, "type": kind, "seq": self.seq, "mono": mono,
+    def ev(self, event_type: str, mono: float, /, **payload: Any) -> dict[str, Any]:
+        record = {"v": SCHEMA_VERSION, "type": event_type, "seq": self.seq, "mono": mono,
                   "wall": mono + self.pod.wall_offset, "job": "job", "pod": "pod-0", "node": "node-0",
                   "rank": self.rank, "local_rank": self.rank, "pid": self.pid, "restart": self.restart,
                   "iter": self.iter, **payload}

@@ -1,0 +1,149 @@
+"""Hand-built pod journals, one per story the engine must tell right. Times are journal mono seconds.
+
+Each function returns the ``Pod`` (its ``records`` in write order); the tests state what the
+engine must make of it.
+"""
+
+from __future__ import annotations
+
+from journal_builder import Pod, Proc
+
+
+def _steps(procs: list[Proc], first: int, last: int, t: float, length: float = 1.0, data_s: float = 0.0) -> float:
+    for step in range(first, last + 1):
+        for p in procs:
+            p.step(step, t, t + length, data_s=data_s)
+        t += length
+    return t
+
+
+def healthy() -> Pod:
+    """Launcher at 0, two ranks up at 1, steps 1-10 of 1 s from 3 (0.1 s data each), an async save
+    of step 5 blocking 0.2 s and durable at 9.0 (observed mid step 7), clean exit at 14.2."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    ranks = [pod.proc(r) for r in range(2)]
+    for p in ranks:
+        p.start(1.0)
+        p.ev("checkpoint_worker", 1.5, alive=True, worker_pid=999)
+    t = _steps(ranks, 1, 5, 3.0, data_s=0.1)
+    for p in ranks:
+        p.save(5, t, t + 0.2, written=t + 1.0, observed=t + 1.5)
+    t = _steps(ranks, 6, 6, t + 0.2, data_s=0.1)
+    for p in ranks:
+        p.save_end()  # observed at 9.5, in the middle of step 7: a point event never cuts a step
+    t = _steps(ranks, 7, 10, t, data_s=0.1)
+    for p in ranks:
+        p.end(t + 0.5)
+    launcher.ev("launcher_exit", t + 1.0, code=0)
+    return pod
+
+
+def crash_with_rollback() -> Pod:
+    """Steps 1-3, a save of step 3 (durable), steps 4-6, a crash injected on rank 0 at 8.3; ft_launcher
+    detects it at 8.7, tears down at 9.0, re-rendezvous by 9.5; new processes (restart=1) start at
+    10.0 / 10.2, restore step 3 over [10.5, 11.0], first steps start at 11.2 / 11.3; steps 4-7, a save
+    of step 7, clean exit."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    old = [pod.proc(r) for r in range(2)]
+    for p in old:
+        p.start(1.0)
+    t = _steps(old, 1, 3, 2.0)  # -> 5.0
+    for p in old:
+        p.save(3, t, t + 0.1, written=t + 0.6, observed=t + 1.15)
+    t = _steps(old, 4, 4, t + 0.1)  # -> 6.1
+    for p in old:
+        p.save_end()  # observed at 6.15
+    t = _steps(old, 5, 6, t)  # -> 8.1
+    old[0].ev("fault_injected", 8.3, kind="crash", step=7)
+    for kind, mono in (("launcher_failure_detected", 8.7), ("launcher_workers_terminated", 9.0),
+                       ("launcher_rendezvous_start", 9.1), ("launcher_rendezvous_done", 9.5),
+                       ("launcher_worker_start", 9.6)):
+        launcher.ev(kind, mono)
+    new = [pod.proc(r, restart=1) for r in range(2)]
+    new[0].start(10.0)
+    new[1].start(10.2)
+    for p in new:
+        p.restore(3, 10.5, 11.0)
+    new[0].step(4, 11.2, 12.3)
+    new[1].step(4, 11.3, 12.3)
+    t = _steps(new, 5, 7, 12.3)  # -> 15.3
+    for p in new:
+        p.save(7, t, t + 0.1, written=t + 0.5, observed=t + 0.6)
+        p.save_end()
+        p.end(t + 1.0)
+    launcher.ev("launcher_exit", t + 1.5, code=0)
+    return pod
+
+
+def inprocess_restart() -> Pod:
+    """One process per rank under inprocess.Wrapper: steps 1-4, a durable save of step 2, an exception
+    injected on rank 0 at 7.2; Wrapper callbacks abort 8.2/8.25, finalize 8.5/8.6, rank assignment
+    9.0/9.1, initialize (iter 1) 9.3/9.35; restore step 2 over [9.4, 9.8]; steps 3-5 from 10.0; exit."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    ranks = [pod.proc(r) for r in range(2)]
+    for p in ranks:
+        p.start(0.5)
+        p.ev("inprocess_initialize", 0.6)
+    t = _steps(ranks, 1, 2, 1.0)  # -> 3.0
+    for p in ranks:
+        p.save(2, t, t + 0.1, written=t + 0.5, observed=t + 0.5)
+        p.save_end()
+    t = _steps(ranks, 3, 4, t + 0.1)  # -> 5.1
+    ranks[0].ev("fault_injected", 7.2, kind="exception", step=5)
+    for p, d in zip(ranks, (0.0, 0.05)):
+        p.ev("inprocess_abort", 8.2 + d)
+    for p, d in zip(ranks, (0.0, 0.1)):
+        p.ev("inprocess_finalize", 8.5 + d, cause="RuntimeError: injected")
+        p.ev("inprocess_rank_assignment", 9.0 + d, cause="rank 0: EXCEPTION")
+    for p, d in zip(ranks, (0.0, 0.05)):
+        p.iter = 1
+        p.ev("inprocess_initialize", 9.3 + d)
+        p.restore(2, 9.4, 9.8)
+    t = _steps(ranks, 3, 5, 10.0)  # -> 13.0
+    for p in ranks:
+        p.ev("inprocess_completion", t + 0.1)
+        p.end(t + 0.2)
+    launcher.ev("launcher_exit", t + 0.5, code=0)
+    return pod
+
+
+def failed_save() -> Pod:
+    """Steps 1-3 from 1.0, a save of step 3 that fails (the ranks agree on the outcome), steps 4-5
+    until 6.1; still running."""
+    pod = Pod()
+    ranks = [pod.proc(r) for r in range(2)]
+    for p in ranks:
+        p.start(0.0)
+    t = _steps(ranks, 1, 3, 1.0)
+    for p in ranks:
+        p.save(3, t, t + 0.1, written=t + 0.4, observed=t + 0.5, ok=False)
+        p.save_end()
+    _steps(ranks, 4, 5, t + 0.1)
+    return pod
+
+
+def pod_restart() -> Pod:
+    """A launcher and two ranks train steps 1-2 with a durable save of step 2; the container is killed
+    (no launcher_exit, no fault journaled); a new launcher starts at 20, rendezvous done at 21, ranks
+    (restart 0 again) start at 22, restore step 2 over [22.5, 23], step 3 from 23.5."""
+    pod = Pod()
+    pod.launcher(0.0)
+    old = [pod.proc(r) for r in range(2)]
+    for p in old:
+        p.start(1.0)
+    t = _steps(old, 1, 2, 2.0)
+    for p in old:
+        p.save(2, t, t + 0.1, written=t + 0.3, observed=t + 0.4)
+        p.save_end()
+    _steps(old, 3, 3, t + 0.1)  # step 3 ends at 5.1, then the pod dies
+    launcher = pod.launcher(20.0)
+    launcher.ev("launcher_rendezvous_done", 21.0)
+    new = [pod.proc(r) for r in range(2)]
+    for p in new:
+        p.start(22.0)
+        p.restore(2, 22.5, 23.0)
+    _steps(new, 3, 4, 23.5)
+    return pod

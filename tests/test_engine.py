@@ -1,0 +1,291 @@
+"""The accounting engine on hand-built journals: each case is a sentence about what it must say."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import engine_scenarios as scenarios
+import pytest
+from journal_builder import Pod
+
+from exporter.catalogue import Category, RestartLevel, RestartPhase
+from exporter.engine import Engine
+from exporter.snapshot import RankState, Snapshot
+
+P, L, B, R = Category.PRODUCTIVE, Category.LOST, Category.CHECKPOINT_BLOCKING, Category.CHECKPOINT_RESTORE
+RS, I, D, U = Category.RESTART, Category.INIT, Category.DATA_WAIT, Category.UNATTRIBUTED
+
+
+def run(pod: Pod, now: float, window: float = 0.5, records: list | None = None) -> Snapshot:
+    engine = Engine(reorder_window_s=window)
+    for record in pod.records if records is None else records:
+        engine.ingest(record)
+    return engine.snapshot(now, now + pod.wall_offset)
+
+
+def check_invariant(snap: Snapshot) -> None:
+    for r in snap.ranks:
+        assert sum(r.seconds.values()) + r.unprotected_s == pytest.approx(r.wall_s, abs=1e-9), r.rank
+        assert all(v >= -1e-12 for v in r.seconds.values()) and r.unprotected_s >= -1e-12
+
+
+# sentence, scenario, now, {rank: {category: seconds}}, {rank: unprotected}
+ACCOUNTING = [
+    ("a healthy run's steps are productive up to the durable save and unprotected after it; wall stops at the exit",
+     scenarios.healthy, 100.0,
+     {0: {P: 4.5, D: 1.0, B: 0.2, I: 3.0, U: 1.0, L: 0, R: 0, RS: 0}}, {0: 4.5, 1: 4.5}),
+    ("a crash loses the steps after the restored checkpoint; each rank's restart runs from its own fault "
+     "to its first step, minus the restore",
+     scenarios.crash_with_rollback, 100.0,
+     {0: {P: 7.1, L: 3.0, B: 0.2, R: 0.5, RS: 2.4, I: 2.0, U: 1.6},
+      1: {P: 7.0, L: 3.0, B: 0.2, R: 0.5, RS: 2.7, I: 2.0, U: 1.4}}, {0: 0.0, 1: 0.0}),
+    ("an in-process restart loses the steps after the restored checkpoint; a rank without an injected "
+     "fault is restarting from its last step",
+     scenarios.inprocess_restart, 100.0,
+     {0: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 2.4, I: 1.0, U: 2.6},
+      1: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 4.5, I: 1.0, U: 0.5}}, {0: 3.0, 1: 3.0}),
+    ("a failed save protects nothing: its steps stay unprotected, the open tail too",
+     scenarios.failed_save, 10.0,
+     {0: {P: 0.0, B: 0.1, I: 1.0}}, {0: 8.9}),
+    ("a pod restart (new launcher, restart count from 0) accounts the dead time as restart",
+     scenarios.pod_restart, 30.0,
+     {0: {P: 2.0, L: 1.0, B: 0.1, R: 0.5, RS: 17.9, I: 2.0}}, {0: 6.5}),
+]
+
+
+@pytest.mark.parametrize("sentence, build, now, seconds, unprotected", ACCOUNTING, ids=[c[0][:60] for c in ACCOUNTING])
+def test_accounting(sentence, build, now, seconds, unprotected):
+    snap = run(build(), now)
+    check_invariant(snap)
+    ranks = {r.rank: r for r in snap.ranks}
+    for rank, expected in seconds.items():
+        for category, value in expected.items():
+            assert ranks[rank].seconds[category] == pytest.approx(value, abs=1e-9), (rank, category)
+    for rank, value in unprotected.items():
+        assert ranks[rank].unprotected_s == pytest.approx(value, abs=1e-9), rank
+
+
+# sentence, scenario, level, cause, duration, phases
+RESTARTS = [
+    ("an ft_launcher restart is counted once for the pod, from the injected fault to the last rank's first "
+     "step, phases from the launcher's events", scenarios.crash_with_rollback, RestartLevel.INJOB,
+     "fault_injected: crash", 3.0,
+     {RestartPhase.DETECT: 0.4, RestartPhase.TEARDOWN: 0.3, RestartPhase.RENDEZVOUS: 0.5,
+      RestartPhase.REINIT: 0.7, RestartPhase.RESTORE: 1.1}),
+    ("an in-process restart is counted once, phases from the Wrapper callbacks (earliest abort, "
+     "latest finalize, rank assignment and initialize)", scenarios.inprocess_restart, RestartLevel.INPROCESS,
+     "fault_injected: exception", 2.8,
+     {RestartPhase.DETECT: 1.0, RestartPhase.TEARDOWN: 0.4, RestartPhase.RENDEZVOUS: 0.5,
+      RestartPhase.REINIT: 0.25, RestartPhase.RESTORE: 0.65}),
+    ("a pod restart without a journaled fault runs from the last event of the dead pod; phases it cannot "
+     "see are folded into the next", scenarios.pod_restart, RestartLevel.POD, None, 18.4,
+     {RestartPhase.DETECT: 14.9, RestartPhase.RENDEZVOUS: 1.0, RestartPhase.REINIT: 1.0,
+      RestartPhase.RESTORE: 1.5}),
+]
+
+
+@pytest.mark.parametrize("sentence, build, level, cause, duration, phases", RESTARTS, ids=[c[0][:60] for c in RESTARTS])
+def test_restarts(sentence, build, level, cause, duration, phases):
+    snap = run(build(), 100.0)
+    stats = snap.restarts
+    assert {lv: n for lv, n in stats.counts.items() if n} == {level: 1}
+    (record,) = stats.recent
+    assert (record.level, record.cause, record.ranks) == (level, cause, 2)
+    assert record.duration_s == pytest.approx(duration)
+    assert record.phases.keys() == phases.keys()
+    for phase, seconds in phases.items():
+        assert record.phases[phase] == pytest.approx(seconds), phase
+    assert sum(record.phases.values()) == pytest.approx(duration)
+    assert stats.duration[level].count == 1 and stats.duration[level].sum == pytest.approx(duration)
+    assert stats.mtbf_s == pytest.approx(snap.ranks[0].wall_s)
+
+
+def test_the_restart_counter_moves_before_the_duration_is_known():
+    pod = scenarios.crash_with_rollback()
+    cut = [r for r in pod.records if r["mono"] <= 11.0]  # restarted processes restored, no step yet
+    snap = run(pod, 11.0, window=0.0, records=cut)
+    assert snap.restarts.counts[RestartLevel.INJOB] == 1
+    assert snap.restarts.duration[RestartLevel.INJOB].count == 0
+    (record,) = snap.restarts.recent
+    assert record.duration_s is None
+
+
+def test_a_healthy_runs_checkpoint_numbers():
+    snap = run(scenarios.healthy(), 100.0)
+    ck = snap.checkpoints
+    assert (ck.saves, ck.failures, ck.in_flight, ck.bytes_total, ck.last_success_step) == (1, 0, 0, 2000, 5)
+    assert ck.blocking.count == 2 and ck.blocking.sum == pytest.approx(0.4)  # one per rank per save
+    assert ck.background.sum == pytest.approx(1.6)
+    assert ck.overlap_ratio == pytest.approx(0.8)
+    assert ck.blocking_fraction == pytest.approx(0.4 / (2 * 14.2))
+    assert ck.last_success_wall == pytest.approx(9.0 + pod_offset())
+    assert ck.age_s == pytest.approx(100.0 - 9.0)
+    (record,) = ck.recent
+    assert (record.ckpt, record.step, record.mode, record.ok, record.ranks) == ("step-000005", 5, "async", True, 2)
+    assert record.blocking_s == pytest.approx(0.2) and record.background_s == pytest.approx(0.8)
+
+
+def pod_offset() -> float:
+    return Pod().wall_offset
+
+
+def test_a_failed_save_is_counted_once_for_the_pod_and_is_no_success():
+    ck = run(scenarios.failed_save(), 10.0).checkpoints
+    assert (ck.failures, ck.saves, ck.last_success_step, ck.in_flight) == (1, 0, None, 0)
+
+
+def test_a_save_not_yet_durable_is_in_flight_until_its_process_dies():
+    pod = Pod()
+    p = pod.proc(0)
+    p.start(0.0)
+    p.step(1, 1.0, 2.0)
+    p.save(1, 2.0, 2.1, written=3.0, observed=3.5)
+    assert run(pod, 3.0).checkpoints.in_flight == 1
+    pod.proc(0, restart=1).start(5.0)  # the process died mid save
+    assert run(pod, 6.0).checkpoints.in_flight == 0
+
+
+def test_a_finished_job_stops_accruing_wall_and_settles_everything():
+    pod = scenarios.healthy()
+    early, late = run(pod, 20.0, window=10.0), run(pod, 1000.0, window=10.0)
+    assert early.finished and late.finished
+    assert early.ranks[0].wall_s == late.ranks[0].wall_s == pytest.approx(14.2)
+    assert early.ranks == late.ranks
+    assert early.ranks[0].seconds[P] == pytest.approx(4.5)  # nothing left provisional but the pool
+
+
+def test_a_job_whose_launcher_has_not_exited_keeps_accruing():
+    pod = scenarios.healthy()
+    records = [r for r in pod.records if r["type"] != "launcher_exit"]
+    snap = run(pod, 50.0, records=records)
+    assert not snap.finished and snap.ranks[0].wall_s == pytest.approx(50.0)
+    check_invariant(snap)
+
+
+def test_duplicates_are_counted_and_change_nothing():
+    pod = scenarios.crash_with_rollback()
+    once = run(pod, 100.0)
+    twice = run(pod, 100.0, records=pod.records + pod.records[::3])
+    assert twice.duplicates == len(pod.records[::3]) and once.duplicates == 0
+    assert twice.events_accepted == once.events_accepted == len(pod.records)
+    assert twice.ranks == once.ranks and twice.restarts == once.restarts and twice.checkpoints == once.checkpoints
+
+
+def test_out_of_order_arrival_within_the_window_changes_nothing():
+    pod = scenarios.crash_with_rollback()
+    shuffled = pod.records[:]
+    random.Random(7).shuffle(shuffled)  # the whole journal spans < 20 s: inside a 30 s window
+    in_order, out_of_order = run(pod, 100.0, window=30.0), run(pod, 100.0, window=30.0, records=shuffled)
+    assert out_of_order.out_of_order > 0 and out_of_order.late == 0
+    assert out_of_order.ranks == in_order.ranks
+    assert out_of_order.restarts == in_order.restarts
+    assert out_of_order.checkpoints == in_order.checkpoints
+
+
+def test_a_record_older_than_the_window_is_late_counted_and_not_accounted():
+    pod = Pod()
+    p = pod.proc(0)
+    p.start(0.0)
+    p.step(1, 1.0, 2.0)
+    p.step(2, 2.0, 3.0)
+    p.step(3, 10.0, 11.0)
+    start, step1, step2, step3 = pod.records
+    snap = run(pod, 11.0, window=1.0, records=[start, step2, step3, step1])  # step 2 applied when 3 came
+    assert snap.late == 1
+    assert snap.ranks[0].steps == 3  # a step is a step, even if its time could not be placed
+    assert snap.ranks[0].seconds[I] == pytest.approx(2.0)  # 0 -> 2: no first step seen before step 2
+    check_invariant(snap)
+
+
+def test_a_wall_clock_jump_changes_no_duration():
+    pod = scenarios.crash_with_rollback()
+    for record in pod.records:
+        if record["mono"] > 9.0:
+            record["wall"] -= 3600.0  # NTP stepped the clock back an hour mid restart
+    plain = run(scenarios.crash_with_rollback(), 100.0)
+    jumped = run(pod, 100.0)
+    assert [r.seconds for r in jumped.ranks] == [r.seconds for r in plain.ranks]
+    assert jumped.restarts.recent[0].duration_s == pytest.approx(plain.restarts.recent[0].duration_s)
+
+
+def test_the_async_worker_dying_is_reported_for_its_rank():
+    pod = scenarios.healthy()
+    records = [r for r in pod.records if r["type"] not in ("process_end", "launcher_exit")]
+    dead = pod.proc(1)  # stand-in for rank 1's process: reuse its pid
+    dead.pid = records[-1]["pid"]
+    dead.seq = 10_000
+    dead.ev("checkpoint_worker", 14.0, alive=False, worker_pid=None)
+    snap = run(pod, 15.0, records=records + [pod.records[-1]])
+    assert [r.worker_alive for r in snap.ranks] == [True, False]
+
+
+def test_a_straggler_has_a_skew_ratio_above_one():
+    pod = Pod()
+    ranks = [pod.proc(r) for r in range(3)]
+    for i, p in enumerate(ranks):
+        p.start(0.0, world_size=3)
+        t = 1.0
+        for step in range(1, 6):
+            length = 2.0 if i == 2 else 1.0
+            p.step(step, t, t + length)
+            t += length
+    snap = run(pod, 12.0)
+    assert [r.skew_ratio for r in snap.ranks] == pytest.approx([1.0, 1.0, 2.0])
+
+
+def test_gpu_idle_from_step_phases_is_wall_minus_step_work():
+    snap = run(scenarios.healthy(), 100.0)
+    r = snap.ranks[0]
+    work = r.seconds[P] + r.seconds[L] + r.unprotected_s
+    assert r.gpu_idle_s == pytest.approx(r.wall_s - work)
+    assert r.gpu_idle_s == pytest.approx(14.2 - 9.0)
+
+
+def test_rank_view_reports_the_newest_process():
+    snap = run(scenarios.crash_with_rollback(), 100.0)
+    r = snap.ranks[0]
+    assert (r.restart, r.iter, r.state, r.steps, r.step) == (1, 0, RankState.ENDED, 10, 7)
+    assert r.step_duration.count == 10 and r.step_duration.counts[-1] == 10
+    assert r.last_step_wall == pytest.approx(15.3 + pod_offset())
+
+
+def test_snapshot_changes_nothing_and_identity_comes_from_the_journal():
+    pod = scenarios.crash_with_rollback()
+    engine = Engine(reorder_window_s=5.0)
+    for record in pod.records:
+        engine.ingest(record)
+    before = json.dumps(engine.to_state(), sort_keys=True)
+    a, b = engine.snapshot(100.0, 1.0), engine.snapshot(100.0, 1.0)
+    assert a == b and json.dumps(engine.to_state(), sort_keys=True) == before
+    assert (a.job, a.pod, a.node, a.job_start_wall) == ("job", "pod-0", "node-0", pod_offset())
+    assert a.efficiency == pytest.approx(a.seconds[P] / a.wall_s)
+
+
+def test_state_round_trips_through_json_mid_stream():
+    pod = scenarios.crash_with_rollback()
+    whole = Engine(reorder_window_s=2.0)
+    for record in pod.records:
+        whole.ingest(record)
+    half = Engine(reorder_window_s=2.0)
+    cut = len(pod.records) // 2
+    for record in pod.records[:cut]:
+        half.ingest(record)
+    resumed = Engine.from_state(json.loads(json.dumps(half.to_state(), allow_nan=False)))
+    for record in pod.records[cut - 5:]:  # the reader re-reads a few lines after its saved offset
+        resumed.ingest(record)
+    a, b = whole.snapshot(100.0, 1.0), resumed.snapshot(100.0, 1.0)
+    assert b.duplicates == 5
+    assert (a.ranks, a.restarts, a.checkpoints) == (b.ranks, b.restarts, b.checkpoints)
+
+
+@pytest.mark.parametrize("state", [None, {}, {"version": 99}, {"version": 1, "window": 1.0}])
+def test_a_state_that_is_not_one_is_refused_with_a_clear_error(state):
+    with pytest.raises(ValueError, match="engine state"):
+        Engine.from_state(state)
+
+
+def test_an_empty_engine_snapshots():
+    snap = Engine().snapshot(5.0, 6.0)
+    assert snap.ranks == () and snap.wall_s == 0 and snap.efficiency is None and snap.journal_lag_s is None
+    assert snap.predicted_efficiency is None and snap.restarts.mtbf_s is None
