@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.engine import Engine
+from exporter.podwatch import ContainerStatus, restart_deltas
 from exporter.snapshot import Snapshot
 from exporter.tail import JournalTail
 
@@ -38,6 +39,7 @@ class Live:
         self.tail = tail
         self.gpu_idle_nvml: dict[int, float] = {}
         self.pod_restarts: Counter[tuple[str, str]] = Counter()
+        self.pod_seen: dict[str, int] = {}  # container -> restartCount last reported
         self._mono = mono
         self._wall = wall
 
@@ -55,9 +57,11 @@ class Live:
             for device, seconds in idle_by_device.items():
                 self.gpu_idle_nvml[device] = self.gpu_idle_nvml.get(device, 0.0) + seconds
 
-    def add_pod_restarts(self, restarts: Mapping[tuple[str, str], int]) -> None:
+    def observe_containers(self, statuses: list[ContainerStatus]) -> None:
+        """A pod-watcher report: count the container restarts new since the last one."""
         with self.lock:
-            self.pod_restarts.update(restarts)
+            self.pod_seen, new = restart_deltas(self.pod_seen, statuses)
+            self.pod_restarts.update(new)
 
     def view(self) -> View:
         with self.lock:
@@ -74,6 +78,7 @@ class Live:
                 "tail": self.tail.to_state(),
                 "gpu_idle_nvml": {str(k): v for k, v in self.gpu_idle_nvml.items()},
                 "pod_restarts": [[c, r, n] for (c, r), n in self.pod_restarts.items()],
+                "pod_seen": dict(self.pod_seen),
             }
 
     def load_state(self, parts: dict[str, Any]) -> None:
@@ -84,3 +89,4 @@ class Live:
             self.tail.load_state(parts["tail"])
             self.gpu_idle_nvml = {int(k): float(v) for k, v in parts["gpu_idle_nvml"].items()}
             self.pod_restarts = Counter({(c, r): int(n) for c, r, n in parts["pod_restarts"]})
+            self.pod_seen = {c: int(n) for c, n in parts["pod_seen"].items()}

@@ -1,0 +1,93 @@
+"""A synthetic pod journal for benchmarks: ranks stepping, saving asynchronously, one in-job restart.
+
+Shaped like the reference job's journal (same event types and payloads, one file per process),
+but written directly, fast, at any size: ``write(directory, ranks, steps)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from trainer import schema
+
+WALL_OFFSET = 1.7e9
+
+
+class _Proc:
+    def __init__(self, directory: Path, pod: str, rank: int | None, pid: int, restart: int) -> None:
+        self.path = directory / schema.journal_file_name(pod, rank, pid)
+        self.common = {"job": "bench", "pod": pod, "node": "node-0", "rank": rank, "local_rank": rank,
+                       "pid": pid, "restart": restart, "iter": 0}
+        self.seq = 0
+        self.lines: list[bytes] = []
+
+    def ev(self, type_: str, mono: float, **payload: object) -> None:
+        self.lines.append(schema.encode({"v": 1, "type": type_, "seq": self.seq, "mono": mono,
+                                         "wall": mono + WALL_OFFSET, **self.common, **payload}))
+        self.seq += 1
+
+    def flush(self) -> None:
+        with open(self.path, "ab") as f:
+            f.write(b"".join(self.lines))
+        self.lines.clear()
+
+
+def write(directory: str | os.PathLike[str], ranks: int, steps: int, *, pod: str = "pod-0", step_s: float = 0.5,
+          checkpoint_every: int = 50, restart_at: int | None = None) -> int:
+    """Write the journal; returns the number of events. ``restart_at``: an in-job restart at that step."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    launcher = _Proc(directory, pod, None, 10, 0)
+    launcher.ev("launcher_start", 100.0, max_restarts=3)
+    launcher.ev("launcher_worker_start", 100.1)
+    events = 2
+    for rank in range(ranks):
+        t = 101.0
+        proc = _Proc(directory, pod, rank, 1000 + rank, 0)
+        proc.ev("process_start", t, world_size=ranks)
+        proc.ev("restore", t + 1.0, start=t + 0.5, step=None, path=None, fallback=None)
+        t += 1.0
+        for step in range(1, steps + 1):
+            if restart_at is not None and step == restart_at:
+                proc.flush()
+                events += proc.seq
+                t += 2.0  # fault, detected and restarted by the launcher
+                proc = _Proc(directory, pod, rank, 5000 + rank, 1)
+                proc.ev("process_start", t, world_size=ranks)
+                proc.ev("restore", t + 1.0, start=t + 0.2, step=step - 1 - (step - 1) % checkpoint_every,
+                        path="/ckpt", fallback=None)
+                t += 1.0
+            start, t = t, t + step_s
+            proc.ev("step", t, step=step, start=start, data_s=0.01, compute_s=step_s * 0.8, optimizer_s=step_s * 0.1)
+            if step % checkpoint_every == 0:
+                ckpt = f"step-{step:06d}"
+                proc.ev("checkpoint_start", t, ckpt=ckpt, step=step, mode="async")
+                t += 0.02
+                proc.ev("checkpoint_scheduled", t, ckpt=ckpt, plan_s=0.005, stage_s=0.015, bytes=1 << 20)
+                proc.ev("checkpoint_end", t + 2 * step_s, ckpt=ckpt, step=step, ok=True, written=t + step_s,
+                        error=None)
+        proc.ev("process_end", t + 0.1)
+        proc.flush()
+        events += proc.seq
+    if restart_at is not None:
+        launcher.ev("launcher_failure_detected", 101.0 + restart_at * step_s + 0.3)
+        launcher.ev("launcher_worker_start", 101.0 + restart_at * step_s + 1.5)
+        events += 2
+    launcher.ev("launcher_exit", 102.0 + steps * step_s + 10, code=0)
+    launcher.flush()
+    return events + 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("directory")
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--steps", type=int, default=1000)
+    args = p.parse_args()
+    print(write(args.directory, args.ranks, args.steps), "events")
+
+
+if __name__ == "__main__":
+    main()

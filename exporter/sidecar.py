@@ -1,0 +1,253 @@
+"""``nvrx-slo sidecar``: follow a pod's journal directory and serve what it means.
+
+Runs beside the training container (a native sidecar sharing the journal ``emptyDir``). It reads
+every journal file into the accounting engine (``exporter.live``), persists engine state and read
+offsets together (``exporter.state_store``; every ``--state-interval`` seconds and on SIGTERM),
+and serves one state through every view:
+
+* ``/metrics`` — Prometheus text (``exporter.collector``); 503 until the state is loaded and the
+  journal read to its end once, so a restarted sidecar never shows counters lower than before.
+* ``/healthz`` — the process is alive; ``/readyz`` — journal directory readable and caught up.
+* ``/`` — the status page (``exporter.status_page``).
+* OTLP/HTTP to ``--otlp-endpoint`` when one is given (``exporter.otlp``).
+
+Side inputs: NVML accelerator idle time when GPUs are visible (``exporter.nvml``) and container
+restarts from the Kubernetes API inside a cluster (``exporter.podwatch``); each is off, with one
+log line, where it cannot work. SIGTERM (or SIGINT) saves the state, writes ``--report-file``
+(the text SLO report) if asked, sends a last OTLP export and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from exporter import identity as identity_mod
+from exporter import nvml, otlp, podwatch, slo_report, state_store, status_page
+from exporter.collector import SnapshotCollector
+from exporter.engine import Engine
+from exporter.exposition import CONTENT_TYPE, TextRenderer
+from exporter.live import Live, View
+from exporter.server import TEXT, Response, Server
+from exporter.tail import JournalTail
+from trainer.schema import JOURNAL_DIR_ENV
+
+log = logging.getLogger("nvrx_slo.sidecar")
+
+DEFAULT_PORT = 9400
+HTML = "text/html; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the sidecar can be told; checked here, once, with the flag named in each error."""
+
+    journal_dir: Path
+    state_file: Path
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT
+    poll_interval_s: float = 0.5
+    state_interval_s: float = 10.0
+    per_rank: bool = True
+    max_ranks: int = 64
+    otlp_endpoint: str | None = None
+    otlp_interval_s: float = 15.0
+    podinfo_dir: Path | None = None
+    report_file: str | None = None  # a path, or "-" for stdout
+
+    def __post_init__(self) -> None:
+        checks = [
+            (0 <= self.port <= 65535, f"--port must be 0..65535, got {self.port}"),
+            (self.poll_interval_s > 0, f"--poll-interval must be > 0, got {self.poll_interval_s}"),
+            (self.state_interval_s > 0, f"--state-interval must be > 0, got {self.state_interval_s}"),
+            (self.max_ranks >= 1, f"--max-ranks must be >= 1, got {self.max_ranks}"),
+            (self.otlp_interval_s > 0, f"--otlp-interval must be > 0, got {self.otlp_interval_s}"),
+            (self.otlp_endpoint is None or self.otlp_endpoint.startswith(("http://", "https://")),
+             f"--otlp-endpoint must be an http(s) URL, got {self.otlp_endpoint!r}"),
+            (self.state_file.resolve().parent != self.journal_dir.resolve() or
+             not self.state_file.name.endswith(".jsonl"),
+             "--state-file must not be a .jsonl file in the journal directory"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nvrx-slo sidecar", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--journal-dir", type=Path, default=os.environ.get(JOURNAL_DIR_ENV) or None,
+                   help=f"journal directory to follow (default: ${JOURNAL_DIR_ENV}, as the trainer uses)")
+    p.add_argument("--state-file", type=Path, default=None,
+                   help="where to persist state (default: .nvrx-slo-sidecar-state.json in the journal directory)")
+    p.add_argument("--host", default=Config.host, help="address to serve HTTP on")
+    p.add_argument("--port", type=int, default=Config.port, help="port to serve HTTP on (0: any free port)")
+    p.add_argument("--poll-interval", type=float, default=Config.poll_interval_s, help="seconds between journal reads")
+    p.add_argument("--state-interval", type=float, default=Config.state_interval_s,
+                   help="seconds between state saves (also saved on SIGTERM)")
+    p.add_argument("--per-rank", action=argparse.BooleanOptionalAction, default=Config.per_rank,
+                   help='per-rank series; off: one rank="all" series per pod')
+    p.add_argument("--max-ranks", type=int, default=Config.max_ranks,
+                   help='more ranks than this in one pod: rank="all" series only')
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="OTLP/HTTP endpoint, e.g. http://otel-collector:4318 (default: no OTLP export)")
+    p.add_argument("--otlp-interval", type=float, default=Config.otlp_interval_s, help="seconds between OTLP exports")
+    p.add_argument("--podinfo-dir", type=Path, default=None,
+                   help="Downward API volume holding a 'labels' file (job name, completion index)")
+    p.add_argument("--report-file", default=None, help="on exit, write the text SLO report here ('-': stdout)")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> Config:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.journal_dir is None:
+        p.error(f"--journal-dir is required (or set ${JOURNAL_DIR_ENV})")
+    try:
+        return Config(
+            journal_dir=args.journal_dir,
+            state_file=args.state_file or args.journal_dir / ".nvrx-slo-sidecar-state.json",
+            host=args.host, port=args.port, poll_interval_s=args.poll_interval, state_interval_s=args.state_interval,
+            per_rank=args.per_rank, max_ranks=args.max_ranks, otlp_endpoint=args.otlp_endpoint,
+            otlp_interval_s=args.otlp_interval, podinfo_dir=args.podinfo_dir, report_file=args.report_file)
+    except ValueError as exc:
+        p.error(str(exc))
+        raise  # unreachable: error() exits
+
+
+class Sidecar:
+    def __init__(self, config: Config, *, env: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.identity = identity_mod.from_environment(env, config.podinfo_dir)
+        self.live = Live(Engine(), JournalTail(config.journal_dir))
+        self.stop = threading.Event()
+        self._caught_up = False
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(SnapshotCollector(self.view, self.identity, per_rank=config.per_rank,
+                                                  max_ranks=config.max_ranks))
+        self._renderer = TextRenderer()
+        self._render_lock = threading.Lock()
+        self.server = Server(config.host, config.port, {
+            "/metrics": self._metrics, "/healthz": self._healthz, "/readyz": self._readyz, "/": self._index})
+
+    # --- views ---------------------------------------------------------------------------------
+
+    def view(self) -> View | None:
+        """The current view, or ``None`` before the journal has been read to its end once."""
+        return self.live.view() if self._caught_up else None
+
+    def _metrics(self) -> Response:
+        if not self._caught_up:
+            return 503, TEXT, b"catching up with the journal\n"
+        with self._render_lock:
+            return 200, CONTENT_TYPE, self._renderer.generate(self._registry)
+
+    def _healthz(self) -> Response:
+        return 200, TEXT, b"ok\n"
+
+    def _readyz(self) -> Response:
+        if not self.live.tail.directory_ok:
+            return 503, TEXT, f"journal directory {self.config.journal_dir} not readable\n".encode()
+        if not self._caught_up:
+            return 503, TEXT, b"catching up with the journal\n"
+        return 200, TEXT, b"ready\n"
+
+    def _index(self) -> Response:
+        view = self.view()
+        if view is None:
+            return 503, TEXT, b"catching up with the journal\n"
+        return 200, HTML, status_page.render(view).encode()
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._load_state()
+        self.server.start()
+        log.info("serving http://%s:%d/metrics for journal %s", self.config.host, self.server.port,
+                 self.config.journal_dir)
+        sampler = nvml.Sampler.create()
+        watcher = podwatch.start(self.identity, self.live.observe_containers)
+        provider = None
+        if self.config.otlp_endpoint:
+            provider = otlp.start(self.view, self.identity, endpoint=self.config.otlp_endpoint,
+                                  interval_s=self.config.otlp_interval_s, per_rank=self.config.per_rank,
+                                  max_ranks=self.config.max_ranks)
+        try:
+            self._loop(sampler)
+        finally:
+            self._save_state()
+            if self.config.report_file and self._caught_up:
+                self._write_report()
+            if provider is not None:
+                provider.shutdown()
+            if watcher is not None:
+                watcher.stop()
+            if sampler is not None:
+                sampler.close()
+            self.server.stop()
+            self.live.tail.close()
+        return 0
+
+    def _loop(self, sampler: nvml.Sampler | None) -> None:
+        next_save = time.monotonic() + self.config.state_interval_s
+        while not self.stop.is_set():
+            handed = self.live.poll(self.stop.is_set)
+            if not self._caught_up and self.live.tail.directory_ok and not self.stop.is_set():
+                self._caught_up = True
+                log.info("caught up with the journal (%d lines)", handed)
+            if sampler is not None:
+                self.live.add_gpu_idle(sampler.sample())
+            if time.monotonic() >= next_save:
+                self._save_state()
+                next_save = time.monotonic() + self.config.state_interval_s
+            self.stop.wait(self.config.poll_interval_s)
+
+    def _load_state(self) -> None:
+        parts = state_store.load(self.config.state_file, self.config.journal_dir)
+        if parts is None:
+            log.info("no saved state: reading the journal from the start")
+            return
+        try:
+            self.live.load_state(parts)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("saved state %s unusable (%s): reading the journal from the start", self.config.state_file, exc)
+            self.live = Live(Engine(), JournalTail(self.config.journal_dir))
+            return
+        log.info("resumed from %s", self.config.state_file)
+
+    def _save_state(self) -> None:
+        try:
+            state_store.save(self.config.state_file, self.config.journal_dir, self.live.to_state())
+        except OSError as exc:
+            log.error("cannot save state to %s: %s", self.config.state_file, exc)
+
+    def _write_report(self) -> None:
+        text = slo_report.render(self.live.view().snapshot)
+        if self.config.report_file == "-":
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        try:
+            Path(self.config.report_file).write_text(text)  # type: ignore[arg-type]
+        except OSError as exc:
+            log.error("cannot write the SLO report to %s: %s", self.config.report_file, exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    sidecar = Sidecar(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sidecar.stop.set())
+    return sidecar.run()

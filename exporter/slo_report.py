@@ -1,0 +1,87 @@
+"""The text SLO report the demo prints: one snapshot, read by a person at a terminal.
+
+Efficiency, where every rank-second went (productive plus each badput category, summing to 100%
+of wall — the engine's invariant), checkpoint overlap and blocking share, restart latency by
+level and by phase, and the default SLOs judged pass/fail. The SLO judgement is the status
+page's (``status_page.slo_results``), so the page and the report never disagree.
+"""
+
+from __future__ import annotations
+
+from exporter.catalogue import Category, RestartLevel, RestartPhase
+from exporter.snapshot import Histogram, Snapshot
+from exporter.status_page import CATEGORY_LABELS, slo_results
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:6.2f}%" if whole > 0 else "     —"
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.2f}%"
+
+
+def _secs(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f} s"
+
+
+def _mean(hist: Histogram) -> float | None:
+    return hist.sum / hist.count if hist.count else None
+
+
+def breakdown(snap: Snapshot) -> dict[Category, float]:
+    """Rank-seconds per category, unprotected included: the values sum to ``snap.wall_s``."""
+    seconds = snap.seconds
+    return {c: snap.unprotected_s if c is Category.UNPROTECTED else seconds.get(c, 0.0) for c in Category}
+
+
+def render(snap: Snapshot) -> str:
+    wall = snap.wall_s
+    lines = [
+        f"nvrx-slo SLO report — job {snap.job or '?'}, pod {snap.pod or '?'}, {len(snap.ranks)} rank(s)"
+        f"{', finished' if snap.finished else ', running'}",
+        "",
+        f"Efficiency (productive / wall): {_ratio(snap.efficiency)}",
+        "",
+        f"Where the time went ({wall:.1f} rank-seconds of wall):",
+    ]
+    parts = breakdown(snap)
+    width = max(len(label) for label in CATEGORY_LABELS.values())
+    for category, seconds in sorted(parts.items(), key=lambda kv: (kv[0] is not Category.PRODUCTIVE, -kv[1])):
+        lines.append(f"  {CATEGORY_LABELS[category]:<{width}}  {seconds:10.2f} s  {_pct(seconds, wall)}")
+    lines.append(f"  {'total':<{width}}  {sum(parts.values()):10.2f} s  {_pct(sum(parts.values()), wall)}")
+
+    ck = snap.checkpoints
+    lines += [
+        "",
+        f"Checkpoints: {ck.saves} durable, {ck.failures} failed, {ck.in_flight} in flight; "
+        f"overlap {_ratio(ck.overlap_ratio)} (background / (blocking + background)); "
+        f"blocking {_ratio(ck.blocking_fraction)} of wall",
+        "",
+        "Restart latency (fault to the first step of the restarted loop):",
+    ]
+    rs = snap.restarts
+    phases_width = max(len(p.value) for p in RestartPhase)
+    for level in RestartLevel:
+        hist = rs.duration[level]
+        if not hist.count:
+            lines.append(f"  {level.value:<9} none")
+            continue
+        lines.append(f"  {level.value:<9} {hist.count} restart(s), mean {_secs(_mean(hist))}")
+        for phase in RestartPhase:
+            ph = rs.phases[(level, phase)]
+            if ph.count:
+                lines.append(f"    {phase.value:<{phases_width}}  mean {_secs(_mean(ph))} over {ph.count}")
+    if rs.recent:
+        lines.append("  most recent:")
+        for r in rs.recent[-5:]:
+            phases = ", ".join(f"{p.value} {v:.2f} s" for p, v in r.phases.items())
+            lines.append(f"    {r.level.value:<9} {_secs(r.duration_s):>9}  cause: {r.cause or '?'}"
+                         f"{'  (' + phases + ')' if phases else ''}")
+    lines.append(f"  MTBF {_secs(rs.mtbf_s)}")
+
+    lines += ["", "Default SLOs (whole run so far):"]
+    for result in slo_results(snap):
+        verdict = "no data" if result.ok is None else "PASS" if result.ok else "FAIL"
+        lines.append(f"  {verdict:<7}  {result.name}: {result.shown}  (objective: {result.objective})")
+    return "\n".join(lines) + "\n"
