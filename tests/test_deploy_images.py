@@ -35,7 +35,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from nvrx_slo import cli
-from test_deploy import OVERLAYS, ROOT, containers, pod_template, render
+from test_deploy import OVERLAYS, ROOT, containers, env_of, pod_template, render
 
 IMAGES = ROOT / "deploy" / "images"
 SRC = "/src"  # where the Dockerfiles COPY the project
@@ -167,6 +167,25 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
         assert launcher.rdzv_id == "sample-nvrx_slo_job" and launcher.max_restarts > 0
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_sidecar_flag_is_one_its_parser_accepts(rendered, overlay, monkeypatch):
+    if importlib.util.find_spec("exporter.sidecar") is None:
+        pytest.skip("exporter/sidecar.py does not exist yet")
+    from exporter import sidecar as sidecar_mod
+
+    sidecar, _ = containers(pod_template(rendered[overlay]))
+    name, *args = sidecar["args"]
+    assert subcommand(name) is sidecar_mod.main
+    env = {k: v for k, v in env_of(sidecar).items() if isinstance(v, str)}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    config = sidecar_mod.parse_args(expand(args, sidecar))
+    mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
+    assert str(config.journal_dir) == mounts["journal"]
+    assert config.state_file.parent == Path(mounts["sidecar-state"])
+    assert config.port == sidecar["ports"][0]["containerPort"] and config.host == "0.0.0.0"
+
+
 # --- the images' pip lines -------------------------------------------------------------------
 
 def free_port() -> int:
@@ -230,15 +249,16 @@ def test_the_sidecar_image_installs_without_torch_and_serves_metrics(rendered, t
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline and proc.poll() is None:  # as the kubelet's readiness probe does
             try:
-                if get(f"{base}/healthz")[0] == 200:
+                if get(f"{base}/readyz")[0] == 200:
                     break
             except OSError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert get(f"{base}/healthz")[0] == 200
         assert get(f"{base}/readyz")[0] == 200
+        assert get(f"{base}/healthz")[0] == 200
         status, metrics = get(f"{base}/metrics")
         assert status == 200 and "nvrx_exporter_events_total" in metrics
         assert 'namespace="nvrx-training"' in metrics and 'job_name="nvrx-reference"' in metrics
