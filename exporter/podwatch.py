@@ -13,6 +13,7 @@ The ``kubernetes`` package is imported only when a watcher starts (it is slow to
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -108,6 +109,9 @@ def start(identity: Identity, on_statuses: Callable[[list[ContainerStatus]], Non
           api_client: Any = None) -> Watcher | None:
     """Watch the sidecar's own pod; ``None`` (with one log line) outside a cluster."""
     if api_client is None:
+        if not os.environ.get("KUBERNETES_SERVICE_HOST"):  # what the in-cluster config checks first
+            log.info("pod watcher off: not running in a Kubernetes cluster (KUBERNETES_SERVICE_HOST unset)")
+            return None
         from kubernetes import client, config
 
         try:

@@ -1,0 +1,147 @@
+"""The real sidecar process beside a journal that is being written, scraped over HTTP."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter import sidecar
+from otlp_receiver import Receiver, metrics_by_name, point_attributes
+from sidecar_process import SidecarProcess, counters, value
+from trainer.journal import Identity, Journal
+from trainer.schema import EventType
+
+
+class LiveJob:
+    """A 2-rank job journaled by the real writer, in real time: steps, async saves, one in-job
+    restart after an injected crash, clean end. Small rotation bound so files rotate under the reader."""
+
+    STEPS = 120
+    RESTART_AT = 50
+
+    def __init__(self, directory: Path, step_s: float = 0.02) -> None:
+        self.dir = directory
+        self.step_s = step_s
+        self.fault_mono: float | None = None
+        self.first_step_after: list[float] = []
+        self.done = threading.Event()
+        self.progress = 0
+        self.journals: list[Journal] = []
+
+    def _journal(self, rank: int | None, pid: int, restart: int) -> Journal:
+        ident = Identity(job="job-live", pod="pod-live", node="node-0", rank=rank, local_rank=rank, pid=pid,
+                         restart=restart)
+        self.journals.append(Journal(self.dir, ident, max_bytes=6000, keep=3))
+        return self.journals[-1]
+
+    def run(self) -> None:
+        launcher = self._journal(None, 10, 0)
+        launcher.emit(EventType.LAUNCHER_START, max_restarts=3)
+        launcher.emit(EventType.LAUNCHER_WORKER_START)
+        ranks = [self._start(r, 100 + r, 0, None) for r in (0, 1)]
+        last = {r: time.monotonic() for r in (0, 1)}
+        for step in range(1, self.STEPS + 1):
+            if step == self.RESTART_AT:
+                for j in ranks:
+                    j.emit(EventType.FAULT_INJECTED, kind="crash", step=step)
+                self.fault_mono = time.monotonic()
+                time.sleep(0.05)
+                launcher.emit(EventType.LAUNCHER_FAILURE_DETECTED)
+                launcher.emit(EventType.LAUNCHER_WORKERS_TERMINATED)
+                launcher.emit(EventType.LAUNCHER_RENDEZVOUS_START)
+                launcher.emit(EventType.LAUNCHER_RENDEZVOUS_DONE)
+                launcher.emit(EventType.LAUNCHER_WORKER_START)
+                ranks = [self._start(r, 200 + r, 1, 40) for r in (0, 1)]
+                last = {r: time.monotonic() for r in (0, 1)}
+            time.sleep(self.step_s)
+            for r, j in enumerate(ranks):
+                now = time.monotonic()
+                j.emit(EventType.STEP, step=step, start=last[r], data_s=0.001, compute_s=self.step_s * 0.8,
+                       optimizer_s=self.step_s * 0.1)
+                if step == self.RESTART_AT:
+                    self.first_step_after.append(now)
+                last[r] = time.monotonic()
+            if step % 20 == 0:
+                self._save(ranks, step, last)
+            self.progress = step
+        for j in ranks:
+            j.emit(EventType.PROCESS_END)
+        launcher.emit(EventType.LAUNCHER_EXIT, code=0)
+        self.done.set()
+
+    def _start(self, rank: int, pid: int, restart: int, from_step: int | None) -> Journal:
+        j = self._journal(rank, pid, restart)
+        j.emit(EventType.PROCESS_START, world_size=2)
+        t = time.monotonic()
+        j.emit(EventType.RESTORE, start=t, step=from_step, path=None if from_step is None else "/ckpt", fallback=None)
+        return j
+
+    def _save(self, ranks: list[Journal], step: int, last: dict[int, float]) -> None:
+        ckpt = f"step-{step:06d}"
+        for r, j in enumerate(ranks):
+            j.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode="async")
+            j.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=ckpt, plan_s=0.001, stage_s=0.002, bytes=1000)
+            j.emit(EventType.CHECKPOINT_END, ckpt=ckpt, step=step, ok=True, written=time.monotonic(), error=None)
+            last[r] = time.monotonic()
+
+
+def test_kill_and_restart_midrun_counts_once_and_equals_an_uninterrupted_run(tmp_path):
+    """Two sidecars follow one live journal (it rotates, old generations are deleted): one runs
+    throughout, the other is SIGKILLed past the restart and started again on its saved state."""
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    job = LiveJob(journal)
+    writer = threading.Thread(target=job.run, daemon=True)
+    seen: list[dict] = []
+    with SidecarProcess(journal, tmp_path / "steady.json", tmp_path / "steady.log") as steady:
+        with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "sidecar.log",
+                            "--state-interval", "0.2") as first:
+            writer.start()
+            first.wait_ready()
+            steady.wait_ready()
+            while job.progress < 70:  # past the restart
+                seen.append(first.scrape())
+                time.sleep(0.1)
+            time.sleep(0.3)  # at least one periodic save of state
+            first.stop(signal.SIGKILL)
+        with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "sidecar.log") as second:
+            second.wait_ready()
+            while not job.done.is_set():
+                seen.append(second.scrape())
+                time.sleep(0.1)
+            time.sleep(0.5)
+            seen.append(final := second.scrape())
+            status, body = second.get("/metrics")
+            assert second.stop() == (0, b"")
+        uninterrupted = steady.scrape()
+        assert steady.stop()[0] == 0
+
+    # counters never went backwards, across the SIGKILL too
+    for before, after in zip(seen, seen[1:]):
+        for key, v in counters(before).items():
+            assert counters(after).get(key, v) >= v, key
+    # the resumed sidecar ends exactly where one that never died does (the job has finished: wall stopped)
+    assert counters(final) == counters(uninterrupted)
+    assert value(final, "nvrx_restarts_total", level="injob") == 1
+    assert value(final, "nvrx_restarts_total", level="inprocess") == 0
+    assert value(final, "nvrx_steps_total", rank="0") == LiveJob.STEPS
+    assert value(final, "nvrx_exporter_events_total") == sum(j.written for j in job.journals)
+    assert all(v == 0 for (n, _), v in final.items() if n == "nvrx_exporter_rejected_events_total")
+    # restart latency within 0.5 s of what the journal's own timestamps give
+    expected = max(job.first_step_after) - job.fault_mono
+    got = value(final, "nvrx_restart_duration_seconds_sum", level="injob")
+    assert abs(got - expected) < 0.5, (got, expected)
+    # the time accounting adds up, per rank
+    for r in ("0", "1"):
+        settled = sum(v for (n, ls), v in final.items() if n == "nvrx_time_seconds_total" and dict(ls)["rank"] == r)
+        assert settled + value(final, "nvrx_unprotected_work_seconds", rank=r) == \
+            pytest.approx(value(final, "nvrx_wall_seconds_total", rank=r), rel=1e-9)
+    if shutil.which("promtool"):
+        lint = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=60)
+        assert lint.returncode == 0 and lint.stdout + lint.stderr == b"", lint.stdout + lint.stderr
