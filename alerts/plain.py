@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from alerts import duration
-from alerts.conventions import BY_JOB, ON_JOB, SEVERITY_LABEL, Alert, error_ratio_record, stamp_links
+from alerts.conventions import BY_JOB, ON_JOB, SEVERITY_LABEL, Alert, stamp_links
 from alerts.sli import job_rate
-from alerts.spec import Slo, Spec
+from alerts.spec import Spec
 from alerts.windows import Severity, all_windows
 from exporter import catalogue as cat
 
@@ -94,13 +94,13 @@ def plain_alerts(spec: Spec) -> list[Rule]:
         _alert(
             Alert.SLI_NO_DATA,
             f"(max {BY_JOB} ({cat.WALL.name})\n"
-            f'  unless {ON_JOB} {error_ratio_record(base)}{{slo="{Slo.EFFICIENCY.value}"}})\n'
+            f"  unless {ON_JOB} ({job_rate(cat.WALL.name, duration.format(base))} > 0))\n"
             f"or\n({up} == 1\n  unless {SCRAPE_TARGET} {cat.WALL.name})",
             a.no_data_for, Severity.TICKET,
             "An nvrx-slo sidecar is up but its SLIs have no data.",
-            "{{ with $labels.job_name }}Job {{ $labels.namespace }}/{{ . }} reports wall time but has no efficiency SLI "
-            "(is nvrx_job_start_timestamp_seconds missing?){{ else }}Target {{ $labels.instance }} is scraped but "
-            "reports no wall time (is the trainer writing its journal where the sidecar reads?){{ end }}.",
+            "{{ with $labels.job_name }}Job {{ $labels.namespace }}/{{ . }} reports wall time that has stopped "
+            "advancing, so its SLIs have no value (is the sidecar stuck?){{ else }}Target {{ $labels.instance }} is "
+            "scraped but reports no wall time (is the trainer writing its journal where the sidecar reads?){{ end }}.",
         ),
         _alert(
             Alert.ACCELERATOR_IDLE,
@@ -129,4 +129,4 @@ def plain_alerts(spec: Spec) -> list[Rule]:
 
 
 def plain_group(spec: Spec) -> dict[str, Any]:
-    return {"name": "nvrx-slo-alerts", "rules": plain_alerts(spec)}
+    return {"name": "nvrx-slo-alerts", "interval": duration.format(spec.evaluation_interval), "rules": plain_alerts(spec)}

@@ -1,22 +1,24 @@
 """SLO rule groups: per-window error ratios, burn rates, budget remaining, burn-rate alerts.
 
 One group per SLO, recording rules first and its alert last: Prometheus evaluates a group's rules
-in order, so the alert reads this evaluation's ratios, not the previous one's.
+in order, so the alert reads this evaluation's ratios, not the previous one's. Every group runs
+at the spec's ``evaluation_interval`` (the period's integral below depends on it).
 
 Windows. Every window but the period is a plain ``rate()`` over the exporter's series. The period
-(30 days of raw samples per series would be costly at every evaluation) is the ratio of
-``sum_over_time`` of the job-level bad and total rates recorded over the shortest window:
-time-weighted, and cheap.
+(30 days of raw samples per series would be costly at every evaluation) integrates the job-level
+rates recorded over the shortest window: ``sum_over_time(...) × evaluation_interval``.
 
-Young jobs. ``rate()`` over a window longer than a job's life covers only its life, so a
-ten-minute-old job's "1h" ratio is its lifetime ratio: the minute of init every job starts with
-would read as a 10% error ratio and page. For time SLIs the part of a window before the job
-started is counted as healthy: the ratio is scaled by ``min(age / window, 1)``
-(``young_job_factor``), age from ``nvrx_job_start_timestamp_seconds``. A young job therefore
-pages exactly when an old job would on the same burn: a job that is down from its first second
-pages once 14.4% of an hour is gone (8.6 min), as an old job that goes down does; a few minutes of
-init, which spend under 14.4% of an hour, never page. Event SLIs (restarts, saves) have no events
-before the start, so their ratio needs no correction.
+Young jobs (and any window only partly covered by data). ``rate(x[1h])`` divides what happened
+by the whole hour, but a plain ``rate(bad)/rate(wall)`` divides by the wall time that exists,
+so a ten-minute-old job's "1h" ratio would be its lifetime ratio: the minute of init every job
+starts with would read as a 10% error ratio and page. For time SLIs the denominator is therefore
+the job's wall rate *now* (rank count, from the shortest window) times the whole window: the part
+of a window before the job started counts as healthy. A young job then pages exactly when an old
+job would on the same burn: one that is down from its first second pages once 14.4% of an hour
+has burnt (8.6 min), as an old job going down does, and a few minutes of init never page.
+(Within its first shortest window the wall rate is itself truncated, which scales long-window
+ratios by at most shortest/long, e.g. 5m/1h: still below every page threshold.) Event SLIs
+(restarts, saves) have no events before the start, so their ratio needs no correction.
 """
 
 from __future__ import annotations
@@ -25,26 +27,18 @@ from typing import Any
 
 from alerts import duration
 from alerts.conventions import (
-    BURN_ALERTS, BY_JOB, ERROR_BUDGET_REMAINING, ON_JOB, SLO_LABEL, SEVERITY_LABEL,
+    BURN_ALERTS, ERROR_BUDGET_REMAINING, ON_JOB, SLO_LABEL, SEVERITY_LABEL,
     burn_rate_record, error_ratio_record, sli_bad_record, sli_total_record, stamp_links,
 )
 from alerts.sli import Sli
 from alerts.spec import Objective, Spec
 from alerts.windows import BurnWindow, Severity, all_windows
-from exporter import catalogue as cat
 
 Rule = dict[str, Any]
 
 
-def young_job_factor(window: int) -> str:
-    """min(job age / window, 1): the share of ``window`` the job has existed for."""
-    age = f"(time() - min {BY_JOB} ({cat.JOB_START_TIMESTAMP.name}))"
-    return f"clamp({age} / {window}, 0, 1)"
-
-
-def _ratio(bad: str, total: str, sli: Sli, window: int) -> str:
-    ratio = f"(\n  {bad}\n/\n  ({total} > 0)\n)"
-    return f"{ratio}\n* {ON_JOB}\n  {young_job_factor(window)}" if sli.time_based else ratio
+def _ratio(bad: str, total: str) -> str:
+    return f"{bad}\n/ {ON_JOB}\n({total} > 0)"
 
 
 def _record(name: str, expr: str, sli: Sli) -> Rule:
@@ -56,19 +50,22 @@ def recording_rules(sli: Sli, objective: Objective, spec: Spec) -> list[Rule]:
     base = spans[0]
     mine = f'{{{SLO_LABEL}="{sli.slo.value}"}}'
     bad, total = sli_bad_record(base) + mine, sli_total_record(base) + mine
+    p = duration.format(period)
     rules = [
         _record(sli_bad_record(base), sli.bad(duration.format(base)), sli),
         _record(sli_total_record(base), sli.total(duration.format(base)), sli),
-        _record(error_ratio_record(base), _ratio(bad, total, sli, base), sli),
+        _record(error_ratio_record(base), _ratio(bad, total), sli),
     ]
-    rules += [
-        _record(error_ratio_record(w), _ratio(sli.bad(duration.format(w)), sli.total(duration.format(w)), sli, w), sli)
-        for w in spans[1:]
-    ]
-    p = duration.format(period)
-    rules.append(_record(
-        error_ratio_record(period), _ratio(f"sum_over_time({bad}[{p}])", f"sum_over_time({total}[{p}])", sli, period), sli,
-    ))
+    if sli.time_based:  # bad rank-seconds over (rank count now × the whole window)
+        rules += [_record(error_ratio_record(w), _ratio(sli.bad(duration.format(w)), total), sli) for w in spans[1:]]
+        integral = f"sum_over_time({bad}[{p}]) * {spec.evaluation_interval} / {period}"
+        rules.append(_record(error_ratio_record(period), _ratio(f"({integral})", total), sli))
+    else:  # bad events over events
+        rules += [
+            _record(error_ratio_record(w), _ratio(sli.bad(duration.format(w)), sli.total(duration.format(w))), sli)
+            for w in spans[1:]
+        ]
+        rules.append(_record(error_ratio_record(period), _ratio(f"sum_over_time({bad}[{p}])", f"sum_over_time({total}[{p}])"), sli))
     rules += [_record(burn_rate_record(w), f"{error_ratio_record(w)}{mine} / {objective.budget:g}", sli) for w in (*spans, period)]
     rules.append(_record(ERROR_BUDGET_REMAINING, f"1 - {burn_rate_record(period)}{mine}", sli))
     return rules
@@ -114,5 +111,6 @@ def slo_group(sli: Sli, spec: Spec) -> dict[str, Any]:
     severities = [Severity.PAGE, Severity.TICKET] if objective.page else [Severity.TICKET]
     return {
         "name": f"nvrx-slo-{sli.slo.value.replace('_', '-')}",
+        "interval": duration.format(spec.evaluation_interval),
         "rules": recording_rules(sli, objective, spec) + [burn_alert(sli, objective, spec, s) for s in severities],
     }

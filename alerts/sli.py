@@ -11,8 +11,8 @@ across pods and ranks. Two kinds:
 * **event** SLIs count restarts (recovery) or checkpoint seconds (overlap); a window without
   events has no ratio rather than a ratio of zero, since nothing was measured.
 
-Only time SLIs get the young-job rule (see ``rules.young_job_factor``): a time SLI's denominator is
-the whole window for any job older than it, an event SLI's never depends on age.
+Only time SLIs get the young-job rule (see ``alerts.rules``): their denominator is the whole window
+at the job's current rank count, so time before the job existed counts as healthy.
 """
 
 from __future__ import annotations

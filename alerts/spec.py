@@ -80,6 +80,7 @@ class Routing:
 class Spec:
     period: int  # seconds
     min_window: int  # seconds
+    evaluation_interval: int  # seconds; every generated group runs at it
     objectives: dict[Slo, Objective]
     recovery_threshold: float  # seconds; a bucket bound of the restart histogram
     alerts: PlainAlerts
@@ -216,6 +217,7 @@ def from_dict(data: Any) -> Spec:
     spec = Spec(
         period=root.duration("period"),
         min_window=root.duration("min_window"),
+        evaluation_interval=root.duration("evaluation_interval"),
         objectives=objectives,
         recovery_threshold=recovery_threshold,
         alerts=_plain(root.section("alerts")),
