@@ -51,9 +51,9 @@ MIN_CHUNK = 64 << 10
 Ingest = Callable[[list[dict[str, Any]]], None]
 """Takes accepted records, in merged order."""
 
-# One line read and not yet handed on: (merge key, offset just past the line, record | reason | None).
+# One line read and not yet handed on: (merge key, offset just past the line, record | rejection | None).
 # The key is the running maximum of ``mono`` in its file, so a file's lines keep their order.
-_Item = tuple[float, int, Union[dict[str, Any], str, None]]
+_Item = tuple[float, int, Union[dict[str, Any], JournalError, None]]
 
 
 def order_key(name: str) -> tuple[str, int, str]:
@@ -229,7 +229,8 @@ class JournalTail:
             src.pending = data
             if len(data) > MAX_LINE_BYTES:
                 src.pending, src.skipping = b"", True
-                src.items.append((src.key, src.read_pos, RejectReason.MALFORMED.value))
+                src.items.append((src.key, src.read_pos, JournalError(
+                    RejectReason.MALFORMED, f"line longer than {MAX_LINE_BYTES} bytes")))
             return
         src.pending = data[end + 1:]
         lines = data[:end].split(b"\n")
@@ -241,7 +242,7 @@ class JournalTail:
         key, items = src.key, src.items
         for i, item in zip(nonempty, decode_batch([lines[i] for i in nonempty])):
             if isinstance(item, JournalError):
-                items.append((key, offsets[i], item.reason.value))
+                items.append((key, offsets[i], item))
             else:
                 mono = item["mono"]
                 if mono > key:
@@ -273,7 +274,7 @@ class JournalTail:
             if type(payload) is dict:
                 records.append(payload)
             elif payload is not None:
-                self._reject(payload, name, "bad journal line")
+                self._reject(payload.reason.value, name, str(payload))
         ingest(records)
         return len(batch)
 
