@@ -150,6 +150,7 @@ def test_the_console_script_is_the_cli_the_manifests_call():
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
+    from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
     from trainer import reference_job
@@ -159,6 +160,7 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
     assert program == "nvrx-slo" and callable(subcommand(name)) and name == "ft-launcher"
     args = expand(trainer["args"], trainer)
     launcher = get_args_parser().parse_args(args)  # ft_launcher's own parser (exits on a bad flag)
+    FaultToleranceConfig.from_args(launcher)  # raises when the launcher would find no FT config
     assert launcher.module and launcher.training_script == "trainer.reference_job"
     assert importlib.util.find_spec(launcher.training_script) is not None
     config = reference_job.parse_args(launcher.training_script_args)
