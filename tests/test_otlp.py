@@ -79,3 +79,25 @@ def test_metrics_url():
     assert otlp.metrics_url("http://c:4318") == "http://c:4318/v1/metrics"
     assert otlp.metrics_url("http://c:4318/") == "http://c:4318/v1/metrics"
     assert otlp.metrics_url("https://c/otlp/v1/metrics") == "https://c/otlp/v1/metrics"
+
+
+def test_the_sidecar_exports_the_same_numbers_it_serves(tmp_path):
+    from sidecar_process import SidecarProcess, value
+    from test_sidecar_bad_input import write_clean
+
+    write_clean(tmp_path / "journal")
+    with Receiver() as receiver:
+        with SidecarProcess(tmp_path / "journal", tmp_path / "state.json", tmp_path / "log",
+                            "--otlp-endpoint", receiver.endpoint, "--otlp-interval", "0.3") as proc:
+            proc.wait_ready()
+            served = proc.scrape()
+            requests = receiver.wait(2)
+            assert proc.stop()[0] == 0
+    exported = [metrics_by_name(r) for r in requests if metrics_by_name(r)]
+    assert exported, "no export carried data"
+    steps = {point_attributes(p)["rank"]: p.as_double if p.HasField("as_double") else p.as_int
+             for p in exported[-1]["nvrx_steps"].sum.data_points}
+    assert steps == {r: value(served, "nvrx_steps_total", rank=r) for r in ("0", "1")}
+    restart = exported[-1]["nvrx_restart_duration_seconds"].histogram.data_points
+    injob = next(p for p in restart if point_attributes(p) == {"level": "injob"})
+    assert injob.count == 1 and injob.sum == value(served, "nvrx_restart_duration_seconds_sum", level="injob")

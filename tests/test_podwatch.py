@@ -1,0 +1,118 @@
+"""The pod watcher: the real kubernetes client against a fake API server on loopback (the HTTP seam)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from kubernetes import client
+
+from exporter import podwatch
+from exporter.identity import Identity
+from exporter.live import Live
+from exporter.engine import Engine
+from exporter.podwatch import ContainerStatus, restart_deltas
+from exporter.tail import JournalTail
+
+IDENT = Identity(namespace="train", pod="llm-0", node="n", job_name="llm")
+
+
+def pod(trainer_restarts: int, reason: str | None, sidecar_restarts: int = 0) -> dict:
+    def status(name: str, count: int, why: str | None) -> dict:
+        last = {"terminated": {"reason": why, "exitCode": 137}} if why else {}
+        return {"name": name, "restartCount": count, "ready": True, "image": "x", "imageID": "x",
+                "lastState": last, "state": {"running": {}}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "llm-0", "namespace": "train"},
+            "status": {"containerStatuses": [status("trainer", trainer_restarts, reason)],
+                       "initContainerStatuses": [status("nvrx-slo-sidecar", sidecar_restarts, None)]}}
+
+
+class FakeApi:
+    """Answers the watch on pods with a scripted stream of events, then closes it."""
+
+    def __init__(self, events: list[dict]) -> None:
+        self.events = events
+        self.queries: list[dict] = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                url = urlsplit(self.path)
+                api.queries.append({"path": url.path, **parse_qs(url.query)})
+                body = b"".join(json.dumps({"type": "MODIFIED", "object": e}).encode() + b"\n" for e in api.events)
+                api.events = []  # the next watch (a reconnect) gets nothing new
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def api_client(self) -> client.ApiClient:
+        config = client.Configuration(host=f"http://127.0.0.1:{self.httpd.server_address[1]}")
+        return client.ApiClient(config)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_restarts_are_counted_by_container_and_reason_once(tmp_path):
+    api = FakeApi([pod(0, None), pod(1, "OOMKilled"), pod(1, "OOMKilled"), pod(3, "Error", sidecar_restarts=1)])
+    live = Live(Engine(), JournalTail(tmp_path))
+    reports = threading.Semaphore(0)
+
+    def observe(statuses: list[ContainerStatus]) -> None:
+        live.observe_containers(statuses)
+        reports.release()
+
+    watcher = podwatch.start(IDENT, observe, api_client=api.api_client())
+    try:
+        for _ in range(4):
+            assert reports.acquire(timeout=20)
+    finally:
+        watcher.stop()
+        api.close()
+    assert dict(live.view().pod_restarts) == {("trainer", "OOMKilled"): 1, ("trainer", "Error"): 2,
+                                              ("nvrx-slo-sidecar", "Unknown"): 1}
+    query = api.queries[0]
+    assert query["path"] == "/api/v1/namespaces/train/pods" and query["fieldSelector"] == ["metadata.name=llm-0"]
+    assert query["watch"] == ["true"]
+
+
+def test_what_was_seen_survives_a_sidecar_restart(tmp_path):
+    live = Live(Engine(), JournalTail(tmp_path))
+    live.observe_containers([ContainerStatus("trainer", 2, "OOMKilled")])
+    resumed = Live(Engine(), JournalTail(tmp_path))
+    resumed.load_state(live.to_state())
+    resumed.observe_containers([ContainerStatus("trainer", 3, "Error")])
+    assert dict(resumed.view().pod_restarts) == {("trainer", "OOMKilled"): 2, ("trainer", "Error"): 1}
+
+
+def test_a_new_pod_under_the_same_name_starts_counting_again():
+    seen, new = restart_deltas({"trainer": 5}, [ContainerStatus("trainer", 1, "Error")])
+    assert seen == {"trainer": 1} and dict(new) == {("trainer", "Error"): 1}
+
+
+def test_outside_a_cluster_it_is_off_with_one_line(caplog, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with caplog.at_level(logging.INFO, "nvrx_slo.podwatch"):
+        assert podwatch.start(IDENT, lambda s: None) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "pod watcher off: not running in a Kubernetes cluster (KUBERNETES_SERVICE_HOST unset)"]
+
+
+def test_in_cluster_env_without_a_token_is_off_too(caplog, monkeypatch):
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    with caplog.at_level(logging.INFO, "nvrx_slo.podwatch"):
+        assert podwatch.start(IDENT, lambda s: None) is None
+    assert len(caplog.records) == 1 and "pod watcher off" in caplog.records[0].getMessage()
