@@ -59,6 +59,8 @@ def _pct(ratio: float | None, digits: int = 2) -> str:
 def _secs(value: float | None) -> str:
     if value is None:
         return "—"
+    if value >= 2 * 86400:
+        return f"{value / 86400:.1f} d"
     if value >= 3600:
         return f"{value / 3600:.2f} h"
     if value >= 120:
