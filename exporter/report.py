@@ -121,6 +121,14 @@ def build(journal_dir: str | Path) -> str:
     return status_page.page("nvrx-slo report", snap, body, refresh_s=None, links=links)
 
 
+def write(journal_dir: str | Path, output: str | Path) -> Path:
+    """Build the report of ``journal_dir`` and write it to ``output``; returns its absolute path."""
+    document = build(journal_dir)
+    path = Path(output).resolve()
+    path.write_text(document, encoding="utf-8")
+    return path
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nvrx-slo report", description=__doc__.split("\n")[0])
     parser.add_argument("journal_dir", metavar="JOURNAL_DIR", type=Path, help="a journal directory (one pod's)")
@@ -129,10 +137,8 @@ def main(argv: list[str]) -> int:
     if not args.journal_dir.is_dir():
         parser.error(f"JOURNAL_DIR {args.journal_dir}: not a directory")
     try:
-        document = build(args.journal_dir)
+        print(write(args.journal_dir, args.output))
     except (EmptyJournal, FileNotFoundError) as exc:
         print(f"nvrx-slo report: {exc}", file=sys.stderr)
         return 1
-    args.output.write_text(document, encoding="utf-8")
-    print(args.output.resolve())
     return 0
