@@ -19,7 +19,6 @@ rejected as ``malformed``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -35,7 +34,8 @@ _FIELDS: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
 def validate(record: Any) -> dict[str, Any]:
     """``schema.validate``, with a fast path for records that are plainly valid."""
     if type(record) is dict and record.get("v") == schema.SCHEMA_VERSION:
-        fields = _FIELDS.get(record.get("type"))  # type: ignore[arg-type]
+        kind = record.get("type")
+        fields = _FIELDS.get(kind) if type(kind) is str else None
         if fields is not None:
             try:
                 for name, types in fields:
@@ -57,8 +57,8 @@ def decode(line: bytes) -> dict[str, Any]:
     return validate(record)
 
 
-def decode_batch(lines: list[bytes]) -> Iterator[dict[str, Any] | JournalError]:
-    """Decode complete lines in order; each yields a record or the ``JournalError`` that rejects it."""
+def decode_batch(lines: list[bytes]) -> list[dict[str, Any] | JournalError]:
+    """Decode complete, non-empty lines; item *i* is line *i*'s record or the ``JournalError`` rejecting it."""
     records: list[Any] | None = None
     # The joined array splits back into the same lines when every line is one object: each
     # starts with "{" and ends with "}" and the item count matches. Otherwise go line by line.
@@ -69,8 +69,10 @@ def decode_batch(lines: list[bytes]) -> Iterator[dict[str, Any] | JournalError]:
             records = None
         if records is not None and len(records) != len(lines):
             records = None
+    out: list[dict[str, Any] | JournalError] = []
     for i, line in enumerate(lines):
         try:
-            yield validate(records[i]) if records is not None else decode(line)
+            out.append(validate(records[i]) if records is not None else decode(line))
         except JournalError as exc:
-            yield exc
+            out.append(exc)
+    return out

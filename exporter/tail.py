@@ -27,9 +27,10 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from itertools import accumulate
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Union
@@ -51,9 +52,9 @@ MIN_CHUNK = 64 << 10
 Ingest = Callable[[list[dict[str, Any]]], None]
 """Takes accepted records, in merged order."""
 
-# One line read and not yet handed on: (merge key, offset just past the line, record | rejection | None).
+# One line read and not yet handed on: (merge key, offset just past the line, record | (file, rejection) | None).
 # The key is the running maximum of ``mono`` in its file, so a file's lines keep their order.
-_Item = tuple[float, int, Union[dict[str, Any], JournalError, None]]
+_Item = tuple[float, int, Union[dict[str, Any], tuple[str, JournalError], None]]
 
 
 def order_key(name: str) -> tuple[str, int, str]:
@@ -208,9 +209,9 @@ class JournalTail:
             src.more = len(data) == chunk
             if data:
                 src.last_growth = self._clock()
-                self._split(src, data)
+                self._split(name, src, data)
 
-    def _split(self, src: _Source, data: bytes) -> None:
+    def _split(self, name: str, src: _Source, data: bytes) -> None:
         """Turn ``pending + data`` into items, one per complete line; keep the partial tail."""
         start = src.read_pos - len(src.pending)  # file offset of the first byte of pending + data
         src.read_pos += len(data)
@@ -229,52 +230,53 @@ class JournalTail:
             src.pending = data
             if len(data) > MAX_LINE_BYTES:
                 src.pending, src.skipping = b"", True
-                src.items.append((src.key, src.read_pos, JournalError(
-                    RejectReason.MALFORMED, f"line longer than {MAX_LINE_BYTES} bytes")))
+                src.items.append((src.key, src.read_pos, (name, JournalError(
+                    RejectReason.MALFORMED, f"line longer than {MAX_LINE_BYTES} bytes"))))
             return
         src.pending = data[end + 1:]
         lines = data[:end].split(b"\n")
-        offsets, pos = [], start
-        for line in lines:
-            pos += len(line) + 1
-            offsets.append(pos)
-        nonempty = [i for i, line in enumerate(lines) if line]
+        ends = list(accumulate(map(len, lines)))  # line i ends at start + ends[i] + i + 1 (its newline)
+        if all(lines):
+            nonempty: Sequence[int] = range(len(lines))
+        else:
+            nonempty = [i for i, line in enumerate(lines) if line]
+            lines = [lines[i] for i in nonempty]
         key, items = src.key, src.items
-        for i, item in zip(nonempty, decode_batch([lines[i] for i in nonempty])):
-            if isinstance(item, JournalError):
-                items.append((key, offsets[i], item))
-            else:
+        for i, item in zip(nonempty, decode_batch(lines)):
+            if type(item) is dict:
                 mono = item["mono"]
                 if mono > key:
                     key = mono
-                items.append((key, offsets[i], item))
-        if not nonempty or nonempty[-1] != len(lines) - 1:
-            items.append((key, offsets[-1], None))  # trailing empty lines: move past them too
+                items.append((key, start + ends[i] + i + 1, item))
+            else:
+                items.append((key, start + ends[i] + i + 1, (name, item)))
+        if not nonempty or nonempty[-1] != len(ends) - 1:
+            items.append((key, start + ends[-1] + len(ends), None))  # trailing empty lines: move past them too
         src.key = key
 
     def _hand_on(self, ingest: Ingest) -> int:
         """Ingest every buffered item up to the merge watermark, in key order; advance offsets."""
         watermark = min((s.key for s in self._open.values() if s.more), default=float("inf"))
-        batch: list[tuple[float, int, Any, str]] = []
+        batch: list[_Item] = []
         for name, src in self._open.items():
             items = src.items
             n = len(items)
             if items and items[-1][0] > watermark:
                 n = next(i for i, item in enumerate(items) if item[0] > watermark)
             if n:
-                batch += [(key, end, payload, name) for key, end, payload in items[:n]]
-                inode = src.inode
-                self.offsets[name] = (inode, items[n - 1][1])
+                batch += items[:n]
+                self.offsets[name] = (src.inode, items[n - 1][1])
                 del items[:n]
         if not batch:  # the file setting the watermark has nothing buffered: read it first
             return 0
-        batch.sort(key=itemgetter(0))
+        batch.sort(key=itemgetter(0))  # stable: each file's lines keep their order
         records = []
-        for _key, _end, payload, name in batch:
+        for _key, _end, payload in batch:
             if type(payload) is dict:
                 records.append(payload)
             elif payload is not None:
-                self._reject(payload.reason.value, name, str(payload))
+                name, error = payload
+                self._reject(error.reason.value, name, str(error))
         ingest(records)
         return len(batch)
 

@@ -41,7 +41,7 @@ def contract(line: bytes) -> object:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(lines(), st.sampled_from([b"[1]", b"1,2", b'{"a":1},{"b":2}', b"nul", b"{}", b'"x"'])),
+@given(st.lists(st.one_of(lines(), st.sampled_from([b'{"v":1,"type":[]}', b"[1]", b"1,2", b'{"a":1},{"b":2}', b"nul", b"{}", b'"x"'])),
                 min_size=1, max_size=8))
 def test_batch_decoding_matches_the_schema_line_by_line(batch):
     got = [item.reason if isinstance(item, JournalError) else item for item in decode_batch(batch)]

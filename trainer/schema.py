@@ -171,7 +171,8 @@ def validate(record: Any) -> dict[str, Any]:
         raise JournalError(RejectReason.NOT_AN_OBJECT, type(record).__name__)
     if record.get("v") != SCHEMA_VERSION:
         raise JournalError(RejectReason.UNKNOWN_VERSION, repr(record.get("v")))
-    event_type = _TYPES.get(record.get("type"))  # type: ignore[arg-type]
+    kind = record.get("type")
+    event_type = _TYPES.get(kind) if isinstance(kind, str) else None  # a list or dict here is not a type
     if event_type is None:
         raise JournalError(RejectReason.UNKNOWN_TYPE, repr(record.get("type")))
     _check(record, COMMON_FIELDS)
