@@ -1,0 +1,397 @@
+"""Journaled checkpoint saves (NVRx async or plain synchronous DCP) and restore from the newest complete one.
+
+Each save of step N goes to ``<root>/step-NNNNNN/`` and journals, on every rank:
+
+* ``checkpoint_start`` when the save call begins (training blocked from here),
+* ``checkpoint_scheduled`` when the call returns (``plan_s`` planning, ``stage_s`` staging and
+  hand-off to the writer, ``bytes`` this rank's tensor and byte payload),
+* ``checkpoint_finalize`` spans for the training-thread part of finishing an async save (the
+  poll that found it done, the metadata gather/write, the agreement on success),
+* ``checkpoint_end`` once its outcome is known, with ``written``: the monotonic instant the
+  background write itself finished, stamped by the writer process (``_StampedWrite``), not when
+  the trainer happened to notice,
+* ``checkpoint_worker`` when NVRx's persistent writer process is seen alive or dead.
+
+A checkpoint is complete when DCP's ``.metadata`` exists: the coordinator writes it (atomically)
+only after every rank's data landed. ``restore`` tries complete checkpoints newest first and
+falls back, with a journaled warning, when one fails to load on any rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue as queue_module
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import MetadataIndex
+
+from trainer import cpu_shims, nvrx_compat
+from trainer.hooks import Hooks
+from trainer.schema import EventType
+
+log = logging.getLogger("nvrx_slo.checkpoint")
+
+METADATA = ".metadata"  # written last, by DCP's coordinator: its presence marks a complete checkpoint
+
+
+def checkpoint_id(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def _stamp_path(path: Path, rank: int) -> Path:
+    return path / f".nvrx-slo-written.{rank}"
+
+
+class _StampedWrite:
+    """Runs NVRx's write function in the writer process, then records when it actually finished.
+
+    Picklable (it crosses to NVRx's spawned worker). CLOCK_MONOTONIC is node-wide, so the stamp
+    compares directly with the trainer's clock.
+    """
+
+    def __init__(self, write: Callable[..., Any], stamp: str, delay_s: float) -> None:
+        self.write = write
+        self.stamp = stamp
+        self.delay_s = delay_s
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            time.sleep(self.delay_s)
+            self.write(*args, **kwargs)
+        finally:
+            with open(self.stamp, "w") as f:
+                f.write(repr(time.monotonic()))
+
+
+def _warm_up() -> None:
+    """The writer process's first job: import what real saves need (torch, NVRx's writer), so the
+    first save's background time is not charged an import."""
+    nvrx_compat.async_checkpointing()
+
+
+def _read_stamp(path: Path, rank: int, default: float) -> float:
+    stamp = _stamp_path(path, rank)
+    try:
+        written = float(stamp.read_text())
+        stamp.unlink()
+        return written
+    except (OSError, ValueError):
+        return default
+
+
+def _payload_bytes(write_buckets: list[Any]) -> int:
+    total = 0
+    for _, _, (bytes_data, tensor_data) in write_buckets:
+        total += sum(tensor.numel() * tensor.element_size() for _, tensor in tensor_data)
+        total += sum(data.getbuffer().nbytes for _, data in bytes_data if hasattr(data, "getbuffer"))
+    return total
+
+
+@dataclasses.dataclass
+class _Pending:
+    ckpt: str
+    step: int
+    path: Path
+    error: str | None = None
+    finalized: bool = False
+
+
+class CheckpointWorkerDied(RuntimeError):
+    """NVRx's persistent writer process died: saves in flight are lost and no later save can land.
+
+    Raised by ``poll`` so the job restarts (ft_launcher) instead of hanging in a collective.
+    """
+
+
+class Checkpointer:
+    """Saves ``state_dict`` every time ``save`` is called; ``poll`` between steps; ``close`` at the end.
+
+    ``mode="async"`` uses NVRx (``FileSystemWriterAsync`` + ``save_state_dict_async_plan`` +
+    ``AsyncCallsQueue(persistent=True)``); ``mode="sync"`` a plain ``torch.distributed.checkpoint.save``.
+    Async needs NVRx's async API; without it the checkpointer says so once and saves synchronously.
+    ``slow_storage_s`` is fault injection: every write takes that much longer (in the background
+    for async saves, blocking for sync ones).
+    """
+
+    def __init__(self, hooks: Hooks, root: str | os.PathLike[str], mode: str = "async",
+                 slow_storage_s: float = 0.0) -> None:
+        if mode not in ("async", "sync"):
+            raise ValueError(f"checkpoint mode must be 'async' or 'sync', got {mode!r}")
+        self.hooks = hooks
+        self.root = Path(root)
+        self.slow_storage_s = slow_storage_s
+        self._api = nvrx_compat.async_checkpointing() if mode == "async" else None
+        self.mode = "async" if self._api is not None else "sync"
+        self._queue: Any = None
+        self._pending: dict[int, _Pending] = {}
+        self._finalize_start = 0.0
+        self._worker_alive: bool | None = None
+        if self._api is not None:
+            cpu_shims.apply(self._api)
+
+    # --- async lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Pre-spawn NVRx's persistent writer and warm its result queue, so the first save is not
+        charged process start-ups and imports. Local to this rank: no collective.
+
+        The writer's first job imports what saves need; meanwhile a torch object goes once through
+        NVRx's result queue, whose manager process would otherwise import torch (seconds) while
+        the first save's results wait.
+        """
+        if self._api is None or self._queue is not None:
+            return
+        self._queue = self._api.AsyncCallsQueue(persistent=True)
+        self._queue.schedule_async_request(self._api.AsyncRequest(_warm_up, (), []))
+        results = self._api.results_queue_module._get_write_results_queue()
+        results.put(MetadataIndex("nvrx-slo warm-up"))
+        results.get()
+        # no_dist: no collective, so ranks that warm up at different speeds cannot time out here
+        self._queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
+        self._check_worker()
+
+    def _worker(self) -> Any:
+        caller = getattr(self._queue, "persistent_caller", None)
+        return getattr(caller, "process", None)
+
+    def _check_worker(self) -> None:
+        process = self._worker()
+        if process is None:
+            return
+        alive = process.is_alive()
+        if alive != self._worker_alive:
+            self._worker_alive = alive
+            self.hooks.journal.emit(EventType.CHECKPOINT_WORKER, alive=alive, worker_pid=process.pid)
+        if not alive:
+            for pending in self._pending.values():
+                self._end(pending, time.monotonic(), "checkpoint worker died")
+            self._pending.clear()
+            raise CheckpointWorkerDied(f"NVRx checkpoint worker (pid {process.pid}) exited "
+                                       f"with code {process.exitcode}")
+
+    # --- saving -------------------------------------------------------------------------------
+
+    def save(self, state_dict: dict[str, Any], step: int) -> None:
+        """Save ``state_dict`` as the checkpoint of ``step``. Collective: call on every rank."""
+        ckpt = checkpoint_id(step)
+        path = self.root / ckpt
+        self.hooks.journal.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode=self.mode)
+        if self.mode == "sync":
+            self._save_sync(state_dict, ckpt, step, path)
+            return
+        try:
+            self._save_async(state_dict, ckpt, step, path)
+        except BaseException as exc:  # a fault mid-save (a peer died): the save is over, and failed
+            self._end(_Pending(ckpt, step, path), time.monotonic(), f"{type(exc).__name__}: {exc}"[:500])
+            raise
+
+    def _save_sync(self, state_dict: dict[str, Any], ckpt: str, step: int, path: Path) -> None:
+        t0 = time.monotonic()
+        error = None
+        try:
+            time.sleep(self.slow_storage_s)
+            dcp.save(state_dict, checkpoint_id=str(path))
+        except Exception as exc:  # DCP raises the same failure on every rank
+            error = f"{type(exc).__name__}: {exc}"[:500]
+        t1 = time.monotonic()
+        size = sum(t.numel() * t.element_size() for t in _local_tensors(state_dict))
+        self.hooks.journal.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=ckpt, plan_s=0.0, stage_s=t1 - t0, bytes=size)
+        self._end(_Pending(ckpt, step, path, error), t1, error)
+
+    def _save_async(self, state_dict: dict[str, Any], ckpt: str, step: int, path: Path) -> None:
+        api = self._api
+        if self._queue is None:
+            self.start()
+        self._check_worker()
+        rank = dist.get_rank()
+        t0 = time.monotonic()
+        writer = api.FileSystemWriterAsync(str(path), thread_count=1)
+        planned = api.save_state_dict_async_plan(state_dict, writer)
+        t1 = time.monotonic()
+        write, preload, args = writer.get_save_function_and_args()
+        args = list(args)
+        if cpu_shims.needed():
+            args[1] = cpu_shims.stage(args[1])
+            preload = None
+        size = _payload_bytes(args[1])
+        pending = _Pending(ckpt, step, path)
+
+        def finalize() -> None:  # NVRx calls it in the training thread once every rank's write is done
+            pending.error = _finalize(writer, planned)
+            pending.finalized = True
+            self.hooks.journal.emit(EventType.CHECKPOINT_FINALIZE, ckpt=ckpt, start=self._finalize_start)
+            self._finalize_start = time.monotonic()
+
+        request = api.AsyncRequest(_StampedWrite(write, str(_stamp_path(path, rank)), self.slow_storage_s), tuple(args), [finalize],
+                                   preload_fn=preload)
+        index = self._queue.schedule_async_request(request)
+        self._pending[index] = pending
+        t2 = time.monotonic()
+        self.hooks.journal.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=ckpt, plan_s=t1 - t0, stage_s=t2 - t1, bytes=size)
+
+    def poll(self, blocking: bool = False) -> None:
+        """Finalize saves whose background write is done on every rank. Collective; call between
+        steps (outside ``hooks.step``), on every rank, the same number of times."""
+        if self._queue is None:
+            return
+        self._check_worker()
+        if not self._pending:
+            return
+        self._finalize_start = time.monotonic()
+        self._queue.maybe_finalize_async_calls(blocking=blocking)
+        now = time.monotonic()
+        # NVRx 0.4.1 returns call index 0 for every finalized call: trust our own flags instead
+        for index in [i for i, p in self._pending.items() if p.finalized]:
+            pending = self._pending.pop(index)
+            self._end(pending, _read_stamp(pending.path, dist.get_rank(), now), pending.error)
+
+    def _end(self, pending: _Pending, written: float, error: str | None) -> None:
+        self.hooks.journal.emit(EventType.CHECKPOINT_END, ckpt=pending.ckpt, step=pending.step, ok=error is None,
+                                written=written, error=error)
+
+    def abandon(self, reason: str) -> None:
+        """After a fault (in-process restart): give up on saves in flight without any collective.
+
+        Waits for the writer to finish what it was handed (so the next save starts clean), journals
+        each abandoned save as failed, and keeps the worker for the next incarnation.
+        """
+        if self._queue is None or not self._pending:
+            return
+        caller = self._queue.persistent_caller
+        outstanding = len(self._queue.async_calls) - (1 if caller.cur_item is not None else 0)
+        for _ in range(outstanding):
+            try:
+                caller.comp_q.get(timeout=300)
+            except queue_module.Empty:
+                break
+        caller.cur_item = None
+        self._queue.async_calls.clear()
+        results = self._api.results_queue_module._results_queue
+        while results is not None:
+            try:
+                results.get_nowait()
+            except queue_module.Empty:
+                break
+        for pending in self._pending.values():
+            self._end(pending, _read_stamp(pending.path, dist.get_rank() if dist.is_initialized() else 0,
+                                           time.monotonic()), f"abandoned: {reason}")
+        self._pending.clear()
+
+    def close(self) -> None:
+        """Finish saves in flight (blocking) and stop the writer. Collective."""
+        if self._queue is None:
+            return
+        self.poll(blocking=True)
+        self._queue.close()
+        self._queue = None
+        self._worker_stopped()
+
+    def kill(self) -> None:
+        """On the way out after a fault: abandon saves in flight and stop the writer now, without
+        any collective (a live non-daemon worker would keep this process from exiting)."""
+        if self._queue is None:
+            return
+        self.abandon("process exiting after a fault")
+        process = self._worker()
+        if process is not None and process.is_alive():
+            process.kill()
+            process.join(timeout=10)
+        if self._queue.persistent_caller is not None:
+            self._queue.persistent_caller.process = None  # else its __del__ waits for the dead worker
+        self._queue = None
+        self._worker_stopped()
+
+    def _worker_stopped(self) -> None:
+        if self._worker_alive:
+            self._worker_alive = False
+            self.hooks.journal.emit(EventType.CHECKPOINT_WORKER, alive=False, worker_pid=None)
+
+
+def _local_tensors(state_dict: Any) -> list[torch.Tensor]:
+    if isinstance(state_dict, dict):
+        return [t for value in state_dict.values() for t in _local_tensors(value)]
+    if isinstance(state_dict, (list, tuple)):
+        return [t for value in state_dict for t in _local_tensors(value)]
+    if isinstance(state_dict, torch.Tensor):
+        local = state_dict.to_local() if hasattr(state_dict, "to_local") else state_dict
+        return [local]
+    return []
+
+
+def _finalize(writer: Any, planned: tuple[Any, Any, Any]) -> str | None:
+    """NVRx's ``save_state_dict_async_finalize``, made to fail the same way on every rank.
+
+    NVRx's version raises on the rank that saw a failure only, which leaves the others waiting in a
+    collective; here every rank gathers, the coordinator writes ``.metadata`` if all writes landed,
+    and its verdict is broadcast.
+    """
+    _, metadata, dist_wrapper = planned
+    try:
+        results: Any = writer.retrieve_write_results()
+    except Exception as exc:
+        results = f"{type(exc).__name__}: {exc}"[:500]
+    gathered = dist_wrapper.gather_object(results)
+    error = None
+    if dist_wrapper.is_coordinator:
+        failures = [r for r in gathered if isinstance(r, str)]
+        if failures:
+            error = f"write failed: {failures[0]}"
+        else:
+            try:
+                writer.finish(metadata, gathered)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"[:500]
+    return dist_wrapper.broadcast_object(error)
+
+
+# --- restore -----------------------------------------------------------------------------------
+
+def complete_checkpoints(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint under ``root``, newest first."""
+    found = []
+    for path in Path(root).glob("step-*"):
+        suffix = path.name.removeprefix("step-")
+        if suffix.isdigit() and (path / METADATA).is_file():
+            found.append((int(suffix), path))
+    return sorted(found, reverse=True)
+
+
+def _agree(ok: bool) -> bool:
+    """True only if ``ok`` on every rank (a load that failed anywhere failed everywhere)."""
+    if not dist.is_initialized():
+        return ok
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def restore(hooks: Hooks, root: str | os.PathLike[str], load: Callable[[Path], None]) -> int | None:
+    """Load the newest complete checkpoint with ``load(path)``; journal a ``restore`` span.
+
+    A checkpoint that fails to load on any rank is skipped for the previous one, with a journaled
+    warning; if none loads, training starts fresh. Returns the restored step, or None. Collective.
+    """
+    with hooks.restore() as restored:
+        reasons = []
+        for step, path in complete_checkpoints(root):
+            try:
+                load(path)
+                error = None
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"[:300]
+            if _agree(error is None):
+                restored.step, restored.path = step, str(path)
+                break
+            reasons.append(f"{path.name}: {error or 'failed on another rank'}")
+            hooks.warning(f"checkpoint {path.name} could not be loaded; trying an older one", path=str(path))
+        restored.fallback = "; ".join(reasons) or None
+    return restored.step

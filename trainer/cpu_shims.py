@@ -1,0 +1,91 @@
+"""Every CPU-only compatibility shim for NVRx, in one place, applied only when CUDA is absent.
+
+NVRx's async checkpointing (checked on 0.4.1) assumes a GPU in three places. On a CPU-only host
+(CI, the demo) these shims make the same code path run with gloo; on a GPU host ``apply`` does
+nothing and NVRx runs unmodified. Nothing is patched on disk: two methods are replaced in memory.
+
+1. ``AsyncCaller.sync_all_async_calls`` puts its "still writing?" flag on
+   ``torch.cuda.current_device()`` before an all-reduce  -> the flag lives on the CPU.
+2. ``AsyncRequest.execute_finalize_fns`` does the same with its call-index check
+   -> the index lives on the CPU.
+3. NVRx's preload (``FileSystemWriterAsync.preload_tensors(..., non_blocking=True)``) calls
+   ``torch.cuda.synchronize()``, and on CPU its ``.to("cpu")`` returns the *same* tensor, which
+   the spawned worker then reads after training has changed it: the save is not a snapshot.
+   ``stage`` replaces the preload: it copies every tensor once, in the training thread (counted
+   as blocking time), and the request carries no preload function.
+
+And one for ``inprocess.Wrapper``: NVRx versions after 0.4.1 run a GPU/NVLink health check before
+each in-process restart (``restart_health_check``); without a driver it fails and the rank
+terminates instead of restarting. ``wrapper_overrides`` gives those versions a check that passes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("nvrx_slo.cpu_shims")
+
+
+@functools.cache
+def needed() -> bool:
+    return not torch.cuda.is_available()
+
+
+def _sync_all_async_calls(self: Any, is_alive: int) -> bool:
+    flag = torch.tensor([is_alive], dtype=torch.int)
+    dist.all_reduce(flag)
+    return bool(flag[0] == 0)
+
+
+def _execute_finalize_fns(self: Any, validate_matching_call_idx: bool = True) -> int:
+    for finalize_fn in self.finalize_fns:
+        finalize_fn()
+    if validate_matching_call_idx:
+        index = torch.tensor([self.call_idx], dtype=torch.int)
+        dist.all_reduce(index, op=dist.ReduceOp.MAX)
+        if index.item() != self.call_idx:
+            raise RuntimeError("unmatched async checkpoint calls: not all ranks finalize the same save")
+    return int(self.call_idx)
+
+
+_applied: list[str] = []
+
+
+def apply(api: SimpleNamespace) -> list[str]:
+    """Install shims 1 and 2 on NVRx's classes when CUDA is absent; return their names."""
+    if not needed() or _applied:
+        return list(_applied)
+    api.AsyncCaller.sync_all_async_calls = _sync_all_async_calls
+    api.AsyncRequest.execute_finalize_fns = _execute_finalize_fns
+    _applied[:] = ["AsyncCaller.sync_all_async_calls", "AsyncRequest.execute_finalize_fns"]
+    log.info("nvrx-slo: no CUDA; NVRx async checkpointing runs with CPU shims: %s", ", ".join(_applied))
+    return list(_applied)
+
+
+def stage(write_buckets: list[Any]) -> list[Any]:
+    """Shim 3: a private copy of every tensor the writer will save (one ``clone`` each)."""
+    staged = []
+    for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
+        copies = [(item, tensor.detach().clone()) for item, tensor in tensor_data]
+        staged.append((file_name, storage_key, (bytes_data, copies)))
+    return staged
+
+
+def wrapper_overrides(inprocess: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Extra ``inprocess.Wrapper`` arguments for a CPU-only host (none on GPU hosts or on 0.4.1)."""
+    from trainer import nvrx_compat
+
+    if not needed() or "restart_health_check" in kwargs or not nvrx_compat.wrapper_accepts("restart_health_check"):
+        return {}
+
+    class NoGpuHealthCheck(inprocess.health_check.HealthCheck):
+        def __call__(self, state: Any) -> Any:
+            return state
+
+    return {"restart_health_check": NoGpuHealthCheck()}

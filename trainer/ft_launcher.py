@@ -1,0 +1,144 @@
+"""``nvrx-slo ft-launcher ARGS…``: NVRx's ft_launcher, unchanged, with its own events journaled.
+
+Every argument goes to ``nvidia_resiliency_ext.fault_tolerance.launcher.main`` untouched (a
+wrong flag is reported by ft_launcher's own parser, naming the flag). Before calling it, this
+entry point installs two handlers through torchelastic's public extension points — nothing is
+patched on disk or in memory:
+
+* a torchelastic *metrics* handler (``metrics.configure``): the agent publishes
+  ``workers.<role>.<state>`` every monitor cycle and ``<Agent>.<method>.duration.ms`` when each
+  profiled method returns; and
+* a *rendezvous events* handler (the ``dynamic_rendezvous`` log destination).
+
+They map to journal events (``rank`` null) at the instant they happen:
+
+=================================== ===============================================================
+``launcher_failure_detected``       the monitor saw the worker group FAILED or UNHEALTHY
+``launcher_workers_terminated``     ``_stop_workers`` returned (all local workers are gone)
+``launcher_rendezvous_start``       the node asks to join the next rendezvous round
+``launcher_rendezvous_done``        the node joined the round (ranks assigned)
+``launcher_worker_start``           ``_start_workers`` returned (new worker processes exist)
+``launcher_metric``                 every other metric, when its value changes (``name``, ``value``)
+=================================== ===============================================================
+
+The launcher's ``restart`` field counts detected failures, so the events of recovering from the
+k-th failure carry ``restart`` = k, the ``TORCHELASTIC_RESTART_COUNT`` of the workers it starts.
+The journal directory comes from ``$NVRX_SLO_JOURNAL_DIR`` (ft_launcher owns the command line).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from typing import Any
+
+from trainer import nvrx_compat
+from trainer.journal import Journal, open_journal
+from trainer.schema import EventType
+
+_FAILED_STATES = ("failed", "unhealthy")
+_NOISY = ("_monitor_workers", "remaining_restarts")  # published every monitor cycle; unchanged values skipped
+
+
+class LauncherJournal:
+    """Turns torchelastic metrics and rendezvous events into launcher journal events."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.failures = 0
+        self._last: dict[str, Any] = {}
+        self._state: str | None = None
+        self._lock = threading.Lock()
+
+    def metric(self, name: str, value: Any) -> None:
+        """One torchelastic metric data point (group ignored: names are unique)."""
+        try:
+            with self._lock:
+                self._metric(name, value)
+        except Exception:  # never raise into the launcher
+            self.journal.errors += 1
+
+    def _metric(self, name: str, value: Any) -> None:
+        parts = name.split(".")
+        if parts[0] == "workers" and len(parts) == 3 and parts[2] not in ("remaining_restarts", "run_total"):
+            state = parts[2]
+            if state in _FAILED_STATES and self._state not in _FAILED_STATES:
+                self.journal.emit(EventType.LAUNCHER_FAILURE_DETECTED)
+                self.failures += 1
+                self.journal.update(restart=self.failures)
+            self._state = state
+            return
+        if name.endswith("._stop_workers.duration.ms"):
+            self.journal.emit(EventType.LAUNCHER_WORKERS_TERMINATED)
+        elif name.endswith("._start_workers.duration.ms"):
+            self.journal.emit(EventType.LAUNCHER_WORKER_START)
+        if any(noisy in name for noisy in _NOISY) and self._last.get(name) == value:
+            return
+        self._last[name] = value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.journal.emit(EventType.LAUNCHER_METRIC, name=name, value=value)
+
+    def rendezvous_event(self, serialized: str) -> None:
+        """One torchelastic ``RdzvEvent`` (JSON) from the rendezvous handler."""
+        try:
+            event = json.loads(serialized)
+            if not str(event.get("name", "")).endswith(".next_rendezvous") or event.get("node_state") != "RUNNING":
+                return
+            if event.get("rank") is None:
+                self.journal.emit(EventType.LAUNCHER_RENDEZVOUS_START)
+            else:
+                self.journal.emit(EventType.LAUNCHER_RENDEZVOUS_DONE)
+        except Exception:  # never raise into the launcher
+            self.journal.errors += 1
+
+
+def install(target: LauncherJournal) -> bool:
+    """Register ``target`` with torchelastic's metrics and rendezvous-event handlers."""
+    elastic = nvrx_compat.elastic()
+    if elastic is None:
+        return False
+    metrics = elastic.metrics
+
+    class MetricHandler(metrics.MetricHandler):
+        def emit(self, metric_data: Any) -> None:
+            target.metric(metric_data.name, metric_data.value)
+
+    class RendezvousHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            target.rendezvous_event(record.getMessage())
+
+    metrics.configure(MetricHandler())  # the default group: every put_metric and @prof
+    elastic.event_handlers["dynamic_rendezvous"] = RendezvousHandler()
+    return True
+
+
+def _max_restarts(launcher: Any, argv: list[str]) -> int | None:
+    try:
+        args, _ = launcher.get_args_parser().parse_known_args(argv)
+        return int(args.max_restarts)
+    except (Exception, SystemExit):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    launcher = nvrx_compat.launcher()
+    if launcher is None:
+        print("nvrx-slo ft-launcher: nvidia-resiliency-ext is not installed", file=sys.stderr)
+        return 2
+    journal = open_journal(launcher=True)
+    target = LauncherJournal(journal)
+    install(target)
+    journal.emit(EventType.LAUNCHER_START, max_restarts=_max_restarts(launcher, argv))
+    code = 1
+    try:
+        launcher.main(argv)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        journal.emit(EventType.LAUNCHER_EXIT, code=code)
+        journal.close()
+    return code

@@ -1,0 +1,110 @@
+"""Journaling callbacks for NVRx ``inprocess.Wrapper``, composed with the user's own.
+
+``wrapper_kwargs(journal, **user_kwargs)`` returns the keyword arguments for ``Wrapper(...)``
+with every callback (``abort``, ``finalize``, ``rank_assignment``, ``initialize``, ``completion``,
+``terminate``) composed with the user's (or NVRx's default), so one restart leaves, in order:
+
+========================== ================= ===============================================
+event                      thread            meaning
+========================== ================= ===============================================
+``inprocess_abort``        monitor thread    fault detected (earliest instant; runs first)
+``inprocess_finalize``     main thread       teardown done; ``cause`` = the fn's exception
+``inprocess_rank_assignment`` main thread    survivors re-assigned (the rendezvous is done);
+                                             ``cause`` = interruption records per rank
+``inprocess_initialize``   main thread       ``iter`` > 0: restart complete, fn re-entered
+``inprocess_completion``   main thread       the wrapped function finished everywhere
+``inprocess_terminate``    main thread       the Wrapper gave up on this rank
+========================== ================= ===============================================
+
+Each callback journals and returns its input. None raises (a failure is counted by the
+journal), none blocks, and the abort callback (monitor thread) touches nothing but the journal —
+never ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer import cpu_shims, nvrx_compat
+from trainer.journal import Journal
+from trainer.schema import EventType
+
+
+def _cause(exc: BaseException | None) -> str | None:
+    return None if exc is None else f"{type(exc).__name__}: {exc}"[:300]
+
+
+def wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
+    """``inprocess.Wrapper`` keyword arguments: ``kwargs`` with journaling composed into each callback.
+
+    Callbacks the caller leaves out keep NVRx's defaults (``AbortTorchDistributed`` for abort,
+    ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest). On a
+    host without CUDA, NVRx versions that run a GPU health check before each restart get one that
+    passes (see ``cpu_shims``).
+    """
+    ip = nvrx_compat.inprocess()
+    if ip is None:
+        return kwargs
+    ra = ip.rank_assignment
+
+    class JournalAbort(ip.abort.Abort):
+        def __call__(self, state: Any) -> Any:
+            journal.emit(EventType.INPROCESS_ABORT)
+            return state
+
+    class JournalFinalize(ip.finalize.Finalize):
+        def __call__(self, state: Any) -> Any:
+            journal.emit(EventType.INPROCESS_FINALIZE, cause=_cause(getattr(state, "fn_exception", None)))
+            return state
+
+    class JournalRankAssignment(ra.RankAssignment):
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __call__(self, ctx: Any) -> Any:
+            self.calls += 1
+            if self.calls > 1:  # the first call assigns the initial ranks: no restart yet
+                try:
+                    records = ctx.store.get_interruption_records()
+                    cause = "; ".join(f"rank {r.rank}: {r.interruption.name}" for r in records) or None
+                except Exception as exc:
+                    cause = _cause(exc)
+                journal.emit(EventType.INPROCESS_RANK_ASSIGNMENT, cause=cause)
+            return ctx
+
+    class JournalInitialize(ip.initialize.Initialize):
+        def __call__(self, state: Any) -> Any:
+            if state.rank is not None:
+                journal.update(iter=state.iteration, rank=state.rank)
+            else:
+                journal.update(iter=state.iteration)
+            journal.emit(EventType.INPROCESS_INITIALIZE)
+            return state
+
+    class JournalCompletion(ip.completion.Completion):
+        def __call__(self, state: Any) -> Any:
+            journal.emit(EventType.INPROCESS_COMPLETION)
+            return state
+
+    class JournalTerminate(ip.terminate.Terminate):
+        def __call__(self, state: Any) -> Any:
+            journal.emit(EventType.INPROCESS_TERMINATE, cause=_cause(getattr(state, "fn_exception", None)))
+            return state
+
+    kwargs = dict(kwargs)
+    defaults = {"abort": ip.abort.AbortTorchDistributed(),
+                "rank_assignment": ip.Compose(ra.ActivateAllRanks(), ra.ShiftRanks())}
+    # Compose(a, b)(x) == a(b(x)): the journal runs first for abort (earliest "fault detected"),
+    # last for the others ("... done").
+    ours = {"abort": JournalAbort(), "finalize": JournalFinalize(), "rank_assignment": JournalRankAssignment(),
+            "initialize": JournalInitialize(), "completion": JournalCompletion(), "terminate": JournalTerminate()}
+    for name, callback in ours.items():
+        user = kwargs.get(name, defaults.get(name))
+        if user is None:
+            kwargs[name] = callback
+        elif name == "abort":
+            kwargs[name] = ip.Compose(user, callback)
+        else:
+            kwargs[name] = ip.Compose(callback, user)
+    kwargs.update(cpu_shims.wrapper_overrides(ip, kwargs))
+    return kwargs
