@@ -1,0 +1,256 @@
+"""End to end on loopback: a real job breaches its SLO and a page reaches a webhook.
+
+The chain, all real: the reference FSDP job (2 CPU ranks under ft_launcher, journaling through
+the trainer hooks) → ``nvrx-slo sidecar`` (/metrics) → Prometheus 2.42 (static scrape, 1 s scrape
+and evaluation) with the rules ``nvrx-slo generate alerts`` writes for this test's spec →
+Alertmanager 0.25 with the generated config → the webhook receiver below (pager and ticket paths).
+
+The spec is the default with a 5-day period: every window scales by 1/6 (1h → 10 min, 5m →
+50 s), so a breach pages within a minute or two while a healthy run's start-up — tens of
+seconds of ``init`` per rank on a busy 2-core machine, all badput — stays far below the 14.4%
+of ten minutes a page needs. The breach is synchronous checkpoints on slow storage: the loop is
+blocked most of the time, burning the efficiency budget far beyond 14.4×.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from alerts import generate, spec
+from alerts.conventions import Alert
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMESPACE = "nvrx-e2e"
+PERIOD = "5d"
+PAGE_TIMEOUT_S = 240.0  # the job's start-up alone can take a minute on a loaded machine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(check: Any, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f}s")
+
+
+def _ready(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=1) as resp:
+        return resp.status == 200
+
+
+@dataclass
+class Webhook:
+    """Alertmanager's webhook receiver: records every notification by path (/pager, /ticket)."""
+
+    port: int
+    received: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def notifications(self, path: str, job_name: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [n for p, n in self.received if p == path and n["groupLabels"].get("job_name") == job_name]
+
+
+def _serve_webhook() -> tuple[Webhook, ThreadingHTTPServer]:
+    hook = Webhook(0)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with hook.lock:
+                hook.received.append((self.path, body))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    hook.port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return hook, server
+
+
+def _stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
+    """SIGTERM (the whole process group this test started, for a job), then SIGKILL if it lingers."""
+    if proc.poll() is not None:
+        return
+    send = (lambda sig: os.killpg(proc.pid, sig)) if group else proc.send_signal
+    send(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait()
+
+
+@dataclass
+class Stack:
+    tmp: Path
+    prometheus: str  # base URL
+    webhook: Webhook
+    sidecar_ports: dict[str, int]
+    spec: spec.Spec
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"{self.prometheus}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            answer = json.load(resp)
+        assert answer["status"] == "success", answer
+        return answer["data"]["result"]
+
+
+def _e2e_spec(tmp: Path, hook: Webhook) -> Path:
+    data = yaml.safe_load(spec.DEFAULT_PATH.read_text())
+    data.update(period=PERIOD, min_window="4s", evaluation_interval="1s")
+    data["alertmanager"].update(
+        pager_url=f"http://127.0.0.1:{hook.port}/pager", ticket_url=f"http://127.0.0.1:{hook.port}/ticket",
+        group_wait="1s", group_interval="1s",
+    )
+    path = tmp / "slo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+JOBS = ("healthy", "breach")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("alerts-e2e")
+    hook, server = _serve_webhook()
+    spec_file = _e2e_spec(tmp, hook)
+    assert generate.main(["--spec", str(spec_file), "--root", str(tmp)]) == 0  # the real CLI entry point
+    sidecar_ports = {job: _free_port() for job in JOBS}
+    am_port, prom_port = _free_port(), _free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(subprocess.Popen(
+            ["prometheus-alertmanager", f"--config.file={tmp / generate.ALERTMANAGER}", f"--storage.path={tmp / 'am'}",
+             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp / "alertmanager.log", "wb")))
+        config = tmp / "prometheus.yml"
+        config.write_text(json.dumps({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(tmp / generate.RULES)],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+            "scrape_configs": [{"job_name": "nvrx-slo", "honor_labels": True, "static_configs": [
+                {"targets": [f"127.0.0.1:{port}" for port in sidecar_ports.values()]}]}],
+        }))
+        procs.append(subprocess.Popen(
+            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb")))
+        _wait_for(lambda: _ready(f"http://127.0.0.1:{am_port}/-/ready"), "Alertmanager ready", 30)
+        _wait_for(lambda: _ready(f"http://127.0.0.1:{prom_port}/-/ready"), "Prometheus ready", 30)
+        yield Stack(tmp, f"http://127.0.0.1:{prom_port}", hook, sidecar_ports, spec.load(spec_file))
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        server.shutdown()
+
+
+@dataclass
+class Run:
+    job: subprocess.Popen[bytes]
+    sidecar: subprocess.Popen[bytes]
+    started: float
+
+
+def _start(stack: Stack, job_name: str, *job_args: str) -> Run:
+    """The job's pod on loopback: the sidecar and ft_launcher with 2 ranks, sharing a journal."""
+    tmp = stack.tmp / job_name
+    journal = tmp / "journal"
+    journal.mkdir(parents=True)
+    env = {**os.environ, "NVRX_SLO_JOURNAL_DIR": str(journal), "NVRX_SLO_JOB": job_name, "POD_NAMESPACE": NAMESPACE,
+           "POD_NAME": f"{job_name}-0", "HOSTNAME": f"{job_name}-0", "PYTHONUNBUFFERED": "1"}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    sidecar = subprocess.Popen(
+        [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal), "--host", "127.0.0.1",
+         "--port", str(stack.sidecar_ports[job_name]), "--poll-interval", "0.25", "--state-file", str(tmp / "state.json")],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "sidecar.log", "wb"))
+    job = subprocess.Popen(
+        [sys.executable, "-m", "nvrx_slo", "ft-launcher", "--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
+         "-m", "trainer.reference_job", "--checkpoint-dir", str(tmp / "ckpt"), *job_args],
+        env=env, stdout=open(tmp / "job.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    return Run(job, sidecar, time.monotonic())
+
+
+def _finish(run: Run) -> None:
+    _stop(run.job, group=True)
+    _stop(run.sidecar)
+
+
+def _max_burn(stack: Stack, job_name: str, window: str) -> float:
+    """The highest 1h-equivalent burn rate Prometheus recorded for the job while it ran."""
+    record = f"namespace_job_name:nvrx_slo_burn_rate:rate{window}"
+    result = stack.query(f'max_over_time({record}{{slo="efficiency", job_name="{job_name}"}}[1h])')
+    assert result, f"no {record} was ever recorded for {job_name}: the SLI was not measured"
+    return float(result[0]["value"][1])
+
+
+def _page_window(stack: Stack) -> str:
+    from alerts import duration  # the 1h window of the page policy, scaled to the period
+    return duration.format(stack.spec.burn_windows[0].long)
+
+
+def test_a_healthy_run_pages_nothing(stack: Stack) -> None:
+    run = _start(stack, "healthy", "--steps", "20", "--checkpoint-every", "5")
+    try:
+        assert run.job.wait(timeout=PAGE_TIMEOUT_S) == 0, (stack.tmp / "healthy" / "job.log").read_text()[-3000:]
+        time.sleep(8)  # the last scrapes, evaluations and any notification land
+    finally:
+        _finish(run)
+    burn = _max_burn(stack, "healthy", _page_window(stack))
+    assert 0 < burn < stack.spec.burn_windows[0].factor, f"a healthy run burnt at {burn:.1f}×"
+    assert stack.webhook.notifications("/pager", "healthy") == []
+
+
+def test_a_breach_pages_with_the_job_labels_and_a_runbook(stack: Stack) -> None:
+    run = _start(stack, "breach", "--steps", "2000", "--checkpoint-every", "2", "--checkpoint-mode", "sync",
+                 "--slow-storage", "3")
+    try:
+        _wait_for(lambda: stack.webhook.notifications("/pager", "breach"), "a page for the breach", PAGE_TIMEOUT_S)
+        paged_after = time.monotonic() - run.started
+    finally:
+        _finish(run)
+    notification = stack.webhook.notifications("/pager", "breach")[0]
+    assert notification["status"] == "firing"
+    assert notification["groupLabels"] == {"namespace": NAMESPACE, "job_name": "breach"}
+    alert, = [a for a in notification["alerts"] if a["labels"]["alertname"] == Alert.EFFICIENCY_BURN.value]
+    assert alert["labels"] == {"alertname": Alert.EFFICIENCY_BURN.value, "namespace": NAMESPACE, "job_name": "breach",
+                               "severity": "critical", "slo": "efficiency"}
+    runbook = alert["annotations"]["runbook_url"]
+    assert runbook == stack.spec.runbook_url.replace("{alert}", Alert.EFFICIENCY_BURN.value)
+    assert (ROOT / "docs" / "runbooks" / runbook.rsplit("/", 1)[1]).exists()
+    assert f"{NAMESPACE}/breach spends its training efficiency error budget" in alert["annotations"]["description"]
+    print(f"paged {paged_after:.0f}s after the breach job started")
