@@ -33,7 +33,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from exporter import identity as identity_mod
-from exporter import nvml, otlp, podwatch, slo_report, state_store, status_page
+from exporter import nvml, podwatch, slo_report, state_store, status_page
 from exporter.collector import SnapshotCollector
 from exporter.engine import Engine
 from exporter.exposition import CONTENT_TYPE, TextRenderer
@@ -179,6 +179,8 @@ class Sidecar:
         watcher = podwatch.start(self.identity, self.live.observe_containers)
         provider = None
         if self.config.otlp_endpoint:
+            from exporter import otlp  # only then: opentelemetry costs ~9 MB and 0.2 s to import
+
             provider = otlp.start(self.view, self.identity, endpoint=self.config.otlp_endpoint,
                                   interval_s=self.config.otlp_interval_s, per_rank=self.config.per_rank,
                                   max_ranks=self.config.max_ranks)

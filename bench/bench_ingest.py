@@ -1,0 +1,91 @@
+"""Ingest benchmark: replay a generated ~1M-event journal through the sidecar's reader and engine, on one core.
+
+Side by side, in one run, over the same files (each variant run ``--repeat`` times, interleaved,
+best kept: the development machine is shared):
+  json        read + ``schema.decode`` (stdlib json + the contract's validation) per line: the naive baseline
+  tail        the sidecar's reader (merge by time, orjson, fast validation), records dropped
+  tail+engine the sidecar's reader into the accounting engine (what the sidecar does)
+
+Usage: .venv/bin/python bench/bench_ingest.py [--events 1000000] [--ranks 8] [--repeat 3] [--dir DIR]
+Target (issue 3): tail+engine >= 200k events/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import synthetic_journal  # noqa: E402
+from exporter.engine import Engine  # noqa: E402
+from exporter.live import Live  # noqa: E402
+from exporter.tail import JournalTail  # noqa: E402
+from trainer import schema  # noqa: E402
+
+TARGET = 200_000
+
+
+def naive(directory: Path) -> int:
+    n = 0
+    for path in sorted(directory.glob("*.jsonl")):
+        with open(path, "rb") as f:
+            for line in f:
+                schema.decode(line)
+                n += 1
+    return n
+
+
+def tail_only(directory: Path) -> int:
+    return JournalTail(directory).poll(lambda records: None)
+
+
+def tail_engine(directory: Path) -> int:
+    live = Live(Engine(), JournalTail(directory))
+    n = live.poll()
+    snap = live.view().snapshot
+    assert snap.events_accepted == n, (snap.events_accepted, n)
+    return n
+
+
+def timed(fn, directory: Path) -> tuple[int, float]:
+    start = time.perf_counter()
+    n = fn(directory)
+    return n, time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=3, help="runs of each variant; the best counts")
+    p.add_argument("--dir", type=Path, default=None, help="where to write the journal (default: a temp dir)")
+    args = p.parse_args()
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = args.dir or Path(tmp) / "journal"
+        steps = int(args.events / args.ranks / (1 + 3 / 50))  # step + a save (3 events) every 50 steps
+        t = time.perf_counter()
+        events = synthetic_journal.write(directory, args.ranks, steps, restart_at=steps // 2)
+        size = sum(f.stat().st_size for f in directory.glob("*.jsonl"))
+        print(f"journal: {events} events, {args.ranks} ranks, {size / 1e6:.0f} MB, generated in "
+              f"{time.perf_counter() - t:.1f} s; one core (cpu {sorted(os.sched_getaffinity(0))[0]})")
+        results: dict[str, float] = {}
+        for _ in range(args.repeat):  # interleaved; best of N, as the machine may be shared
+            for name, fn in (("json", naive), ("tail", tail_only), ("tail+engine", tail_engine)):
+                n, seconds = timed(fn, directory)
+                assert n == events, (name, n, events)
+                results[name] = max(results.get(name, 0.0), n / seconds)
+        base = results["json"]
+        for name, rate in results.items():
+            print(f"  {name:<12} {rate:>10,.0f} events/s  ({rate / base:.2f}x json)")
+        verdict = "PASS" if results["tail+engine"] >= TARGET else "FAIL"
+        print(f"{verdict}: sidecar ingest {results['tail+engine']:,.0f} events/s (target >= {TARGET:,})")
+
+
+if __name__ == "__main__":
+    main()
