@@ -40,7 +40,7 @@ def _summary(spec: Spec) -> list[object]:
                steps=((None, p.GREEN), (1.0, p.RED)), w=4),
         p.stat("Write throughput", "Bytes written per second of background writing since job start "
                "(durable bytes / background seconds), all pods: the storage speed a save sees.",
-               [p.Query(f"{q.by((), q.series(cat.CKPT_BYTES))} / {q.by((), q.series(cat.CKPT_BACKGROUND, '_sum'))}")],
+               [p.Query(f"{q.by((), q.series(cat.CKPT_BYTES))} / ({q.by((), q.series(cat.CKPT_BACKGROUND, '_sum'))} > 0)")],
                p.BYTES_PER_SECOND, w=4),
     ]
 

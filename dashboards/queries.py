@@ -112,16 +112,24 @@ def by(labels: tuple[str, ...] | str, expr: str, op: str = "sum") -> str:
 
 
 def mean_per_event(metric: Metric, labels: tuple[str, ...] = (), window: str | None = None) -> str:
-    """Mean of a histogram's observations: over a window, or since job start when ``window`` is None."""
+    """Mean of a histogram's observations: over a window, or since job start when ``window`` is None.
+
+    Only where there were observations: a level that never restarted has no mean, not NaN.
+    """
     if window is None:
-        return f"{by(labels, series(metric, '_sum'))} / {by(labels, series(metric, '_count'))}"
-    return f"{by(labels, rate(metric, window, '_sum'))} / {by(labels, rate(metric, window, '_count'))}"
+        total, count = by(labels, series(metric, "_sum")), by(labels, series(metric, "_count"))
+    else:
+        total, count = by(labels, rate(metric, window, "_sum")), by(labels, rate(metric, window, "_count"))
+    return f"{total} / ({count} > 0)"
 
 
 def quantile(q: float, metric: Metric, labels: tuple[str, ...] = (), window: str | None = None) -> str:
-    """``histogram_quantile`` over a window, or over every observation since job start."""
-    buckets = series(metric, "_bucket") if window is None else rate(metric, window, "_bucket")
-    return f"histogram_quantile({q}, {by((*labels, LE_LABEL), buckets)})"
+    """``histogram_quantile`` over a window, or over every observation since job start; none without observations."""
+    if window is None:
+        buckets, count = series(metric, "_bucket"), by(labels, series(metric, "_count"))
+    else:
+        buckets, count = rate(metric, window, "_bucket"), by(labels, rate(metric, window, "_count"))
+    return f"histogram_quantile({q}, {by((*labels, LE_LABEL), buckets)}) and on({', '.join(labels)}) ({count} > 0)"
 
 
 # --- time accounting -------------------------------------------------------------------------

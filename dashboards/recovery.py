@@ -20,7 +20,7 @@ _PHASE = (q.LEVEL_LABEL, q.PHASE_LABEL)
 def _within(threshold_s: float) -> str:
     """Share of restarts since job start back within ``threshold_s`` (a bucket bound, in either spelling)."""
     fast = q.series(cat.RESTART_DURATION, "_bucket", le=q.Regex(le_regex(threshold_s)))
-    return f"{q.by((), fast)} / {q.by((), q.series(cat.RESTART_DURATION, '_count'))}"
+    return f"{q.by((), fast)} / ({q.by((), q.series(cat.RESTART_DURATION, '_count'))} > 0)"
 
 
 def _summary(spec: Spec) -> list[object]:
