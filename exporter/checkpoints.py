@@ -7,13 +7,13 @@ histograms take one observation per rank per save. A save (checkpoint id) is dur
 rank that started it ended ok, failed when any rank's end is not ok, and abandoned for a rank
 whose process died before its end. Each quantity is a pure function of the events seen, so the
 order they arrive in does not matter; a save enters the histograms, ``saves`` and
-``bytes_total`` once all its ranks are done and the newest event in the pod is ``window``
-seconds past its last end (or the job finished).
+``bytes_total`` once nothing can join it any more (see ``Checkpoints.fold``) or the job finished.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from bisect import insort
+from collections.abc import Callable
 from typing import Any
 
 from exporter.catalogue import CHECKPOINT_BUCKETS
@@ -22,12 +22,17 @@ from exporter.snapshot import CheckpointRecord
 
 RECENT = 32
 
-# one process's part of a save, keyed (rank, pid): [pid, start, step, mode, scheduled, bytes, finalize_s, end, written, written_wall, ok]
-PID, START, STEP, MODE, SCHED, BYTES, FINALIZE, END, WRITTEN, WRITTEN_WALL, OK = range(11)
+# one process's part of a save, keyed (rank, pid):
+# [pid, start, step, mode, scheduled, bytes, finalize_s, end, written, written_wall, ok, newest record's mono]
+PID, START, STEP, MODE, SCHED, BYTES, FINALIZE, END, WRITTEN, WRITTEN_WALL, OK, LAST = range(12)
 
 
 def _part() -> list[Any]:
-    return [None, None, None, "", None, 0, 0.0, None, None, None, None]
+    return [None, None, None, "", None, 0, 0.0, None, None, None, None, float("-inf")]
+
+
+def _began(parts: dict[tuple[int, int], list[Any]]) -> float:
+    return min(p[START] if p[START] is not None else p[LAST] for p in parts.values())
 
 
 def _key(text: str) -> tuple[int, int]:
@@ -36,8 +41,11 @@ def _key(text: str) -> tuple[int, int]:
 
 
 class Checkpoints:
-    def __init__(self) -> None:
-        self.open: dict[str, dict[tuple[int, int], list[Any]]] = {}  # ckpt id -> rank -> part
+    def __init__(self, window: float) -> None:
+        self.window = window
+        # "<restart>/<iter>/<ckpt id>" -> (rank, pid) -> part. A restarted job may save an id
+        # again after a rollback: the restart count and Wrapper iteration tell the saves apart.
+        self.open: dict[str, dict[tuple[int, int], list[Any]]] = {}
         self.blocking = Buckets(CHECKPOINT_BUCKETS)
         self.background = Buckets(CHECKPOINT_BUCKETS)
         self.saves = 0
@@ -47,29 +55,36 @@ class Checkpoints:
         self.last_wall: float | None = None
         self.last_step: int | None = None
         self.first_written: float | None = None
-        self.recent: deque[CheckpointRecord] = deque(maxlen=RECENT)
-        self.ended_since_fold = False
+        self.recent: list[tuple[float, str, CheckpointRecord]] = []  # (began, key, record), oldest first
+        self.due = float("inf")  # no save can fold before the pod's newest record reaches this
 
     def add(self, rec: dict[str, Any]) -> None:
         """One checkpoint_* event of a rank (checkpoint_worker is the ledger's)."""
-        parts = self.open.setdefault(rec["ckpt"], {})
+        parts = self.open.setdefault(f'{rec["restart"]}/{rec["iter"]}/{rec["ckpt"]}', {})
         key = (rec["rank"], rec["pid"])  # a restarted process may save the same id again
         part = parts.get(key)
         if part is None:
             part = parts[key] = _part()
             part[PID] = rec["pid"]
-        kind = rec["type"]
+        kind, mono = rec["type"], rec["mono"]
+        part[LAST] = max(part[LAST], mono)
+        self.due = min(self.due, part[LAST] + self.window)
+        # Each field combines commutatively (min, max, sum, and), so arrival order cannot matter;
+        # a process that saves one id twice in one iteration (a retry) gets one part for both.
         if kind == "checkpoint_start":
-            part[START], part[STEP], part[MODE] = rec["mono"], rec["step"], rec["mode"]
+            part[START] = mono if part[START] is None else min(part[START], mono)
+            part[STEP], part[MODE] = max(rec["step"], part[STEP] or 0), rec["mode"]
         elif kind == "checkpoint_scheduled":
-            part[SCHED], part[BYTES] = rec["mono"], rec["bytes"]
+            part[SCHED] = mono if part[SCHED] is None else max(part[SCHED], mono)
+            part[BYTES] = max(part[BYTES], rec["bytes"])
         elif kind == "checkpoint_finalize":
-            part[FINALIZE] += max(0.0, rec["mono"] - rec["start"])
+            part[FINALIZE] += max(0.0, mono - rec["start"])
         else:  # checkpoint_end
-            self.ended_since_fold = True
-            part[END], part[STEP], part[OK] = rec["mono"], rec["step"], rec["ok"]
-            part[WRITTEN] = rec["written"]
-            part[WRITTEN_WALL] = rec["wall"] - (rec["mono"] - rec["written"])
+            part[OK] = rec["ok"] and part[OK] is not False  # one failure fails the part
+            part[STEP] = max(rec["step"], part[STEP] or 0)
+            if part[END] is None or mono > part[END]:
+                part[END], part[WRITTEN] = mono, rec["written"]
+                part[WRITTEN_WALL] = rec["wall"] - (mono - rec["written"])
 
     @staticmethod
     def _blocking(part: list[Any]) -> float | None:
@@ -83,7 +98,7 @@ class Checkpoints:
             return None
         return max(0.0, part[WRITTEN] - part[SCHED])
 
-    def record(self, ckpt: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int]) -> CheckpointRecord:
+    def record(self, key: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int]) -> CheckpointRecord:
         ends = [p for p in parts.values() if p[END] is not None]
         failed = any(p[OK] is False for p in ends)
         pending = any(p[END] is None and live.get(r) == pid for (r, pid), p in parts.items())
@@ -93,7 +108,7 @@ class Checkpoints:
         steps = [p[STEP] for p in parts.values() if p[STEP] is not None]
         modes = [p[MODE] for p in parts.values() if p[MODE]]
         return CheckpointRecord(
-            ckpt=ckpt, step=max(steps) if steps else -1, mode=modes[0] if modes else "",
+            ckpt=key.split("/", 2)[2], step=max(steps) if steps else -1, mode=modes[0] if modes else "",
             blocking_s=max(blocking) if blocking else None, background_s=max(background) if background else None,
             ok=False if failed else (None if pending or not ends else True),
             bytes=sum(p[BYTES] for p in parts.values()), written_wall=max(walls) if walls else None,
@@ -102,9 +117,9 @@ class Checkpoints:
     def _done(self, parts: dict[tuple[int, int], list[Any]], live: dict[int, int]) -> bool:
         return all(p[END] is not None or live.get(r) != pid for (r, pid), p in parts.items())
 
-    def _fold_one(self, ckpt: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int],
+    def _fold_one(self, key: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int],
                   blocking: Buckets, background: Buckets) -> tuple[CheckpointRecord, bool]:
-        record = self.record(ckpt, parts, live)
+        record = self.record(key, parts, live)
         for part in parts.values():
             b = self._blocking(part)
             if b is not None:
@@ -114,12 +129,26 @@ class Checkpoints:
                 background.observe(g)
         return record, record.ok is True
 
-    def fold(self, newest: float, window: float, live: dict[int, int]) -> None:
-        self.ended_since_fold = False
+    def fold(self, newest: float, live: dict[int, int], pid_at: Callable[[int, float], int | None]) -> None:
+        """Move saves into the history once nothing can join them any more: every part is done,
+        the newest record in the pod is ``window`` past the save's newest record, and every rank
+        without a part was not running, at the save's start, the process it runs now
+        (``pid_at(rank, mono)``: the rank's process at that instant).
+
+        Call it before adding a record whenever ``newest >= due`` (and after a rank's process
+        changed), so that a later save of the same id never joins one that is over."""
+        due = float("inf")
         for ckpt in list(self.open):
             parts = self.open[ckpt]
-            ends = [p[END] for p in parts.values() if p[END] is not None]
-            if not self._done(parts, live) or (ends and max(ends) + window > newest):
+            last = max(p[LAST] for p in parts.values()) + self.window
+            if last > newest:
+                due = min(due, last)
+                continue
+            if not self._done(parts, live):
+                continue  # re-armed by its next record or a process change
+            ranks = {rank for rank, _ in parts}
+            begun = _began(parts)
+            if any(rank not in ranks and pid_at(rank, begun) == pid for rank, pid in live.items()):
                 continue
             del self.open[ckpt]
             record, durable = self._fold_one(ckpt, parts, live, self.blocking, self.background)
@@ -132,7 +161,8 @@ class Checkpoints:
                 self.first_written = written if self.first_written is None else min(self.first_written, written)
                 if self.last_written is None or written > self.last_written:
                     self.last_written, self.last_wall, self.last_step = written, record.written_wall, record.step
-            self.recent.append(record)
+            insort(self.recent, (_began(parts), ckpt, record), key=lambda x: x[:2])
+            del self.recent[:-RECENT]
 
     def view(self, finished: bool, live: dict[int, int]) -> dict[str, Any]:
         """The aggregates as of now: folded history plus open saves (histograms only if ``finished``)."""
@@ -144,16 +174,16 @@ class Checkpoints:
         open_records = []
         if finished:
             blocking, background = blocking.copy(), background.copy()
-        for ckpt, parts in self.open.items():
+        for key, parts in self.open.items():
             done = self._done(parts, live)
             if finished and done:
-                record, durable = self._fold_one(ckpt, parts, live, blocking, background)
+                record, durable = self._fold_one(key, parts, live, blocking, background)
                 if durable:
                     saves += 1
                     bytes_total += record.bytes
             else:
-                record, durable = self.record(ckpt, parts, live), False
-            open_records.append(record)
+                record, durable = self.record(key, parts, live), False
+            open_records.append((_began(parts), key, record))
             failures += record.ok is False
             in_flight += record.ok is None and any(p[END] is None and live.get(r) == pid for (r, pid), p in parts.items())
             if record.ok is True:
@@ -162,7 +192,7 @@ class Checkpoints:
                     first = written if first is None else min(first, written)
                 if last[0] is None or written > last[0]:
                     last = (written, record.written_wall, record.step)
-        recent = list(self.recent) + sorted(open_records, key=lambda r: (r.step, r.ckpt))
+        recent = [r for _, _, r in sorted(self.recent + open_records, key=lambda x: x[:2])]
         return {"blocking": blocking, "background": background, "saves": saves, "failures": failures,
                 "bytes_total": bytes_total, "in_flight": in_flight, "last_written": last[0],
                 "last_wall": last[1], "last_step": last[2], "first_written": first,
@@ -175,20 +205,20 @@ class Checkpoints:
             "blocking": self.blocking.to_state(), "background": self.background.to_state(),
             "saves": self.saves, "failures": self.failures, "bytes_total": self.bytes_total,
             "last": [self.last_written, self.last_wall, self.last_step], "first_written": self.first_written,
-            "ended_since_fold": self.ended_since_fold,
-            "recent": [[r.ckpt, r.step, r.mode, r.blocking_s, r.background_s, r.ok, r.bytes, r.written_wall, r.ranks]
-                       for r in self.recent],
+            "due": None if self.due == float("inf") else self.due,
+            "recent": [[began, key, [r.ckpt, r.step, r.mode, r.blocking_s, r.background_s, r.ok, r.bytes,
+                                     r.written_wall, r.ranks]] for began, key, r in self.recent],
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Checkpoints:
-        out = cls()
+    def from_state(cls, window: float, state: dict[str, Any]) -> Checkpoints:
+        out = cls(window)
         out.open = {ckpt: {_key(k): list(p) for k, p in parts.items()} for ckpt, parts in state["open"].items()}
         out.blocking = Buckets.from_state(CHECKPOINT_BUCKETS, state["blocking"])
         out.background = Buckets.from_state(CHECKPOINT_BUCKETS, state["background"])
         out.saves, out.failures, out.bytes_total = int(state["saves"]), int(state["failures"]), int(state["bytes_total"])
         out.last_written, out.last_wall, out.last_step = state["last"]
         out.first_written = state["first_written"]
-        out.ended_since_fold = bool(state["ended_since_fold"])
-        out.recent = deque((CheckpointRecord(*r) for r in state["recent"]), maxlen=RECENT)
+        out.due = float("inf") if state["due"] is None else float(state["due"])
+        out.recent = [(float(began), str(key), CheckpointRecord(*r)) for began, key, r in state["recent"]]
         return out

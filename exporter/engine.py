@@ -45,7 +45,7 @@ __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
 STATE_VERSION = 1
-FOLD_EVERY_S = 1.0  # finished saves and restarts move into the histograms when one ends, and this often
+FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
 _CHECKPOINT_EVENTS = {"checkpoint_start", "checkpoint_scheduled", "checkpoint_finalize", "checkpoint_end"}
@@ -58,7 +58,7 @@ class _Lane:
     __slots__ = ("ledger", "pending", "head", "newest", "newest_pid", "newest_kind", "newest_restart",
                  "newest_iter", "applied",
                  "steps", "step", "step_mono", "step_wall", "hist", "recent", "worker", "worker_mono",
-                 "worker_pid", "world_size")
+                 "worker_pid", "world_size", "pids")
 
     def __init__(self, rank: int) -> None:
         self.ledger = Ledger(rank)
@@ -80,6 +80,7 @@ class _Lane:
         self.worker_mono = float("-inf")
         self.worker_pid = -1
         self.world_size = 0
+        self.pids: dict[int, float] = {}  # pid -> its oldest record's mono
 
     def count(self, record: dict[str, Any], kind: str, mono: float) -> None:
         """The order-free per-rank counts."""
@@ -95,9 +96,20 @@ class _Lane:
                 self.worker, self.worker_mono, self.worker_pid = record["alive"], mono, record["pid"]
         elif kind == "process_start":
             self.world_size = max(self.world_size, record["world_size"])
+        pid = record["pid"]
+        if mono < self.pids.get(pid, float("inf")):
+            self.pids[pid] = mono
         if mono > self.newest:
-            self.newest, self.newest_pid, self.newest_kind = mono, record["pid"], kind
+            self.newest, self.newest_pid, self.newest_kind = mono, pid, kind
             self.newest_restart, self.newest_iter = record["restart"], record["iter"]
+
+    def first(self) -> float:
+        return min(self.pids.values())
+
+    def pid_at(self, mono: float) -> int | None:
+        """The process this rank ran at ``mono`` (the newest one started by then), None if none yet."""
+        started = [(first, pid) for pid, first in self.pids.items() if first <= mono]
+        return max(started)[1] if started else None
 
     def worker_alive(self) -> bool | None:
         """The newest process's async checkpoint worker, as it last reported (None: not yet)."""
@@ -113,7 +125,7 @@ class Engine:
         self.window = reorder_window_s
         self._lanes: dict[int, _Lane] = {}
         self._restarts = Restarts()
-        self._checkpoints = Checkpoints()
+        self._checkpoints = Checkpoints(reorder_window_s)
         self._seen: dict[int, list[Any]] = {}  # pid -> [next seq not seen, set of seqs seen ahead of it]
         self._origin: float | None = None
         self._origin_wall: float | None = None
@@ -166,14 +178,29 @@ class Engine:
         if mono > self._newest:
             self._newest = mono
         self._counts["accepted"] += 1
-        if rank is None:
+        lane = None
+        if rank is not None:
+            lane = self._lanes.get(rank)
+            if lane is None:
+                lane = self._lanes[rank] = _Lane(rank)
+            newest_pid = lane.newest_pid
+            lane.count(record, kind, mono)
+            if lane.newest_pid != newest_pid:
+                self._checkpoints.due = self._newest  # a process died: its unfinished saves may fold
+        if self._newest >= self._checkpoints.due:  # before adding: a new save never joins one that is over
+            lanes = self._lanes
+            self._checkpoints.fold(self._newest, self._live(), lambda r, at: lanes[r].pid_at(at))
+        if lane is None:
             self._launcher(kind, mono)
         else:
             if kind in _CHECKPOINT_EVENTS:
                 self._checkpoints.add(record)
-            self._lane_ingest(rank, record, (mono, pid, seq))
-        if self._newest >= self._next_fold or self._restarts.ended_since_fold or self._checkpoints.ended_since_fold:
-            self._fold()
+            self._lane_ingest(lane, record, (mono, pid, seq))
+        if self._newest >= self._next_fold or self._restarts.ended_since_fold:
+            lanes = self._lanes
+            applied = {r: float("-inf") if lane.applied is None else lane.applied[0] for r, lane in lanes.items()}
+            self._restarts.fold(self._newest, self.window, applied, {r: lane.first() for r, lane in lanes.items()})
+            self._next_fold = self._newest + FOLD_EVERY_S
 
     def _launcher(self, kind: str, mono: float) -> None:
         self._restarts.launcher_event(kind, mono)
@@ -182,12 +209,8 @@ class Engine:
         elif kind == "launcher_exit" and (self._launcher_exit is None or mono > self._launcher_exit):
             self._launcher_exit = mono
 
-    def _lane_ingest(self, rank: int, record: dict[str, Any], key: tuple[float, int, int]) -> None:
-        lane = self._lanes.get(rank)
-        if lane is None:
-            lane = self._lanes[rank] = _Lane(rank)
+    def _lane_ingest(self, lane: _Lane, record: dict[str, Any], key: tuple[float, int, int]) -> None:
         mono = key[0]
-        lane.count(record, record["type"], mono)
         if lane.applied is not None and key < lane.applied:
             self._counts["late"] += 1
             return
@@ -214,21 +237,18 @@ class Engine:
     def _live(self) -> dict[int, int]:
         return {rank: lane.newest_pid for rank, lane in self._lanes.items()}
 
-    def _fold(self) -> None:
-        self._restarts.fold(self._newest, self.window)
-        self._checkpoints.fold(self._newest, self.window, self._live())
-        self._next_fold = self._newest + FOLD_EVERY_S
-
     # --- snapshot ------------------------------------------------------------------------------
     def _finished(self) -> bool:
-        """Every rank's newest record is its process_end, and the launcher (if any) exited last."""
+        """The launcher exited after its last start, and every rank of the world ended cleanly.
+
+        Without a journaled launcher a job never counts as finished: a launcher read late could
+        still show it running, and un-finishing would take settled seconds back.
+        """
         lanes = self._lanes.values()
-        if not lanes or any(lane.newest_kind != "process_end" for lane in lanes):
+        if self._launcher_exit is None or (self._launcher_start or float("-inf")) > self._launcher_exit:
             return False
-        if self._launcher_start is not None or self._launcher_exit is not None:
-            return self._launcher_exit is not None and (
-                self._launcher_start is None or self._launcher_exit > self._launcher_start)
-        return len(self._lanes) >= max(lane.world_size for lane in lanes)
+        return (bool(lanes) and all(lane.newest_kind == "process_end" for lane in lanes)
+                and len(self._lanes) >= max(lane.world_size for lane in lanes))
 
     def snapshot(self, now_mono: float, now_wall: float) -> Snapshot:
         """Everything known at ``now_mono`` (the journal's monotonic clock); does not change the engine."""
@@ -325,7 +345,7 @@ class Engine:
             engine = cls(float(state["window"]))
             engine._lanes = {int(rank): _lane_from_state(int(rank), lane) for rank, lane in state["lanes"].items()}
             engine._restarts = Restarts.from_state(state["restarts"])
-            engine._checkpoints = Checkpoints.from_state(state["checkpoints"])
+            engine._checkpoints = Checkpoints.from_state(engine.window, state["checkpoints"])
             engine._seen = {int(pid): [int(nxt), set(ahead)] for pid, (nxt, ahead) in state["seen"].items()}
             engine._origin, engine._origin_wall = state["origin"]
             engine._newest = _infinite(state["newest"])
@@ -353,7 +373,7 @@ _LANE_FIELDS = ("newest_pid", "newest_kind", "newest_restart", "newest_iter", "s
 
 def _lane_state(lane: _Lane) -> dict[str, Any]:
     out = {name: getattr(lane, name) for name in _LANE_FIELDS}
-    out.update(ledger=lane.ledger.to_state(), pending=[record for _, record in lane.pending[lane.head:]],
+    out.update(pids={str(pid): first for pid, first in lane.pids.items()}, ledger=lane.ledger.to_state(), pending=[record for _, record in lane.pending[lane.head:]],
                newest=_finite(lane.newest), step_mono=_finite(lane.step_mono), worker_mono=_finite(lane.worker_mono),
                applied=None if lane.applied is None else list(lane.applied), hist=lane.hist.to_state(),
                recent=list(lane.recent))
@@ -365,6 +385,7 @@ def _lane_from_state(rank: int, state: dict[str, Any]) -> _Lane:
     for name in _LANE_FIELDS:
         setattr(lane, name, state[name])
     lane.ledger = Ledger.from_state(state["ledger"])
+    lane.pids = {int(pid): float(first) for pid, first in state["pids"].items()}
     lane.pending = sorted(((r["mono"], r["pid"], r["seq"]), r) for r in state["pending"])
     lane.newest, lane.step_mono, lane.worker_mono = (_infinite(state[k]) for k in ("newest", "step_mono", "worker_mono"))
     applied = state["applied"]

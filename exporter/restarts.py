@@ -20,9 +20,8 @@ restore    → the last rank's first step       → the last rank's first step
 
 A phase whose instant was not journaled is left out and its time goes to the next phase that
 was, so the phases of a finished restart always sum to its duration. A restart enters the
-counters at once and the duration and phase histograms once it is finished and the newest
-event in the pod is ``window`` seconds past its end (so stragglers can still join it), or when
-the job finished.
+counters at once and the duration and phase histograms once nothing can join it any more
+(see ``Restarts.fold``), or when the job finished.
 """
 
 from __future__ import annotations
@@ -157,11 +156,23 @@ class Restarts:
         for phase, seconds in record.phases.items():
             phases[(record.level, phase)].observe(seconds)
 
-    def fold(self, newest: float, window: float) -> None:
-        """Move finished restarts whose last end is ``window`` behind ``newest`` into the histograms."""
+    def fold(self, newest: float, window: float, applied: dict[int, float], first: dict[int, float]) -> None:
+        """Move finished restarts into the histograms once nothing can join them any more.
+
+        That is: every rank that reported it has ended it, the newest record in the pod is
+        ``window`` past its end, and every other rank that was up before the end has applied
+        its own records past the end without joining (``applied``/``first``: per rank, the
+        newest applied and the oldest seen monotonic instant).
+        """
         self.ended_since_fold = False
-        for key in [k for k, rec in self.open.items() if rec.done() and max(rec.ends.values()) + window <= newest]:
-            rec = self.open.pop(key)
+        for key, rec in list(self.open.items()):
+            if not rec.done():
+                continue
+            end = max(rec.ends.values())
+            if end + window > newest or any(rank not in rec.faults and first[rank] < end and applied[rank] < end
+                                            for rank in applied):
+                continue
+            del self.open[key]
             record = self.record(rec)
             self.counts[rec.level] += 1
             self._observe(record, self.duration, self.phases)
