@@ -160,12 +160,15 @@ def test_every_generated_file_is_headed_do_not_edit(rendered: dict[Path, str]) -
         assert text.startswith("# generated — do not edit")
 
 
-def test_promtool_accepts_the_committed_and_a_scaled_rule_file(tmp_path: Path) -> None:
+def test_promtool_accepts_every_rule_file(tmp_path: Path) -> None:
+    """The plain file, the PrometheusRule's groups (promtool rejects the wrapper itself), a 1h-period file."""
     hour = generate.render(spec.load(SUITES / "hour" / "slo.yaml"), "test")[generate.RULES]
     (tmp_path / "hour.yaml").write_text(hour)
+    wrapped = yaml.safe_load((ROOT / generate.PROMETHEUS_RULE).read_text())["spec"]
+    (tmp_path / "prometheusrule-groups.yaml").write_text(yaml.safe_dump(wrapped))
+    files = [ROOT / generate.RULES, tmp_path / "prometheusrule-groups.yaml", tmp_path / "hour.yaml"]
     result = subprocess.run(
-        [_tool("promtool"), "check", "rules", str(ROOT / generate.RULES), str(tmp_path / "hour.yaml")],
-        capture_output=True, text=True, timeout=60,
+        [_tool("promtool"), "check", "rules", *map(str, files)], capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from alerts import generate, spec
+from alerts import duration, generate, spec
 from alerts.conventions import Alert
 
 pytestmark = pytest.mark.slow
@@ -207,6 +207,10 @@ def _start(stack: Stack, job_name: str, *job_args: str) -> Run:
 
 def _finish(run: Run) -> None:
     _stop(run.job, group=True)
+    try:  # anything the job left behind in its own process group (NVRx's checkpoint worker)
+        os.killpg(run.job.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     _stop(run.sidecar)
 
 
@@ -219,7 +223,7 @@ def _max_burn(stack: Stack, job_name: str, window: str) -> float:
 
 
 def _page_window(stack: Stack) -> str:
-    from alerts import duration  # the 1h window of the page policy, scaled to the period
+    """The page policy's 1h window, scaled to the period."""
     return duration.format(stack.spec.burn_windows[0].long)
 
 
@@ -227,17 +231,19 @@ def test_a_healthy_run_pages_nothing(stack: Stack) -> None:
     run = _start(stack, "healthy", "--steps", "20", "--checkpoint-every", "5")
     try:
         assert run.job.wait(timeout=PAGE_TIMEOUT_S) == 0, (stack.tmp / "healthy" / "job.log").read_text()[-3000:]
+        ran = time.monotonic() - run.started
         time.sleep(8)  # the last scrapes, evaluations and any notification land
     finally:
         _finish(run)
     burn = _max_burn(stack, "healthy", _page_window(stack))
+    print(f"healthy run: {ran:.0f}s, highest {_page_window(stack)} burn rate {burn:.1f}")
     assert 0 < burn < stack.spec.burn_windows[0].factor, f"a healthy run burnt at {burn:.1f}×"
     assert stack.webhook.notifications("/pager", "healthy") == []
 
 
 def test_a_breach_pages_with_the_job_labels_and_a_runbook(stack: Stack) -> None:
-    run = _start(stack, "breach", "--steps", "2000", "--checkpoint-every", "2", "--checkpoint-mode", "sync",
-                 "--slow-storage", "3")
+    run = _start(stack, "breach", "--steps", "2000", "--checkpoint-every", "1", "--checkpoint-mode", "sync",
+                 "--slow-storage", "8")
     try:
         _wait_for(lambda: stack.webhook.notifications("/pager", "breach"), "a page for the breach", PAGE_TIMEOUT_S)
         paged_after = time.monotonic() - run.started
