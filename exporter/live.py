@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.cycleinfo import CycleInfoReader
 from exporter.engine import Engine
 from exporter.podwatch import ContainerStatus, restart_deltas
 from exporter.snapshot import Snapshot
@@ -32,11 +33,12 @@ class View:
 
 
 class Live:
-    def __init__(self, engine: Engine, tail: JournalTail, *, mono: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, engine: Engine, tail: JournalTail, *, cycles: CycleInfoReader | None = None,
+                 mono: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.lock = threading.Lock()
         self.engine = engine
         self.tail = tail
+        self.cycles = cycles  # ft_launcher cycle-info files, when asked for
         self.gpu_idle_nvml: dict[int, float] = {}
         self.pod_restarts: Counter[tuple[str, str]] = Counter()
         self.pod_seen: dict[str, int] = {}  # container -> restartCount last reported
@@ -44,8 +46,14 @@ class Live:
         self._wall = wall
 
     def poll(self, stop: Callable[[], bool] = lambda: False) -> int:
-        """Read what the journal has new into the engine; see ``JournalTail.poll``."""
-        return self.tail.poll(self._ingest, stop, guard=self.lock)
+        """Read what the journal (and the cycle-info files) have new into the engine; see ``JournalTail.poll``."""
+        handed = self.tail.poll(self._ingest, stop, guard=self.lock)
+        if self.cycles is not None:
+            records = self.cycles.poll()
+            with self.lock:
+                self._ingest(records)
+            handed += len(records)
+        return handed
 
     def _ingest(self, records: list[dict[str, Any]]) -> None:  # called by the tail under self.lock
         ingest = self.engine.ingest
@@ -79,6 +87,7 @@ class Live:
                 "gpu_idle_nvml": {str(k): v for k, v in self.gpu_idle_nvml.items()},
                 "pod_restarts": [[c, r, n] for (c, r), n in self.pod_restarts.items()],
                 "pod_seen": dict(self.pod_seen),
+                "cycle_info": None if self.cycles is None else self.cycles.to_state(),
             }
 
     def load_state(self, parts: dict[str, Any]) -> None:
@@ -90,3 +99,5 @@ class Live:
             self.gpu_idle_nvml = {int(k): float(v) for k, v in parts["gpu_idle_nvml"].items()}
             self.pod_restarts = Counter({(c, r): int(n) for c, r, n in parts["pod_restarts"]})
             self.pod_seen = {c: int(n) for c, n in parts["pod_seen"].items()}
+            if self.cycles is not None and parts["cycle_info"] is not None:
+                self.cycles.load_state(parts["cycle_info"])

@@ -11,9 +11,10 @@ and serves one state through every view:
 * ``/`` — the status page (``exporter.status_page``).
 * OTLP/HTTP to ``--otlp-endpoint`` when one is given (``exporter.otlp``).
 
-Side inputs: NVML accelerator idle time when GPUs are visible (``exporter.nvml``) and container
-restarts from the Kubernetes API inside a cluster (``exporter.podwatch``); each is off, with one
-log line, where it cannot work. SIGTERM (or SIGINT) saves the state, writes ``--report-file``
+Side inputs: NVML accelerator idle time when GPUs are visible (``exporter.nvml``), container
+restarts from the Kubernetes API inside a cluster (``exporter.podwatch``), each off with one log
+line where it cannot work; and, with ``--ft-cycle-info-dir``, the cycle-info files of NVRx versions
+that write them (``exporter.cycleinfo``). SIGTERM (or SIGINT) saves the state, writes ``--report-file``
 (the text SLO report) if asked, sends a last OTLP export and exits 0.
 """
 
@@ -35,6 +36,7 @@ from prometheus_client import CollectorRegistry
 from exporter import identity as identity_mod
 from exporter import nvml, podwatch, slo_report, state_store, status_page
 from exporter.collector import SnapshotCollector
+from exporter.cycleinfo import CycleInfoReader
 from exporter.engine import Engine
 from exporter.exposition import CONTENT_TYPE, TextRenderer
 from exporter.live import Live, View
@@ -63,6 +65,7 @@ class Config:
     otlp_endpoint: str | None = None
     otlp_interval_s: float = 15.0
     podinfo_dir: Path | None = None
+    cycle_info_dir: Path | None = None  # newer NVRx: ft_launcher --ft-cycle-info-dir
     report_file: str | None = None  # a path, or "-" for stdout
 
     def __post_init__(self) -> None:
@@ -104,6 +107,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--otlp-interval", type=float, default=Config.otlp_interval_s, help="seconds between OTLP exports")
     p.add_argument("--podinfo-dir", type=Path, default=None,
                    help="Downward API volume holding a 'labels' file (job name, completion index)")
+    p.add_argument("--ft-cycle-info-dir", type=Path, default=None,
+                   help="also read ft_launcher's cycle-info files here (NVRx versions that write them)")
     p.add_argument("--report-file", default=None, help="on exit, write the text SLO report here ('-': stdout)")
     return p
 
@@ -119,7 +124,8 @@ def parse_args(argv: Sequence[str]) -> Config:
             state_file=args.state_file or args.journal_dir / ".nvrx-slo-sidecar-state.json",
             host=args.host, port=args.port, poll_interval_s=args.poll_interval, state_interval_s=args.state_interval,
             per_rank=args.per_rank, max_ranks=args.max_ranks, otlp_endpoint=args.otlp_endpoint,
-            otlp_interval_s=args.otlp_interval, podinfo_dir=args.podinfo_dir, report_file=args.report_file)
+            otlp_interval_s=args.otlp_interval, podinfo_dir=args.podinfo_dir,
+            cycle_info_dir=args.ft_cycle_info_dir, report_file=args.report_file)
     except ValueError as exc:
         p.error(str(exc))
         raise  # unreachable: error() exits
@@ -129,7 +135,7 @@ class Sidecar:
     def __init__(self, config: Config, *, env: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.identity = identity_mod.from_environment(env, config.podinfo_dir)
-        self.live = Live(Engine(), JournalTail(config.journal_dir))
+        self.live = self._fresh_live()
         self.stop = threading.Event()
         self._caught_up = False
         self._registry = CollectorRegistry(auto_describe=False)
@@ -139,6 +145,11 @@ class Sidecar:
         self._render_lock = threading.Lock()
         self.server = Server(config.host, config.port, {
             "/metrics": self._metrics, "/healthz": self._healthz, "/readyz": self._readyz, "/": self._index})
+
+    def _fresh_live(self) -> Live:
+        cycles = (CycleInfoReader(self.config.cycle_info_dir, self.identity)
+                  if self.config.cycle_info_dir is not None else None)
+        return Live(Engine(), JournalTail(self.config.journal_dir), cycles=cycles)
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -223,7 +234,7 @@ class Sidecar:
             self.live.load_state(parts)
         except (KeyError, TypeError, ValueError) as exc:
             log.error("saved state %s unusable (%s): reading the journal from the start", self.config.state_file, exc)
-            self.live = Live(Engine(), JournalTail(self.config.journal_dir))
+            self.live = self._fresh_live()
             return
         log.info("resumed from %s", self.config.state_file)
 
