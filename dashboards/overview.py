@@ -7,7 +7,7 @@ from grafanalib import core as g
 
 from alerts import duration
 from alerts.spec import Slo, Spec
-from alerts.windows import Severity
+from alerts.windows import Severity, all_windows
 from dashboards import panels as p
 from dashboards import queries as q
 from exporter import catalogue as cat
@@ -24,6 +24,7 @@ def _efficiency(spec: Spec) -> list[object]:
     period = duration.format(spec.period)
     pages = [w for w in spec.burn_windows if w.severity is Severity.PAGE]
     fastest = max(pages, key=lambda w: w.factor)
+    base = all_windows(spec.period, spec.min_window)[0]  # the shortest window: the job's wall rate now
     objective_steps = ((None, p.RED), (objective.target, p.GREEN))
     return [
         p.stat("Efficiency since job start", "productive / wall rank-seconds since the job's first process start "
@@ -31,14 +32,14 @@ def _efficiency(spec: Spec) -> list[object]:
                "save lands, so this dips between checkpoints.",
                [p.Query(q.efficiency(None))], p.RATIO, steps=objective_steps, decimals=2),
         p.stat("Error budget remaining", f"Share of the {period} error budget ({objective.budget:.0%} of wall) not "
-               "yet spent, as the alert rules compute it (the part of the period before the job started counts "
+               "yet spent, as the alert rules count it (the part of the period before the job started counts "
                f"as healthy). Negative once overspent. {_SLI_NOTE}",
-               [p.Query(q.budget_remaining(spec.period, objective.budget))], p.RATIO,
+               [p.Query(q.budget_remaining(spec.period, base, objective.budget))], p.RATIO,
                steps=((None, p.RED), (0.0, p.YELLOW), (0.25, p.GREEN)), decimals=1),
         p.stat(f"Burn rate ({duration.format(fastest.long)})", "Error-budget burn rate over the fastest page's long "
                f"window (1 = spending exactly the budget). Pages at {fastest.factor:g}× over "
                f"{duration.format(fastest.long)} and {duration.format(fastest.short)}.",
-               [p.Query(q.burn_rate(fastest.long, objective.budget))], p.COUNT,
+               [p.Query(q.burn_rate(fastest.long, base, objective.budget))], p.COUNT,
                steps=((None, p.GREEN), (1.0, p.YELLOW), (fastest.factor, p.RED)), decimals=1),
         p.stat("Unprotected work", "Rank-seconds of training since the last durable checkpoint, summed over the job: "
                "lost if a fault comes now.", [p.Query(q.by((), q.series(cat.UNPROTECTED_WORK)))], p.SECONDS),
@@ -51,7 +52,7 @@ def _efficiency(spec: Spec) -> list[object]:
                      p.RATIO, steps=objective_steps),
         p.timeseries("Burn rates", "Error-budget burn rate over each page window (1 = on budget), as the alert "
                      "rules compute it. Dashed: the page factors; both windows of a pair must exceed theirs to page.",
-                     [p.Query(q.burn_rate(s, objective.budget), duration.format(s))
+                     [p.Query(q.burn_rate(s, base, objective.budget), duration.format(s))
                       for w in pages for s in (w.long, w.short)],
                      p.COUNT, steps=((None, p.GREEN), *((w.factor, p.RED) for w in sorted(pages, key=lambda w: w.factor)))),
     ]

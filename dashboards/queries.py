@@ -159,11 +159,9 @@ def efficiency(window: str | None) -> str:
 
 
 def badput_ratio(window: str | None, categories: tuple[cat.Category, ...] = cat.BADPUT_CATEGORIES) -> str:
-    """Settled seconds in ``categories`` / wall: a time SLI's error ratio, as the alert rules count it.
-
-    Unprotected work is not bad until a fault rolls it back (it then lands in ``lost`` at once);
-    a category with no series yet counts as zero.
-    """
+    """Settled seconds in ``categories`` / wall, since job start or over a window (a category with no
+    series yet counts as zero). Unprotected work is not bad until a fault rolls it back; then all of
+    it lands in ``lost`` at once."""
     if window is None:
         bad, wall = by((), series(cat.TIME, category=categories)), by((), series(cat.WALL))
     else:
@@ -171,20 +169,30 @@ def badput_ratio(window: str | None, categories: tuple[cat.Category, ...] = cat.
     return f"({bad} or 0 * {wall}) / {wall}"
 
 
-def job_age_share(window_s: int) -> str:
-    """min(job age / window, 1): the alert rules count the part of a window before the job as healthy."""
-    start = by((), series(cat.JOB_START_TIMESTAMP), "min")
-    return f"clamp((time() - {start}) / {window_s}, 0, 1)"
+def slo_error_ratio(window_s: int, base_s: int) -> str:
+    """The efficiency SLI's error ratio over a window, exactly as the generated alert rules record it.
+
+    Bad rank-seconds over the window divided by (the job's wall rate now, from the shortest window
+    ``base_s``, × the whole window): the part of a window before the job started counts as healthy,
+    so a young job's start-up does not read as a burn (see ``alerts/rules.py``).
+    """
+    bad = by((), rate(cat.TIME, duration.format(window_s), category=cat.BADPUT_CATEGORIES))
+    wall = by((), rate(cat.WALL, duration.format(base_s)))
+    return f"({bad} or 0 * {wall}) / ({wall} > 0)"
 
 
-def burn_rate(window_s: int, budget: float) -> str:
+def burn_rate(window_s: int, base_s: int, budget: float) -> str:
     """How fast the efficiency SLO's error budget burns over a window (1 = exactly on budget)."""
-    return f"{badput_ratio(duration.format(window_s))} * {job_age_share(window_s)} / {budget:g}"
+    return f"{slo_error_ratio(window_s, base_s)} / {budget:g}"
 
 
-def budget_remaining(period_s: int, budget: float) -> str:
-    """Share of the period's error budget left (negative once overspent)."""
-    return f"1 - {burn_rate(period_s, budget)}"
+def budget_remaining(period_s: int, base_s: int, budget: float) -> str:
+    """Share of the period's error budget left (negative once overspent).
+
+    The alert rules integrate recorded 5-minute rates over the period; this reads the raw counters'
+    increase instead, so the two agree to within that integration's sampling.
+    """
+    return f"1 - {burn_rate(period_s, base_s, budget)}"
 
 
 def delta(metric: Metric, labels: tuple[str, ...]) -> str:

@@ -8,7 +8,8 @@ The run: the real reference job (``trainer.demo``: 2 CPU ranks under ft_launcher
 in-process restart and several checkpoints) with the real sidecar (``nvrx-slo sidecar``) beside
 it, scraped every second by Prometheus on 127.0.0.1 while the job runs (rates need two samples).
 A rule file of this test's own makes one alert fire on the run's restarts, so the "Firing
-alerts" panel has an ALERTS series to select.
+alerts" panel has an ALERTS series to select; the generated alert rules are loaded too, so the
+dashboard's burn rates can be compared with the recording rules the alerts fire on.
 
 How Grafana's variables are replaced: the template variables are resolved as Grafana does,
 chained (namespace, then job within it, then pod within both), from the label values their own
@@ -39,7 +40,11 @@ from pathlib import Path
 
 import pytest
 
-from dashboard_model import Query, legend_labels, load_all, queries
+from alerts import conventions
+from alerts import duration as alerts_duration
+from alerts import generate as alerts_generate
+from alerts.spec import Slo
+from dashboard_model import ROOT, Query, legend_labels, load_all, queries
 from dashboards import queries as q
 from exporter import catalogue as cat
 
@@ -99,7 +104,7 @@ def _start_prometheus(tmp: Path, target: str) -> Prometheus:
     config = tmp / "prometheus.yml"
     config.write_text(json.dumps({
         "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
-        "rule_files": [str(rules)],
+        "rule_files": [str(rules), str(ROOT / alerts_generate.RULES)],
         "scrape_configs": [{"job_name": "nvrx-slo", "honor_labels": True, "static_configs": [{"targets": [target]}]}],
     }))
     port = _free_port()
@@ -279,3 +284,21 @@ def test_restarts_per_interval_count_each_restart_once(scraped, variables):
         rise[r["metric"][q.LEVEL_LABEL]] -= float(r["value"][1])
     assert sum(rise.values()) >= 2, f"the run should restart in-process and in-job: {rise}"
     assert counted == rise
+
+
+def test_burn_rates_equal_the_recording_rules_the_alerts_fire_on(scraped, variables):
+    """At each instant the generated rules recorded a burn rate, the dashboard's query gives the same number."""
+    panel = {x.legend: x for x in _panel_queries("nvrx-slo-overview", "Burn rates")}
+    compared = 0
+    for legend, x in panel.items():
+        record = conventions.burn_rate_record(alerts_duration.parse(legend))
+        selector = f'{record}{{{conventions.SLO_LABEL}="{Slo.EFFICIENCY.value}", {q.JOB_LABEL}="{JOB}"}}'
+        answer = scraped.prom.api("query", query=f"{selector}[10m]", time=f"{scraped.end:.3f}")
+        assert answer["status"] == "success", answer
+        for series in answer["data"]["result"]:
+            for t, recorded in series["values"]:
+                ours = scraped.prom.api("query", query=_substitute(x.expr, variables, 0), time=str(t))
+                value, = [float(r["value"][1]) for r in ours["data"]["result"]]
+                assert value == pytest.approx(float(recorded), rel=1e-9, abs=1e-12), (legend, t)
+                compared += 1
+    assert compared, "the alert rules recorded no burn rate during the run"
