@@ -6,12 +6,13 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from alerts import duration
+from alerts.conventions import Dashboard
 from alerts.spec import Slo, Spec
 from dashboards import panels as p
 from dashboards import queries as q
 from exporter import catalogue as cat
 
-UID = "nvrx-slo-checkpointing"
+UID = Dashboard.CHECKPOINTING.value  # stable: the alerts link to it
 
 _POD = (q.POD_LABEL,)
 _BLOCKING = (cat.Category.CHECKPOINT_BLOCKING,)

@@ -6,13 +6,14 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from alerts import duration
+from alerts.conventions import Dashboard
 from alerts.spec import Slo, Spec
 from alerts.windows import Severity, all_windows
 from dashboards import panels as p
 from dashboards import queries as q
 from exporter import catalogue as cat
 
-UID = "nvrx-slo-overview"
+UID = Dashboard.OVERVIEW.value  # stable: the alerts link to it
 
 _SLI_NOTE = ("The SLI counts settled badput only: work since the last durable checkpoint is not bad until a "
              "fault rolls it back (then all of it lands in lost at once).")

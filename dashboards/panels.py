@@ -31,7 +31,6 @@ RATIO = "percentunit"
 BYTES_PER_SECOND = "Bps"
 COUNT = "short"
 PER_SECOND = "ops"
-TIMESTAMP = "dateTimeFromNow"
 
 GREEN, YELLOW, RED, BLUE = "green", "yellow", "red", "blue"
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from alerts import duration
+from alerts.conventions import Dashboard
 from alerts.spec import Spec
 from dashboards import panels as p
 from dashboards import queries as q
 from exporter import catalogue as cat
 
-UID = "nvrx-slo-ranks"
+UID = Dashboard.RANKS.value  # stable: the alerts link to it
 
 _RANK = (q.RANK_LABEL,)
 _RANK_SOURCE = (q.RANK_LABEL, q.SOURCE_LABEL)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from alerts.conventions import Dashboard
 from alerts.sli import le_regex
 from alerts.spec import Slo, Spec
 from dashboards import panels as p
 from dashboards import queries as q
 from exporter import catalogue as cat
 
-UID = "nvrx-slo-recovery"
+UID = Dashboard.RECOVERY.value  # stable: the alerts link to it
 
 _LEVEL = (q.LEVEL_LABEL,)
 _PHASE = (q.LEVEL_LABEL, q.PHASE_LABEL)

@@ -20,6 +20,7 @@ import sys
 import pytest
 import yaml
 
+from alerts import generate as alerts_generate
 from alerts import spec as slo_spec
 from alerts.windows import Severity
 from dashboard_model import ROOT, ROW, legend_labels, load_all, names, panels, queries
@@ -98,6 +99,18 @@ def test_variables_annotations_and_links(uid):
     link, = m["links"]  # one tag link reaches every sibling
     assert link["type"] == "dashboards" and link["includeVars"] and link["keepTime"]
     assert all(set(link["tags"]) <= set(other["tags"]) for other in MODELS.values())
+
+
+def test_every_dashboard_link_in_the_alert_rules_opens_a_dashboard_with_its_variables():
+    """The alerts' ``dashboard_url`` names one of these uids and only variables these dashboards have."""
+    rules = yaml.safe_load((ROOT / alerts_generate.RULES).read_text(encoding="utf-8"))
+    urls = [r["annotations"]["dashboard_url"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert urls
+    for url in urls:
+        path, _, query = url.partition("?")
+        assert path.rsplit("/d/", 1)[1] in MODELS, url
+        names = {v["name"] for v in MODELS[path.rsplit("/d/", 1)[1]]["templating"]["list"]}
+        assert {part.split("=")[0].removeprefix("var-") for part in query.split("&")} <= names, url
 
 
 def _threshold_lines(model):
