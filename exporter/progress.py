@@ -43,6 +43,8 @@ def summary(snap: Snapshot) -> str:
     restarts = sum(snap.restarts.counts.values())
     by_level = ", ".join(f"{snap.restarts.counts[lvl]} {lvl.value}" for lvl in RestartLevel
                          if snap.restarts.counts.get(lvl, 0))
+    if not snap.ranks:
+        return "waiting for the job's first journal records"
     eff = snap.efficiency
     elapsed = 0.0 if snap.job_start_wall is None else max(0.0, snap.now_wall - snap.job_start_wall)
     parts = [
@@ -62,6 +64,7 @@ class Progress:
 
     def __init__(self, journal_dir: str | Path, stream: TextIO | None = None, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self._dir = Path(journal_dir)
         self._live = Live(Engine(), JournalTail(journal_dir), mono=clock, wall=wall)
         self._stream = stream if stream is not None else sys.stderr
         self._tty = self._stream.isatty()
@@ -77,7 +80,8 @@ class Progress:
     def update(self) -> str:
         """Read what is new in the journal and redraw; returns the current summary line."""
         with self._lock:
-            self._live.poll()
+            if self._dir.is_dir():  # the job creates it: until then there is nothing to read
+                self._live.poll()
             snap = self._live.view().snapshot
             line = summary(snap)
             events = (snap.checkpoints.saves, snap.checkpoints.failures, sum(snap.restarts.counts.values()))

@@ -39,8 +39,9 @@ MAX_LANES = 64
 MAX_MARKERS = 400
 
 # Span kinds, in drawing order (later ones on top); each has a CSS class "tl-<kind>".
-STEP, LOST, RESTORE, BLOCKING, BACKGROUND = "step", "lost", "restore", "blocking", "background"
+INIT, STEP, LOST, RESTORE, BLOCKING, BACKGROUND = "init", "step", "lost", "restore", "blocking", "background"
 KIND_LABELS = {
+    INIT: "process start to first step",
     STEP: "training steps",
     LOST: "lost work (rolled back)",
     RESTORE: "checkpoint restore",
@@ -68,10 +69,13 @@ class Lane:
 
 @dataclass(frozen=True)
 class CheckpointMarker:
+    """One save attempt: an id saved again after a rollback is a new attempt (new ``restart``/``iter``)."""
+
     ckpt: str
-    at: float  # when it became durable (ok), failed, or — still in flight — when it started
-    status: str  # "ok" | "failed" | "in_flight"
+    at: float  # when it became durable (ok), failed, or — never finished — when it started
+    status: str  # "ok" | "failed" | "unfinished" (still writing, or its process died first)
     step: int
+    incarnation: tuple[int, int]  # (restart, iter) of the processes that started it
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ class _RankData:
     step_end: array = field(default_factory=lambda: array("d"))
     step_no: array = field(default_factory=lambda: array("q"))
     restores: list[tuple[float, int]] = field(default_factory=list)  # (time, resumed step or -1)
-    spans: list[tuple[str, float, float, str]] = field(default_factory=list)  # restore/blocking/background
+    spans: list[tuple[str, float, float, str]] = field(default_factory=list)  # init/restore/blocking/background
 
 
 class TimelineBuilder:
@@ -115,7 +119,9 @@ class TimelineBuilder:
         self._ranks: dict[int, _RankData] = defaultdict(_RankData)
         self._ckpt_started: dict[tuple[int, str], float] = {}  # (rank, ckpt) -> blocking start
         self._ckpt_scheduled: dict[tuple[int, str], float] = {}  # (rank, ckpt) -> background start
-        self._ckpts: dict[str, dict[str, Any]] = {}  # ckpt -> {"step", "first", "written", "failed"}
+        self._ckpts: dict[tuple[str, int, int], dict[str, Any]] = {}  # attempt -> {"step", "first", "written", "failed"}
+        self._latest: dict[str, tuple[str, int, int]] = {}  # ckpt id -> its latest attempt
+        self._started: dict[tuple[str, int], float] = {}  # (pod, pid) -> process start, until its first step
         self._lo = float("inf")
         self._hi = float("-inf")
 
@@ -131,7 +137,12 @@ class TimelineBuilder:
             return  # launcher records only matter through the engine's restarts
         kind = rec["type"]
         data = self._ranks[rank]
-        if kind == EventType.STEP:
+        if kind in (EventType.STEP, EventType.RESTORE) and key in self._started:
+            begun = self._started.pop(key)
+            data.spans.append((INIT, begun, rec["start"] + off, f"process {rec['pid']} start to first work"))
+        if kind == EventType.PROCESS_START:
+            self._started[key] = t
+        elif kind == EventType.STEP:
             data.step_start.append(rec["start"] + off)
             data.step_end.append(t)
             data.step_no.append(rec["step"])
@@ -143,7 +154,8 @@ class TimelineBuilder:
         elif kind == EventType.CHECKPOINT_START:
             ckpt = rec["ckpt"]
             self._ckpt_started[(rank, ckpt)] = t
-            entry = self._ckpts.setdefault(ckpt, {"step": rec["step"], "first": t, "written": None, "failed": False})
+            attempt = self._latest[ckpt] = (ckpt, rec["restart"], rec["iter"])
+            entry = self._ckpts.setdefault(attempt, {"step": rec["step"], "first": t, "written": None, "failed": False})
             entry["first"] = min(entry["first"], t)
         elif kind == EventType.CHECKPOINT_SCHEDULED:
             ckpt = rec["ckpt"]
@@ -156,7 +168,9 @@ class TimelineBuilder:
         elif kind == EventType.CHECKPOINT_END:
             ckpt = rec["ckpt"]
             written = rec["written"] + off
-            entry = self._ckpts.setdefault(ckpt, {"step": rec["step"], "first": written, "written": None, "failed": False})
+            # an async save may end after an in-process restart: it belongs to the latest attempt
+            attempt = self._latest.setdefault(ckpt, (ckpt, rec["restart"], rec["iter"]))
+            entry = self._ckpts.setdefault(attempt, {"step": rec["step"], "first": written, "written": None, "failed": False})
             if rec["ok"]:
                 entry["written"] = max(entry["written"] or written, written)
             else:
@@ -190,14 +204,15 @@ class TimelineBuilder:
         )
 
     @staticmethod
-    def _marker(ckpt: str, entry: dict[str, Any], lo: float) -> CheckpointMarker:
+    def _marker(attempt: tuple[str, int, int], entry: dict[str, Any], lo: float) -> CheckpointMarker:
         if entry["failed"]:
             status, at = "failed", entry["written"] or entry["first"]
         elif entry["written"] is not None:
             status, at = "ok", entry["written"]
         else:
-            status, at = "in_flight", entry["first"]
-        return CheckpointMarker(ckpt=ckpt, at=at - lo, status=status, step=entry["step"])
+            status, at = "unfinished", entry["first"]
+        ckpt, restart, iter_ = attempt
+        return CheckpointMarker(ckpt=ckpt, at=at - lo, status=status, step=entry["step"], incarnation=(restart, iter_))
 
     @staticmethod
     def _lane(rank: int, data: _RankData, lo: float, resolution: float) -> Lane:
@@ -327,7 +342,8 @@ def render_svg(tl: Timeline) -> str:
         out.append(f'<path class="tl-restart-mark" d="M{x(s)},36 l-4,-6 h8 z"/></g>')
     for m in tl.checkpoints:
         cx = x(m.at)
-        title = f"{m.ckpt} (step {m.step}): {m.status.replace('_', ' ')}"
+        state = {"ok": "durable", "failed": "FAILED", "unfinished": "never finished (still writing, or its process died)"}
+        title = f"{m.ckpt} (step {m.step}, restart {m.incarnation[0]}, iteration {m.incarnation[1]}): {state[m.status]}"
         out.append(f'<path class="tl-ckpt tl-ckpt-{m.status}" data-kind="checkpoint" data-ckpt="{_e(m.ckpt)}"'
                    f' d="M{cx},20 l5,6 l-5,6 l-5,-6 z"><title>{_e(title)}</title></path>')
     for i, lane in enumerate(tl.lanes):
@@ -367,6 +383,7 @@ def legend_html() -> str:
              for k, v in KIND_LABELS.items()]
     items += [f'<span class="tl-key"><svg width="14" height="10"><rect class="tl-phase tl-phase-{p}" width="14" height="10"/></svg>restart: {p}</span>'
               for p in PHASE_CLASSES]
-    items.append('<span class="tl-key"><svg width="12" height="12"><path class="tl-ckpt tl-ckpt-ok" d="M6,0 l5,6 l-5,6 l-5,-6 z"/></svg>checkpoint durable</span>')
-    items.append('<span class="tl-key"><svg width="12" height="12"><path class="tl-ckpt tl-ckpt-failed" d="M6,0 l5,6 l-5,6 l-5,-6 z"/></svg>checkpoint failed</span>')
+    items += [f'<span class="tl-key"><svg width="12" height="12"><path class="tl-ckpt tl-ckpt-{status}" '
+              f'd="M6,0 l5,6 l-5,6 l-5,-6 z"/></svg>checkpoint {text}</span>'
+              for status, text in (("ok", "durable"), ("failed", "failed"), ("unfinished", "never finished"))]
     return '<div class="tl-legend">' + "".join(items) + "</div>"

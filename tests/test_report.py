@@ -87,7 +87,7 @@ def write_journal(pod: Pod, directory: Path, evil: bool = True) -> dict[str, int
         (directory / schema.journal_file_name("pod-0", rank, pid)).write_bytes(b"".join(lines))
     return {
         "ranks": len({r["rank"] for r in pod.records if r["rank"] is not None}),
-        "checkpoints": len({r["ckpt"] for r in pod.records if r["type"] == "checkpoint_start"}),
+        "checkpoints": len({(r["ckpt"], r["restart"], r["iter"]) for r in pod.records if r["type"] == "checkpoint_start"}),
         "restarts": len({(r["restart"], r["iter"]) for r in pod.records if r["rank"] is not None}) - 1,
     }
 

@@ -13,8 +13,9 @@ from test_status_page_browser import ARTIFACTS, dump_dom, screenshot
 
 
 def journal_facts(journal_dir) -> dict[str, int]:
-    """Ranks, checkpoint ids and restarts, counted straight from the records: each in-job restart
-    starts processes with a new ``restart`` count, each in-process restart bumps ``iter``."""
+    """Ranks, save attempts and restarts, counted straight from the records: each in-job restart
+    starts processes with a new ``restart`` count, each in-process restart bumps ``iter``, and a
+    checkpoint id saved again after a rollback is another attempt."""
     records: list[dict] = []
     tail = JournalTail(journal_dir)
     tail.poll(records.extend)
@@ -22,7 +23,7 @@ def journal_facts(journal_dir) -> dict[str, int]:
     ranked = [r for r in records if r["rank"] is not None]
     return {
         "ranks": len({r["rank"] for r in ranked}),
-        "checkpoints": len({r["ckpt"] for r in records if r["type"] == "checkpoint_start"}),
+        "checkpoints": len({(r["ckpt"], r["restart"], r["iter"]) for r in records if r["type"] == "checkpoint_start"}),
         "restarts": len({(r["restart"], r["iter"]) for r in ranked}) - 1,
     }
 

@@ -12,11 +12,11 @@ WALL0 = 1.7e9
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 
-def rec(type_, mono, rank=0, pid=100, pod="pod-0", **payload):
+def rec(type_, mono, rank=0, pid=100, pod="pod-0", restart=0, iter_=0, **payload):
     """A record that the real schema accepts (validated, so tests cannot drift from the contract)."""
     return schema.validate({"v": 1, "type": type_, "seq": 0, "mono": mono, "wall": WALL0 + mono, "job": "j",
                             "pod": pod, "node": "n", "rank": rank, "local_rank": rank, "pid": pid,
-                            "restart": 0, "iter": 0, **payload})
+                            "restart": restart, "iter": iter_, **payload})
 
 
 def step(n, end, rank=0, pid=100, dur=0.09, pod="pod-0"):
@@ -89,7 +89,7 @@ def test_one_lane_per_rank_and_one_marker_per_checkpoint_with_its_status():
     records.append(rec("checkpoint_start", 3.5, 0, 100, ckpt="pending", step=3, mode="async"))
     tl = build(records)
     assert [lane.rank for lane in tl.lanes] == [0, 1, 2]
-    assert {m.ckpt: m.status for m in tl.checkpoints} == {"ok-ckpt": "ok", "bad-ckpt": "failed", "pending": "in_flight"}
+    assert {m.ckpt: m.status for m in tl.checkpoints} == {"ok-ckpt": "ok", "bad-ckpt": "failed", "pending": "unfinished"}
     ok = next(m for m in tl.checkpoints if m.ckpt == "ok-ckpt")
     assert abs((ok.at + tl.origin_wall) - (WALL0 + 2.6)) < 1e-6  # the instant the write finished
     lane0 = tl.lanes[0]
@@ -103,6 +103,26 @@ def test_one_lane_per_rank_and_one_marker_per_checkpoint_with_its_status():
     assert [g.get("data-rank") for g in lanes] == ["0", "1", "2"]
     assert sorted(p.get("data-ckpt") for p in svg.iter() if p.get("data-kind") == "checkpoint") == \
         ["bad-ckpt", "ok-ckpt", "pending"]
+
+
+def test_a_checkpoint_saved_again_after_a_rollback_is_a_second_attempt():
+    records = [rec("checkpoint_start", 1.0, ckpt="step-10", step=10, mode="async"),  # killed before it landed
+               rec("checkpoint_start", 9.0, pid=101, restart=1, ckpt="step-10", step=10, mode="async"),
+               rec("checkpoint_start", 12.0, pid=101, restart=1, ckpt="step-20", step=20, mode="async"),
+               rec("checkpoint_end", 14.0, pid=101, restart=1, iter_=1, ckpt="step-20", step=20, ok=True,
+                   written=13.5, error=None),  # observed after an in-process restart
+               rec("checkpoint_end", 15.0, pid=101, restart=1, iter_=1, ckpt="step-10", step=10, ok=True,
+                   written=15.0, error=None)]
+    tl = build(records)
+    assert [(m.ckpt, m.incarnation, m.status) for m in tl.checkpoints] == [
+        ("step-10", (0, 0), "unfinished"), ("step-20", (1, 0), "ok"), ("step-10", (1, 0), "ok")]
+
+
+def test_process_start_to_first_work_is_drawn_as_init():
+    records = [rec("process_start", 1.0, world_size=1), restore(3.0, None, pid=100), step(1, 4.0),
+               rec("process_start", 10.0, pid=101, world_size=1), step(2, 12.0, pid=101)]
+    init = [(round(s.start, 3), round(s.end, 3)) for s in build(records).lanes[0].spans if s.kind == "init"]
+    assert init == [(0.0, 1.8), (9.0, 10.91)]
 
 
 def test_restarts_are_drawn_with_their_phases_and_set_the_time_range():
