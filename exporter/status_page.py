@@ -23,7 +23,7 @@ from importlib import resources
 
 from exporter.catalogue import RESTART_SLO_SECONDS, Category, RestartLevel, RestartPhase
 from exporter.live import View
-from exporter.snapshot import Histogram, Snapshot
+from exporter.snapshot import Histogram, RankState, Snapshot
 
 REFRESH_S = 5
 MAX_RANK_BARS = 16  # per-rank breakdown bars; beyond this only the job bar is drawn
@@ -207,7 +207,8 @@ def _slo_section(snap: Snapshot) -> str:
 
 def _checkpoint_section(snap: Snapshot) -> str:
     ck = snap.checkpoints
-    workers = [r.worker_alive for r in snap.ranks if r.worker_alive is not None]
+    # a worker shut down with its rank is not news: only live ranks' workers are judged
+    workers = [r.worker_alive for r in snap.ranks if r.worker_alive is not None and r.state is not RankState.ENDED]
     worker = "—" if not workers else "alive" if all(workers) else f"DEAD on {workers.count(False)} rank(s)"
     head = (f'<table><tr><td>durable saves</td><td class="num">{_num("checkpoint-saves", ck.saves, str(ck.saves))}</td>'
             f'<td>failed</td><td class="num">{_num("checkpoint-failures", ck.failures, str(ck.failures))}</td>'
@@ -224,7 +225,7 @@ def _checkpoint_section(snap: Snapshot) -> str:
         total = blk + bg
         bar = (f'<div class="bar" title="blocking vs background"><span class="blk" style="width:{100 * blk / total:.1f}%"></span>'
                f'<span class="bg" style="width:{100 * bg / total:.1f}%"></span></div>') if total > 0 else ""
-        status = "in flight" if c.ok is None else "durable" if c.ok else "FAILED"
+        status = "unfinished" if c.ok is None else "durable" if c.ok else "FAILED"
         rows.append(f'<tr data-ckpt="{_e(c.ckpt)}"><td class="cause">{_e(c.ckpt)}</td><td class="num">{c.step}</td>'
                     f"<td>{_e(c.mode)}</td><td class=\"num\">{_secs(c.blocking_s)}</td><td class=\"num\">{_secs(c.background_s)}</td>"
                     f'<td>{bar}</td><td class="{"na" if c.ok is None else "pass" if c.ok else "fail"}">{status}</td>'
@@ -263,7 +264,8 @@ def _ranks_section(snap: Snapshot) -> str:
     rows = []
     for r in snap.ranks[:MAX_RANK_ROWS]:
         eff = r.seconds.get(Category.PRODUCTIVE, 0.0) / r.wall_s if r.wall_s > 0 else None
-        worker = "—" if r.worker_alive is None else "alive" if r.worker_alive else "DEAD"
+        worker = ("—" if r.worker_alive is None else "alive" if r.worker_alive
+                  else "stopped" if r.state is RankState.ENDED else "DEAD")
         rows.append(f'<tr data-rank="{r.rank}"><td>{r.rank}</td><td>{_e(r.state.value)}</td>'
                     f'<td class="num">{"—" if r.step is None else r.step}</td><td class="num">{_pct(eff)}</td>'
                     f'<td class="num">{_secs(r.unprotected_s)}</td>'
