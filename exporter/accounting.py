@@ -138,8 +138,12 @@ class Ledger:
 
     # --- events ------------------------------------------------------------------------------
     def apply(self, rec: dict[str, Any], sink: RestartSink) -> None:
-        mono: float = rec["mono"]
         kind: str = rec["type"]
+        if kind == "step" and rec["pid"] == self.pid and rec["iter"] <= self.iter:  # the hot path
+            self._step(rec, sink)
+            self.last_wall = rec["wall"]
+            return
+        mono: float = rec["mono"]
         if self.first is None:
             self.first = self.t = min(mono, rec.get("start", mono))
             self.pid, self.restart, self.iter, self.last_wall = rec["pid"], rec["restart"], rec["iter"], rec["wall"]
@@ -190,16 +194,21 @@ class Ledger:
     def _step(self, rec: dict[str, Any], sink: RestartSink) -> None:
         start: float = rec["start"]
         mono: float = rec["mono"]
-        self._advance(start)
+        t = self.t
+        seconds = self.seconds
+        if start > t:  # _advance, inlined: this runs once per step
+            seconds[BLOCKING if self.blocking is not None else GAP[self.state]] += start - t
+            t = self.t = start
         if self.fact is not None:
-            sink.ended(self.rank, self.fact, max(start, self.t))
+            sink.ended(self.rank, self.fact, t)
             self.fact = None
         self.state, self.blocking, self.fault, self.cause = RankState.TRAINING, None, None, None
-        span = mono - self.t
+        span = mono - t
         if span > 0:
-            data = min(max(rec["data_s"], 0.0), span)
+            data = rec["data_s"]
+            data = span if data > span else (data if data > 0.0 else 0.0)
             work = span - data
-            self.seconds[DATA] += data
+            seconds[DATA] += data
             self.pool_steps.append(rec["step"])
             self.pool_work.append(work)
             self.pool_sum += work

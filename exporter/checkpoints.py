@@ -21,6 +21,7 @@ from exporter.histogram import Buckets
 from exporter.snapshot import CheckpointRecord
 
 RECENT = 32
+MAX_OPEN = 64  # saves waiting for ranks that never report are closed, oldest first, beyond this
 
 # one process's part of a save, keyed (rank, pid):
 # [pid, start, step, mode, scheduled, bytes, finalize_s, end, written, written_wall, ok, newest record's mono]
@@ -60,7 +61,13 @@ class Checkpoints:
 
     def add(self, rec: dict[str, Any]) -> None:
         """One checkpoint_* event of a rank (checkpoint_worker is the ledger's)."""
-        parts = self.open.setdefault(f'{rec["restart"]}/{rec["iter"]}/{rec["ckpt"]}', {})
+        ckpt = f'{rec["restart"]}/{rec["iter"]}/{rec["ckpt"]}'
+        parts = self.open.get(ckpt)
+        if parts is None:
+            parts = self.open[ckpt] = {}
+            if len(self.open) > MAX_OPEN:
+                oldest = min(self.open, key=lambda k: (_began(self.open[k]) if self.open[k] else float("inf"), k))
+                self._close(oldest, self.open.pop(oldest), {})
         key = (rec["rank"], rec["pid"])  # a restarted process may save the same id again
         part = parts.get(key)
         if part is None:
@@ -150,19 +157,22 @@ class Checkpoints:
             begun = _began(parts)
             if any(rank not in ranks and pid_at(rank, begun) == pid for rank, pid in live.items()):
                 continue
-            del self.open[ckpt]
-            record, durable = self._fold_one(ckpt, parts, live, self.blocking, self.background)
-            if record.ok is False:
-                self.failures += 1
-            if durable:
-                written = max(p[WRITTEN] for p in parts.values() if p[OK])
-                self.saves += 1
-                self.bytes_total += record.bytes
-                self.first_written = written if self.first_written is None else min(self.first_written, written)
-                if self.last_written is None or written > self.last_written:
-                    self.last_written, self.last_wall, self.last_step = written, record.written_wall, record.step
-            insort(self.recent, (_began(parts), ckpt, record), key=lambda x: x[:2])
-            del self.recent[:-RECENT]
+            self._close(ckpt, self.open.pop(ckpt), live)
+        self.due = due
+
+    def _close(self, ckpt: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int]) -> None:
+        record, durable = self._fold_one(ckpt, parts, live, self.blocking, self.background)
+        if record.ok is False:
+            self.failures += 1
+        if durable:
+            written = max(p[WRITTEN] for p in parts.values() if p[OK])
+            self.saves += 1
+            self.bytes_total += record.bytes
+            self.first_written = written if self.first_written is None else min(self.first_written, written)
+            if self.last_written is None or written > self.last_written:
+                self.last_written, self.last_wall, self.last_step = written, record.written_wall, record.step
+        insort(self.recent, (_began(parts), ckpt, record), key=lambda x: x[:2])
+        del self.recent[:-RECENT]
 
     def view(self, finished: bool, live: dict[int, int]) -> dict[str, Any]:
         """The aggregates as of now: folded history plus open saves (histograms only if ``finished``)."""

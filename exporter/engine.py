@@ -97,8 +97,10 @@ class _Lane:
         elif kind == "process_start":
             self.world_size = max(self.world_size, record["world_size"])
         pid = record["pid"]
-        if mono < self.pids.get(pid, float("inf")):
-            self.pids[pid] = mono
+        if pid != self.newest_pid or mono < self.newest:  # else: its first record is older already
+            first = self.pids.get(pid)
+            if first is None or mono < first:
+                self.pids[pid] = mono
         if mono > self.newest:
             self.newest, self.newest_pid, self.newest_kind = mono, pid, kind
             self.newest_restart, self.newest_iter = record["restart"], record["iter"]
@@ -164,7 +166,10 @@ class Engine:
         """Account one validated journal record (``trainer.schema.validate``)."""
         pid: int = record["pid"]
         seq: int = record["seq"]
-        if self._duplicate(pid, seq):
+        seen = self._seen.get(pid)
+        if seen is not None and seq == seen[0] and not seen[1]:
+            seen[0] = seq + 1  # the common case: the next record of a file read in order
+        elif self._duplicate(pid, seq):
             self._counts["duplicates"] += 1
             return
         mono: float = record["mono"]
@@ -185,7 +190,7 @@ class Engine:
                 lane = self._lanes[rank] = _Lane(rank)
             newest_pid = lane.newest_pid
             lane.count(record, kind, mono)
-            if lane.newest_pid != newest_pid:
+            if lane.newest_pid != newest_pid and self._checkpoints.open:
                 self._checkpoints.due = self._newest  # a process died: its unfinished saves may fold
         if self._newest >= self._checkpoints.due:  # before adding: a new save never joins one that is over
             lanes = self._lanes
@@ -196,7 +201,7 @@ class Engine:
             if kind in _CHECKPOINT_EVENTS:
                 self._checkpoints.add(record)
             self._lane_ingest(lane, record, (mono, pid, seq))
-        if self._newest >= self._next_fold or self._restarts.ended_since_fold:
+        if self._restarts.open and (self._newest >= self._next_fold or self._restarts.ended_since_fold):
             lanes = self._lanes
             applied = {r: float("-inf") if lane.applied is None else lane.applied[0] for r, lane in lanes.items()}
             self._restarts.fold(self._newest, self.window, applied, {r: lane.first() for r, lane in lanes.items()})

@@ -1,0 +1,90 @@
+"""Engine costs, side by side in one run: JSON decoding vs ``Engine.ingest`` per step event, and
+``Engine.snapshot`` for a pod of many ranks.
+
+    .venv/bin/python bench/bench_engine.py [--events 1000000] [--ranks 1024]
+
+Synthetic journals: ranks stepping in lock step (1 s steps), a save every 100 steps; records are
+built as journal lines, so decoding is measured on the real wire format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import orjson
+
+from exporter.engine import Engine
+from trainer.schema import encode
+
+
+def journal(ranks: int, steps: int, step_s: float = 1.0) -> list[bytes]:
+    """Lines of a pod: process_start per rank, then steps in lock step with a save every 100."""
+    lines: list[bytes] = []
+    seq = dict.fromkeys(range(ranks), 0)
+
+    def emit(rank: int, kind: str, mono: float, **payload: object) -> None:
+        lines.append(encode({"v": 1, "type": kind, "seq": seq[rank], "mono": mono, "wall": 1.7e9 + mono,
+                             "job": "bench", "pod": "bench-0", "node": "n0", "rank": rank, "local_rank": rank % 8,
+                             "pid": 1000 + rank, "restart": 0, "iter": 0, **payload}))
+        seq[rank] += 1
+
+    t = 1.0
+    for rank in range(ranks):
+        emit(rank, "process_start", 0.5, world_size=ranks)
+    for step in range(1, steps + 1):
+        for rank in range(ranks):
+            emit(rank, "step", t + step_s, step=step, start=t, data_s=0.01, compute_s=0.8, optimizer_s=0.1)
+        t += step_s
+        if step % 100 == 0:
+            ckpt = f"step-{step:06d}"
+            for rank in range(ranks):
+                emit(rank, "checkpoint_start", t, ckpt=ckpt, step=step, mode="async")
+                emit(rank, "checkpoint_scheduled", t + 0.02, ckpt=ckpt, plan_s=0.0, stage_s=0.02, bytes=1 << 20)
+            t += 0.02
+            for rank in range(ranks):
+                emit(rank, "checkpoint_end", t + 0.5, ckpt=ckpt, step=step, ok=True, written=t + 0.4, error=None)
+    return lines
+
+
+def bench_ingest(events: int) -> None:
+    lines = journal(8, events // 8)
+    t0 = time.perf_counter()
+    records = [orjson.loads(line) for line in lines]
+    t1 = time.perf_counter()
+    engine = Engine()
+    for record in records:
+        engine.ingest(record)
+    t2 = time.perf_counter()
+    n = len(records)
+    decode_us, ingest_us = (t1 - t0) / n * 1e6, (t2 - t1) / n * 1e6
+    print(f"ingest   {n} events, 8 ranks: decode {decode_us:.2f} µs/event, ingest {ingest_us:.2f} µs/event, "
+          f"together {n / (t2 - t0):,.0f} events/s on one core (ingest/decode = {ingest_us / decode_us:.1f}x)")
+
+
+def bench_snapshot(ranks: int) -> None:
+    engine = Engine()
+    for line in journal(ranks, 250):
+        engine.ingest(orjson.loads(line))
+    now = 260.0
+    engine.snapshot(now, now)  # warm
+    runs = 5
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        snap = engine.snapshot(now, now)
+    ms = (time.perf_counter() - t0) / runs * 1e3
+    print(f"snapshot {ranks} ranks: {ms:.1f} ms (efficiency {snap.efficiency:.3f}, "
+          f"{sum(r.steps for r in snap.ranks)} steps)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="step events to ingest")
+    parser.add_argument("--ranks", type=int, default=1024, help="ranks in the snapshot benchmark")
+    args = parser.parse_args()
+    bench_ingest(args.events)
+    bench_snapshot(args.ranks)
+
+
+if __name__ == "__main__":
+    main()
