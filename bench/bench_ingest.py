@@ -82,7 +82,9 @@ def main() -> None:
                 results[name] = max(results.get(name, 0.0), n / seconds)
         base = results["json"]
         for name, rate in results.items():
-            print(f"  {name:<12} {rate:>10,.0f} events/s  ({rate / base:.2f}x json)")
+            print(f"  {name:<12} {rate:>10,.0f} events/s  {1e6 / rate:5.2f} µs/event  ({rate / base:.2f}x json)")
+        engine_us = 1e6 / results["tail+engine"] - 1e6 / results["tail"]
+        print(f"  of which the engine {engine_us:.2f} µs/event, the reader {1e6 / results['tail']:.2f} µs/event")
         verdict = "PASS" if results["tail+engine"] >= TARGET else "FAIL"
         print(f"{verdict}: sidecar ingest {results['tail+engine']:,.0f} events/s (target >= {TARGET:,})")
 
