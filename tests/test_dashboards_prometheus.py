@@ -4,9 +4,10 @@ No Grafana server installs here, so nothing renders the panels; instead each Pro
 (panel targets, annotations, the template variables' selectors) is sent to Debian's Prometheus
 2.42 the way Grafana would send it, and must be accepted and return data.
 
-The run: the real reference job (``trainer.demo``: 2 CPU ranks under ft_launcher, a crash, an
-in-process restart and several checkpoints) with the real sidecar (``nvrx-slo sidecar``) beside
-it, scraped every second by Prometheus on 127.0.0.1 while the job runs (rates need two samples).
+The run: the real demo (``trainer.demo.run_demo``: the reference job on 2 CPU ranks under
+ft_launcher, a crash, an in-process restart and several checkpoints) with the real sidecar
+(``nvrx-slo sidecar``) beside it, scraped every second by Prometheus on 127.0.0.1 while the job
+runs (rates need two samples).
 A rule file of this test's own makes one alert fire on the run's restarts, so the "Firing
 alerts" panel has an ALERTS series to select; the generated alert rules are loaded too, so the
 dashboard's burn rates can be compared with the recording rules the alerts fire on.
@@ -47,6 +48,7 @@ from alerts.spec import Slo
 from dashboard_model import ROOT, Query, legend_labels, load_all, queries
 from dashboards import queries as q
 from exporter import catalogue as cat
+from trainer.demo import run_demo
 
 pytestmark = pytest.mark.slow
 
@@ -143,20 +145,7 @@ def _substitute(expr: str, variables: dict[str, str], span_s: int) -> str:
     return expr
 
 
-def _identity_env(journal: Path) -> dict[str, str]:
-    """The pod identity the trainer and sidecar read from the Downward API in a cluster."""
-    return {**os.environ, "NVRX_SLO_JOURNAL_DIR": str(journal), "NVRX_SLO_JOB": JOB, "POD_NAMESPACE": NAMESPACE,
-            "POD_NAME": POD, "HOSTNAME": POD, "PYTHONUNBUFFERED": "1"}
-
-
-def _run_job(tmp: Path, env: dict[str, str]) -> None:
-    """The demo's job: 2 CPU ranks under ft_launcher, a crash (in-job restart), an exception (in-process
-    restart), a checkpoint every few steps."""
-    cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher", "--nproc-per-node", "2", "--max-restarts", "3",
-           "--standalone", "-m", "trainer.reference_job", "--steps", "60", "--checkpoint-dir", str(tmp / "ckpt"),
-           "--inprocess", "--crash-at", "25", "--raise-at", "40"]
-    with open(tmp / "job.log", "wb") as log:
-        subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=240, check=True)
+IDENTITY = {"NVRX_SLO_JOB": JOB, "POD_NAMESPACE": NAMESPACE, "POD_NAME": POD, "HOSTNAME": POD}  # the Downward API's
 
 
 def _first_sample(prom: Prometheus, since: float, until: float) -> float:
@@ -173,19 +162,19 @@ def scraped(tmp_path_factory):
     """Prometheus, after it scraped the sidecar all through a real run; stopped after the module."""
     assert shutil.which("prometheus"), "Debian's prometheus is needed (bash scripts/test.sh installs it)"
     tmp = tmp_path_factory.mktemp("dashboards-prometheus")
-    journal = tmp / "journal"
-    journal.mkdir()
-    env = _identity_env(journal)
+    run_dir = tmp / "demo"
+    journal = run_dir / "journal"  # run_demo creates it; the sidecar waits for it
     sidecar_port = _free_port()
     prom = _start_prometheus(tmp, f"127.0.0.1:{sidecar_port}")
     try:
         sidecar = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal), "--host", "127.0.0.1",
              "--port", str(sidecar_port), "--poll-interval", "0.25", "--state-file", str(tmp / "state.json")],
-            env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "sidecar.log", "wb"))
+            env={**os.environ, **IDENTITY}, stdout=subprocess.DEVNULL, stderr=open(tmp / "sidecar.log", "wb"))
         try:
             began = time.time()
-            _run_job(tmp, env)
+            result = run_demo(run_dir, extra_env=IDENTITY, timeout_s=240)
+            assert result.returncode == 0, result.log_path.read_text(errors="replace")[-3000:]
             time.sleep(4 * SCRAPE_S)  # the final state scraped a few times, the test alert evaluated
             end = time.time()
         finally:
