@@ -27,12 +27,13 @@ from prometheus_client.utils import INF, floatToGoString
 from exporter import catalogue as cat
 from exporter.catalogue import ALL_RANKS, GpuIdleSource, Kind
 from exporter.identity import Identity
-from exporter.live import DUPLICATE, LATE, View
+from exporter.live import DUPLICATE, ENGINE_ERROR, LATE, View
 from exporter.snapshot import Histogram, RankSnapshot
 from exporter.tail import FILE_TRUNCATED, UNREADABLE
 from trainer.schema import RejectReason
 
-REJECT_REASONS: tuple[str, ...] = (*(r.value for r in RejectReason), UNREADABLE, FILE_TRUNCATED, DUPLICATE, LATE)
+REJECT_REASONS: tuple[str, ...] = (*(r.value for r in RejectReason), UNREADABLE, FILE_TRUNCATED, DUPLICATE, LATE,
+                                    ENGINE_ERROR)
 
 _ALL_RANKS_AGGREGATE: dict[str, Callable[[Sequence[float]], float]] = {
     cat.TRAINING_STEP.name: max,

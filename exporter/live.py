@@ -7,6 +7,7 @@ and the status page each render a ``View``: there is no second instrumentation p
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -17,11 +18,15 @@ from typing import Any
 from exporter.cycleinfo import CycleInfoReader
 from exporter.engine import Engine
 from exporter.podwatch import ContainerStatus, restart_deltas
+from exporter.ratelog import BoundedLog
 from exporter.snapshot import Snapshot
 from exporter.tail import JournalTail
 
 DUPLICATE = "duplicate"  # the engine saw this (pid, seq) already: ignored
 LATE = "late"  # older than the engine's reorder window when it arrived: not accounted
+ENGINE_ERROR = "engine_error"  # a valid record the engine raised on: skipped (a bug; logged)
+
+log = logging.getLogger("nvrx_slo.live")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ class Live:
         self.gpu_idle_nvml: dict[int, float] = {}
         self.pod_restarts: Counter[tuple[str, str]] = Counter()
         self.pod_seen: dict[str, int] = {}  # container -> restartCount last reported
+        self.engine_errors = 0  # valid records the engine raised on (each skipped, logged)
+        self._log = BoundedLog(log)
         self._mono = mono
         self._wall = wall
 
@@ -58,7 +65,12 @@ class Live:
     def _ingest(self, records: list[dict[str, Any]]) -> None:  # called by the tail under self.lock
         ingest = self.engine.ingest
         for record in records:
-            ingest(record)
+            try:
+                ingest(record)
+            except Exception:  # an engine bug must not crash-loop the sidecar on the same line
+                self.engine_errors += 1
+                self._log.exception("engine", "engine failed on %s seq %s of pid %s: record skipped",
+                                    record["type"], record["seq"], record["pid"])
 
     def add_gpu_idle(self, idle_by_device: Mapping[int, float]) -> None:
         with self.lock:
@@ -74,7 +86,8 @@ class Live:
     def view(self) -> View:
         with self.lock:
             snap = self.engine.snapshot(self._mono(), self._wall())
-            rejected = {**self.tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late}
+            rejected = {**self.tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late,
+                        ENGINE_ERROR: self.engine_errors}
             return View(snap, rejected, dict(self.gpu_idle_nvml), dict(self.pod_restarts))
 
     # --- persistence (state_store saves these parts in one file) ------------------------------
@@ -88,6 +101,7 @@ class Live:
                 "pod_restarts": [[c, r, n] for (c, r), n in self.pod_restarts.items()],
                 "pod_seen": dict(self.pod_seen),
                 "cycle_info": None if self.cycles is None else self.cycles.to_state(),
+                "engine_errors": self.engine_errors,
             }
 
     def load_state(self, parts: dict[str, Any]) -> None:
@@ -99,5 +113,6 @@ class Live:
             self.gpu_idle_nvml = {int(k): float(v) for k, v in parts["gpu_idle_nvml"].items()}
             self.pod_restarts = Counter({(c, r): int(n) for c, r, n in parts["pod_restarts"]})
             self.pod_seen = {c: int(n) for c, n in parts["pod_seen"].items()}
+            self.engine_errors = int(parts["engine_errors"])
             if self.cycles is not None and parts["cycle_info"] is not None:
                 self.cycles.load_state(parts["cycle_info"])

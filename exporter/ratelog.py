@@ -21,6 +21,13 @@ class BoundedLog:
         self._windows: dict[str, tuple[float, int, int]] = {}  # key -> (window start, logged, held back)
 
     def warning(self, key: str, msg: str, *args: object) -> None:
+        self._emit(self._logger.warning, key, msg, *args)
+
+    def exception(self, key: str, msg: str, *args: object) -> None:
+        """Like ``warning``, with the traceback of the exception being handled."""
+        self._emit(self._logger.exception, key, msg, *args)
+
+    def _emit(self, sink: Callable[..., None], key: str, msg: str, *args: object) -> None:
         now = self._clock()
         start, logged, held = self._windows.get(key, (now, 0, 0))
         if now - start >= self._period:
@@ -31,4 +38,4 @@ class BoundedLog:
         if held:
             msg += f" (and {held} more like it held back)"
         self._windows[key] = (start, logged + 1, 0)
-        self._logger.warning(msg, *args)
+        sink(msg, *args)

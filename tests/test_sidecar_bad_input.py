@@ -192,3 +192,21 @@ def test_an_unusable_state_file_means_a_rebuild_from_the_journal(tmp_path):
     assert "reading the journal from the start" in (tmp_path / "log").read_text()
     assert sum(v for (n, _), v in got.items() if n == "nvrx_steps_total") == 100
     assert os.path.getsize(state) > 100  # saved again, whole
+
+
+def test_a_record_the_engine_raises_on_is_skipped_counted_and_the_rest_accounted(tmp_path, caplog):
+    class Buggy(Engine):  # stands in for an engine bug, the one thing this test is about
+        def ingest(self, record: dict) -> None:
+            if record["type"] == "step" and record["step"] == 7 and record["rank"] == 1:
+                raise ZeroDivisionError("a bug")
+            super().ingest(record)
+
+    write_clean(tmp_path / "journal")
+    live = Live(Buggy(), JournalTail(tmp_path / "journal"))
+    live.poll()
+    view = live.view()
+    assert view.rejected["engine_error"] == 1 and "ZeroDivisionError" in caplog.text
+    assert [r.steps for r in view.snapshot.ranks] == [50, 49]
+    resumed = Live(Engine(), JournalTail(tmp_path / "journal"))
+    resumed.load_state(live.to_state())
+    assert resumed.view().rejected["engine_error"] == 1
