@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import os
 import queue as queue_module
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,6 +78,13 @@ def _warm_up() -> None:
     nvrx_compat.async_checkpointing()
 
 
+def _warm_results_queue(api: Any) -> None:
+    cpu_shims.results_queue(api)
+    results = api.results_queue_module._get_write_results_queue()
+    results.put(MetadataIndex("nvrx-slo warm-up"))
+    results.get()
+
+
 def _read_stamp(path: Path, rank: int, default: float) -> float:
     stamp = _stamp_path(path, rank)
     try:
@@ -100,6 +108,7 @@ class _Pending:
     ckpt: str
     step: int
     path: Path
+    rank: int
     error: str | None = None
     finalized: bool = False
 
@@ -134,28 +143,32 @@ class Checkpointer:
         self._pending: dict[int, _Pending] = {}
         self._finalize_start = 0.0
         self._worker_alive: bool | None = None
+        self._warming: threading.Thread | None = None
+        self._stale = False  # saves were abandoned: the writer may still owe their completions
         if self._api is not None:
             cpu_shims.apply(self._api)
 
     # --- async lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Pre-spawn NVRx's persistent writer and warm its result queue, so the first save is not
-        charged process start-ups and imports. Local to this rank: no collective.
+        """Start NVRx's persistent writer and warm its result queue in the background, so neither
+        a restart nor the first save waits for process start-ups and imports. Local to this rank.
 
-        The writer's first job imports what saves need; meanwhile a torch object goes once through
-        NVRx's result queue, whose manager process would otherwise import torch (seconds) while
-        the first save's results wait.
+        The writer's first job imports what saves need; meanwhile (in a thread) a torch object goes
+        once through NVRx's result queue, whose manager process would otherwise import torch while
+        the first save's results wait. The first save waits for whatever is still warming up.
         """
-        if self._api is None or self._queue is not None:
+        if self._api is None:
+            return
+        if self._queue is not None:
+            if self._stale:
+                self._clear_abandoned()
             return
         self._queue = self._api.AsyncCallsQueue(persistent=True)
-        self._queue.schedule_async_request(self._api.AsyncRequest(_warm_up, (), []))
-        results = self._api.results_queue_module._get_write_results_queue()
-        results.put(MetadataIndex("nvrx-slo warm-up"))
-        results.get()
-        # no_dist: no collective, so ranks that warm up at different speeds cannot time out here
-        self._queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
+        self._queue.schedule_async_request(self._api.AsyncRequest(_warm_up, (), []))  # finalized with the first save
+        self._warming = threading.Thread(target=_warm_results_queue, args=(self._api,), daemon=True,
+                                         name="nvrx-slo-checkpoint-warm-up")
+        self._warming.start()
         self._check_worker()
 
     def _worker(self) -> Any:
@@ -190,7 +203,7 @@ class Checkpointer:
         try:
             self._save_async(state_dict, ckpt, step, path)
         except BaseException as exc:  # a fault mid-save (a peer died): the save is over, and failed
-            self._end(_Pending(ckpt, step, path), time.monotonic(), f"{type(exc).__name__}: {exc}"[:500])
+            self._end(_Pending(ckpt, step, path, -1), time.monotonic(), f"{type(exc).__name__}: {exc}"[:500])
             raise
 
     def _save_sync(self, state_dict: dict[str, Any], ckpt: str, step: int, path: Path) -> None:
@@ -204,12 +217,15 @@ class Checkpointer:
         t1 = time.monotonic()
         size = sum(t.numel() * t.element_size() for t in _local_tensors(state_dict))
         self.hooks.journal.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=ckpt, plan_s=0.0, stage_s=t1 - t0, bytes=size)
-        self._end(_Pending(ckpt, step, path, error), t1, error)
+        self._end(_Pending(ckpt, step, path, dist.get_rank(), error), t1, error)
 
     def _save_async(self, state_dict: dict[str, Any], ckpt: str, step: int, path: Path) -> None:
         api = self._api
         if self._queue is None:
             self.start()
+        if self._warming is not None:
+            self._warming.join()
+            self._warming = None
         self._check_worker()
         rank = dist.get_rank()
         t0 = time.monotonic()
@@ -222,7 +238,7 @@ class Checkpointer:
             args[1] = cpu_shims.stage(args[1])
             preload = None
         size = _payload_bytes(args[1])
-        pending = _Pending(ckpt, step, path)
+        pending = _Pending(ckpt, step, path, rank)
 
         def finalize() -> None:  # NVRx calls it in the training thread once every rank's write is done
             pending.error = _finalize(writer, planned)
@@ -251,20 +267,24 @@ class Checkpointer:
         # NVRx 0.4.1 returns call index 0 for every finalized call: trust our own flags instead
         for index in [i for i, p in self._pending.items() if p.finalized]:
             pending = self._pending.pop(index)
-            self._end(pending, _read_stamp(pending.path, dist.get_rank(), now), pending.error)
+            self._end(pending, _read_stamp(pending.path, pending.rank, now), pending.error)
 
     def _end(self, pending: _Pending, written: float, error: str | None) -> None:
         self.hooks.journal.emit(EventType.CHECKPOINT_END, ckpt=pending.ckpt, step=pending.step, ok=error is None,
                                 written=written, error=error)
 
     def abandon(self, reason: str) -> None:
-        """After a fault (in-process restart): give up on saves in flight without any collective.
+        """After a fault (in-process restart): give up on saves in flight, at once and without any
+        collective. Each is journaled as failed; the writer keeps running, and the next ``start``
+        clears what it still owes before the next save."""
+        for pending in self._pending.values():
+            self._end(pending, _read_stamp(pending.path, pending.rank, time.monotonic()), f"abandoned: {reason}")
+        self._pending.clear()
+        self._stale = self._queue is not None
 
-        Waits for the writer to finish what it was handed (so the next save starts clean), journals
-        each abandoned save as failed, and keeps the worker for the next incarnation.
-        """
-        if self._queue is None or not self._pending:
-            return
+    def _clear_abandoned(self) -> None:
+        """Wait for the writer to finish what it was handed before the fault and drop the results,
+        so completions of abandoned saves are never taken for the next save's."""
         caller = self._queue.persistent_caller
         outstanding = len(self._queue.async_calls) - (1 if caller.cur_item is not None else 0)
         for _ in range(outstanding):
@@ -280,10 +300,7 @@ class Checkpointer:
                 results.get_nowait()
             except queue_module.Empty:
                 break
-        for pending in self._pending.values():
-            self._end(pending, _read_stamp(pending.path, dist.get_rank() if dist.is_initialized() else 0,
-                                           time.monotonic()), f"abandoned: {reason}")
-        self._pending.clear()
+        self._stale = False
 
     def close(self) -> None:
         """Finish saves in flight (blocking) and stop the writer. Collective."""

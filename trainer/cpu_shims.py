@@ -14,6 +14,11 @@ nothing and NVRx runs unmodified. Nothing is patched on disk: two methods are re
    ``stage`` replaces the preload: it copies every tensor once, in the training thread (counted
    as blocking time), and the request carries no preload function.
 
+4. NVRx creates its write-result queue in a *spawned* manager process (spawn keeps CUDA contexts out
+   of children), which must import torch to unpickle the first results: seconds on a busy CPU host,
+   in the first save or the restart path. Without CUDA there is no context to protect:
+   ``results_queue`` forks that manager instead (it inherits the imports).
+
 And one for ``inprocess.Wrapper``: NVRx versions after 0.4.1 run a GPU/NVLink health check before
 each in-process restart (``restart_health_check``); without a driver it fails and the rank
 terminates instead of restarting. ``wrapper_overrides`` gives those versions a check that passes.
@@ -22,6 +27,7 @@ terminates instead of restarting. ``wrapper_overrides`` gives those versions a c
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import logging
 from types import SimpleNamespace
 from typing import Any
@@ -66,6 +72,13 @@ def apply(api: SimpleNamespace) -> list[str]:
     _applied[:] = ["AsyncCaller.sync_all_async_calls", "AsyncRequest.execute_finalize_fns"]
     log.info("nvrx-slo: no CUDA; NVRx async checkpointing runs with CPU shims: %s", ", ".join(_applied))
     return list(_applied)
+
+
+def results_queue(api: SimpleNamespace) -> None:
+    """Shim 4: NVRx's module-level result queue from a forked manager, if none exists yet."""
+    module = api.results_queue_module
+    if needed() and getattr(module, "_results_queue", None) is None:
+        module._results_queue = multiprocessing.get_context("fork").Manager().Queue()
 
 
 def stage(write_buckets: list[Any]) -> list[Any]:

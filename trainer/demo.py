@@ -1,0 +1,161 @@
+"""``nvrx-slo demo``: the reference job on 2 CPU ranks under ft_launcher, with one crash and one exception.
+
+``run_demo`` is the reusable part (tests start their own sidecar or Prometheus beside a run and
+read ``DemoResult.journal_dir``); ``main`` runs it once and prints what the journal says happened:
+steps, each checkpoint's blocking and background seconds, each restart and its latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainer import schema
+from trainer.faults import Fault
+from trainer.schema import EventType
+
+# The crash (SIGKILL, an in-job restart by ft_launcher) comes well after the first checkpoint and
+# the exception (an in-process restart by inprocess.Wrapper) after the third, so both roll back work.
+DEFAULT_FAULTS = (Fault("crash", 24), Fault("exception", 37))
+_FLAGS = {"crash": "--crash-at", "exception": "--raise-at", "hang": "--hang-at"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoResult:
+    run_dir: Path
+    journal_dir: Path
+    checkpoint_dir: Path
+    log_path: Path  # the launcher's and ranks' combined output
+    returncode: int
+
+
+def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: int = 50,
+             checkpoint_every: int = 10, extra_args: Sequence[str] = (),
+             extra_env: Mapping[str, str] | None = None, timeout_s: float = 300) -> DemoResult:
+    """Run the reference job (2 ranks, ``--inprocess``) under ``nvrx-slo ft-launcher`` in ``run_dir``.
+
+    ``run_dir`` must not hold an earlier run (faults fire once per checkpoint directory).
+    ``extra_args`` go to ``nvrx-slo train``. Returns when the launcher exits; a run still going
+    after ``timeout_s`` is killed (launcher, ranks and writers) and reported with code -9.
+    """
+    run_dir = Path(run_dir)
+    journal_dir, checkpoint_dir, log_path = run_dir / "journal", run_dir / "checkpoints", run_dir / "demo.log"
+    if checkpoint_dir.exists() or journal_dir.exists():
+        raise FileExistsError(f"{run_dir} already holds a run; choose a fresh directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    train = ["-m", "nvrx_slo", "train", "--steps", str(steps), "--checkpoint-every", str(checkpoint_every),
+             "--checkpoint-dir", str(checkpoint_dir), "--inprocess"]
+    for fault in faults:
+        train += [_FLAGS[fault.kind], str(fault.step)]
+    cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher", "--standalone", "--nproc-per-node", "2",
+           "--max-restarts", "3", "--monitor-interval", "0.5", "--ignore-missing-fault-tol-cfg",
+           *train, *extra_args]
+    env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": "demo",
+           "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", **(extra_env or {})}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = -signal.SIGKILL
+    return DemoResult(run_dir, journal_dir, checkpoint_dir, log_path, code)
+
+
+def read_journal(journal_dir: Path) -> list[dict[str, Any]]:
+    """Every valid record of every process, in time order (invalid lines are skipped)."""
+    records = []
+    for path in sorted(Path(journal_dir).glob(f"*{schema.JOURNAL_SUFFIX}")):
+        for line in path.read_bytes().splitlines():
+            try:
+                records.append(schema.decode(line))
+            except schema.JournalError:
+                continue
+    return sorted(records, key=lambda r: r["mono"])
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What happened, read back from the journal (job level: the slowest rank decides)."""
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_type.setdefault(r["type"], []).append(r)
+    steps = by_type.get(EventType.STEP.value, [])
+    checkpoints: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r["type"].startswith("checkpoint_") and "ckpt" in r:
+            # a checkpoint id can recur after a rollback: key by incarnation as well
+            c = checkpoints.setdefault(f"{r['ckpt']} r{r['restart']}i{r['iter']}",
+                                       {"blocking": {}, "background": {}, "ok": None})
+            rank = r["rank"]
+            if r["type"] == EventType.CHECKPOINT_START.value:
+                c.setdefault("start", {})[rank] = r["mono"]
+            elif r["type"] == EventType.CHECKPOINT_SCHEDULED.value:
+                c["scheduled"] = {**c.get("scheduled", {}), rank: r["mono"]}
+                c["blocking"][rank] = r["mono"] - c.get("start", {}).get(rank, r["mono"])
+            elif r["type"] == EventType.CHECKPOINT_FINALIZE.value:
+                c["blocking"][rank] = c["blocking"].get(rank, 0.0) + r["mono"] - r["start"]
+            elif r["type"] == EventType.CHECKPOINT_END.value:
+                c["background"][rank] = r["written"] - c.get("scheduled", {}).get(rank, r["written"])
+                c["ok"] = r["ok"] if c["ok"] is None else (c["ok"] and r["ok"])
+    restarts = []
+    for fault in by_type.get(EventType.FAULT_INJECTED.value, []):
+        resumed = next((s for s in steps if s["start"] > fault["mono"]
+                        and (s["restart"], s["iter"]) != (fault["restart"], fault["iter"])), None)
+        level = "in-process" if resumed and resumed["restart"] == fault["restart"] else "in-job"
+        restores = [r for r in by_type.get(EventType.RESTORE.value, []) if r["mono"] > fault["mono"]]
+        restarts.append({"kind": fault["kind"], "step": fault["step"], "level": level,
+                         "latency": None if resumed is None else resumed["start"] - fault["mono"],
+                         "resumed_from": restores[0]["step"] if restores else None})
+    runs_per_rank: dict[Any, int] = {}
+    for s in steps:
+        runs_per_rank[s["rank"]] = runs_per_rank.get(s["rank"], 0) + 1
+    return {
+        "steps": len({s["step"] for s in steps}),
+        "step_runs": max(runs_per_rank.values(), default=0),
+        "last_step": max((s["step"] for s in steps), default=None),
+        "checkpoints": [{"id": key.split()[0], "ok": c["ok"],
+                         "blocking_s": max(c["blocking"].values(), default=0.0),
+                         "background_s": max(c["background"].values(), default=0.0)}
+                        for key, c in checkpoints.items()],
+        "restarts": restarts,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The demo's printout (the lead adds the sidecar's SLO report beside it)."""
+    lines = [f"steps: {summary['steps']} distinct (last {summary['last_step']}), "
+             f"{summary['step_runs']} run including work redone after restarts", "checkpoints (slowest rank):"]
+    for c in summary["checkpoints"]:
+        state = {True: "ok", False: "FAILED", None: "unfinished"}[c["ok"]]
+        lines.append(f"  {c['id']}  blocking {c['blocking_s']:.3f} s  background {c['background_s']:.3f} s  {state}")
+    lines.append("restarts:")
+    for r in summary["restarts"]:
+        latency = "never resumed" if r["latency"] is None else f"back to training after {r['latency']:.1f} s"
+        lines.append(f"  {r['kind']} at step {r['step']}: {r['level']} restart, resumed from checkpoint step "
+                     f"{r['resumed_from']}, {latency}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nvrx-slo demo", description=__doc__.splitlines()[0])
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"demo-{stamp}",
+                        help="a fresh directory for the journal, checkpoints and log (default: runs/demo-<time>)")
+    parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    args = parser.parse_args(argv)
+    print(f"nvrx-slo demo: 2 CPU ranks under ft_launcher, crash at step {DEFAULT_FAULTS[0].step}, exception at "
+          f"step {DEFAULT_FAULTS[1].step}; run directory {args.run_dir}", flush=True)
+    result = run_demo(args.run_dir, steps=args.steps)
+    print(format_summary(summarize(read_journal(result.journal_dir))))
+    if result.returncode != 0:
+        print(f"the job failed (exit code {result.returncode}); see {result.log_path}", file=sys.stderr)
+    return result.returncode
