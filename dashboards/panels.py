@@ -101,7 +101,7 @@ def table(title: str, description: str, query: Query, *, w: int = 12, h: int = 8
     return g.Table(
         title=title, description=description, dataSource=DATASOURCE,
         targets=_targets([Query(query.expr, query.legend, instant=True)], g.TABLE_TARGET_FORMAT),
-        gridPos=_grid(w, h), unit=COUNT,
+        gridPos=_grid(w, h), unit=COUNT, thresholds=thresholds((None, BLUE)),
         transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True}}}],
     )
 
@@ -110,10 +110,12 @@ def heatmap(title: str, description: str, query: Query, unit: str, *, w: int = 1
     """Series as rows (``tsbuckets``: the legend names the row), colour = value, e.g. one row per rank."""
     return g.Heatmap(
         title=title, description=description, dataSource=DATASOURCE, targets=_targets([query]),
-        gridPos=_grid(w, h), dataFormat="tsbuckets", yBucketBound="middle", hideZeroBuckets=False,
+        gridPos=_grid(w, h), thresholds=thresholds((None, BLUE)), dataFormat="tsbuckets", yBucketBound="middle", hideZeroBuckets=False,
         color=g.HeatmapColor(mode="scheme", colorScheme="interpolateOranges", exponent=0.5),
         tooltip=g.Tooltip(shared=False), yAxis=g.YAxis(format=COUNT, decimals=0),
-        extraJson={"options": {"cellValues": {"unit": unit}}},
+        # Cell unit in fieldConfig, options left empty: Grafana migrates a panel with empty options
+        # from this (angular) heatmap model to its current heatmap.
+        extraJson={"fieldConfig": {"defaults": {"unit": unit}}},
     )
 
 

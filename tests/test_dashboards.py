@@ -79,8 +79,11 @@ def test_every_panel_is_bound_to_the_datasource_variable_and_described(uid, pane
     assert len(ref_ids) == len(set(ref_ids))
     for t in panel["targets"]:
         assert t["datasource"] == DATASOURCE and t["expr"].strip()
-    if panel["type"] in ("timeseries", "stat", "table"):
-        assert panel["fieldConfig"]["defaults"]["unit"], "no unit"
+    defaults = panel["fieldConfig"]["defaults"]
+    assert defaults["unit"], "no unit"
+    steps = defaults["thresholds"]["steps"]
+    assert steps and steps[0]["value"] is None, "thresholds need a base step (value null)"
+    assert [s["value"] for s in steps[1:]] == sorted(s["value"] for s in steps[1:]), "threshold steps must ascend"
 
 
 @pytest.mark.parametrize("uid", sorted(UIDS))
