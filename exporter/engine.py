@@ -29,7 +29,7 @@ worker liveness, checkpoint aggregates) are taken at ingest, without lag.
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left, insort
 from collections import deque
 from typing import Any
 
@@ -87,7 +87,10 @@ class _Lane:
         if kind == "step":
             duration = mono - record["start"]
             self.steps += 1
-            self.hist.observe(duration)
+            hist = self.hist  # Buckets.observe, inlined: once per step
+            hist.counts[bisect_left(STEP_BUCKETS, duration)] += 1
+            hist.sum += duration
+            hist.count += 1
             self.recent.append(duration)
             if mono > self.step_mono:
                 self.step, self.step_mono, self.step_wall = record["step"], mono, record["wall"]
@@ -135,7 +138,8 @@ class Engine:
         self._launcher_start: float | None = None
         self._launcher_exit: float | None = None
         self._identity = ("", "", "")
-        self._counts = {"accepted": 0, "duplicates": 0, "out_of_order": 0, "late": 0}
+        self._accepted = 0  # the hot counter, apart from the rest
+        self._counts = {"duplicates": 0, "out_of_order": 0, "late": 0}
         self._next_fold = float("-inf")
 
     # --- ingest --------------------------------------------------------------------------------
@@ -182,7 +186,7 @@ class Engine:
                 self._identity = (record["job"], record["pod"], record["node"])
         if mono > self._newest:
             self._newest = mono
-        self._counts["accepted"] += 1
+        self._accepted += 1
         lane = None
         if rank is not None:
             lane = self._lanes.get(rank)
@@ -298,7 +302,7 @@ class Engine:
             now_mono=now_mono, now_wall=now_wall, job=job, pod=pod, node=node, job_start_wall=self._origin_wall,
             finished=finished, ranks=ranks, checkpoints=checkpoints, restarts=restarts.stats(finished, mtbf),
             predicted_efficiency=derived.ettr(interval, cost, restarts.mean_duration(), mtbf),
-            events_accepted=self._counts["accepted"], duplicates=self._counts["duplicates"],
+            events_accepted=self._accepted, duplicates=self._counts["duplicates"],
             out_of_order=self._counts["out_of_order"], late=self._counts["late"],
             journal_lag_s=None if self._origin is None else max(0.0, now_mono - self._newest))
 
@@ -337,7 +341,7 @@ class Engine:
             "newest": _finite(self._newest),
             "launcher": [self._launcher_start, self._launcher_exit],
             "identity": list(self._identity),
-            "counts": dict(self._counts),
+            "counts": {"accepted": self._accepted, **self._counts},
             "next_fold": _finite(self._next_fold),
         }
 
@@ -358,6 +362,7 @@ class Engine:
             job, pod, node = state["identity"]
             engine._identity = (str(job), str(pod), str(node))
             engine._counts = {k: int(state["counts"][k]) for k in engine._counts}
+            engine._accepted = int(state["counts"]["accepted"])
             engine._next_fold = _infinite(state["next_fold"])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise ValueError(f"not an engine state: {exc!r}") from None
