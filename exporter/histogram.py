@@ -23,12 +23,6 @@ class Buckets:
         self.sum += value
         self.count += 1
 
-    def merge(self, other: Buckets) -> None:
-        for i, n in enumerate(other.counts):
-            self.counts[i] += n
-        self.sum += other.sum
-        self.count += other.count
-
     def copy(self) -> Buckets:
         out = Buckets(self.bounds)
         out.counts = self.counts[:]
