@@ -35,6 +35,7 @@ RESTORE, RESTART, INIT = IDX[Category.CHECKPOINT_RESTORE], IDX[Category.RESTART]
 DATA, UNATTRIBUTED = IDX[Category.DATA_WAIT], IDX[Category.UNATTRIBUTED]
 GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
         RankState.ENDED: UNATTRIBUTED}
+POOL_MAX = 4096  # undecided steps kept one by one before neighbours are merged
 _INPROCESS_FAULT = {"inprocess_abort", "inprocess_finalize", "inprocess_rank_assignment"}
 _MARKS = {"inprocess_abort": "detect", "inprocess_finalize": "teardown",
           "inprocess_rank_assignment": "rendezvous"}
@@ -213,6 +214,19 @@ class Ledger:
             self.pool_work.append(work)
             self.pool_sum += work
             self.t = mono
+            if len(self.pool_steps) > POOL_MAX:
+                self._compact_pool()
+
+    def _compact_pool(self) -> None:
+        """Halve a pool that no save has drained: merge neighbours, keeping the higher step.
+
+        Memory stays bounded when a job runs long without a durable save; a merged pair is
+        decided as one (a save must cover both steps), so at most one pair's work waits for
+        the next save, or is counted lost with its partner."""
+        steps, work = self.pool_steps, self.pool_work
+        odd = len(steps) % 2
+        self.pool_steps = [max(steps[i], steps[i + 1]) for i in range(0, len(steps) - odd, 2)] + steps[len(steps) - odd:]
+        self.pool_work = [work[i] + work[i + 1] for i in range(0, len(work) - odd, 2)] + work[len(work) - odd:]
 
     # --- copies and state ----------------------------------------------------------------------
     def copy(self) -> Ledger:

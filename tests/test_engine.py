@@ -289,3 +289,18 @@ def test_an_empty_engine_snapshots():
     snap = Engine().snapshot(5.0, 6.0)
     assert snap.ranks == () and snap.wall_s == 0 and snap.efficiency is None and snap.journal_lag_s is None
     assert snap.predicted_efficiency is None and snap.restarts.mtbf_s is None
+
+
+def test_a_job_that_never_saves_keeps_bounded_state_and_every_second():
+    pod = Pod()
+    p = pod.proc(0)
+    p.start(0.0)
+    for step in range(1, 10_001):
+        p.step(step, float(step), step + 1.0)
+    engine = Engine(reorder_window_s=0.0)
+    for record in pod.records:
+        engine.ingest(record)
+    assert len(engine.to_state()["lanes"]["0"]["ledger"]["pool_steps"]) <= 4096
+    snap = engine.snapshot(10_001.0, 0.0)
+    assert snap.ranks[0].unprotected_s == pytest.approx(10_000.0)
+    check_invariant(snap)
