@@ -12,13 +12,15 @@ Young jobs (and any window only partly covered by data). ``rate(x[1h])`` divides
 by the whole hour, but a plain ``rate(bad)/rate(wall)`` divides by the wall time that exists,
 so a ten-minute-old job's "1h" ratio would be its lifetime ratio: the minute of init every job
 starts with would read as a 10% error ratio and page. For time SLIs the denominator is therefore
-the job's wall rate *now* (rank count, from the shortest window) times the whole window: the part
-of a window before the job started counts as healthy. A young job then pages exactly when an old
-job would on the same burn: one that is down from its first second pages once 14.4% of an hour
-has burnt (8.6 min), as an old job going down does, and a few minutes of init never page.
-(Within its first shortest window the wall rate is itself truncated, which scales long-window
-ratios by at most shortest/long, e.g. 5m/1h: still below every page threshold.) Event SLIs
-(restarts, saves) have no events before the start, so their ratio needs no correction.
+the job's rank count (its wall rate over the shortest window; the most the window saw) times the
+*whole* window: the part of a window before the job started counts as healthy. A young job then
+pages exactly when an old job would on the same burn: one that is down from its first second
+pages once 14.4% of an hour has burnt (8.6 min), as an old job going down does, and a few
+minutes of init never page. Taking the most ranks the window saw, not the current count, keeps
+a finished job's ratios from growing as its wall rate decays to zero. (Within its first shortest
+window the rank count itself reads low, which scales long-window ratios by at most
+shortest/long, e.g. 5m/1h: below every page threshold.) Event SLIs (restarts, saves) have no
+events before the start, so their ratio needs no correction.
 """
 
 from __future__ import annotations
@@ -54,13 +56,17 @@ def recording_rules(sli: Sli, objective: Objective, spec: Spec) -> list[Rule]:
     rules = [
         _record(sli_bad_record(base), sli.bad(duration.format(base)), sli),
         _record(sli_total_record(base), sli.total(duration.format(base)), sli),
-        _record(error_ratio_record(base), _ratio(bad, total), sli),
     ]
-    if sli.time_based:  # bad rank-seconds over (rank count now × the whole window)
-        rules += [_record(error_ratio_record(w), _ratio(sli.bad(duration.format(w)), total), sli) for w in spans[1:]]
-        integral = f"sum_over_time({bad}[{p}]) * {spec.evaluation_interval} / {period}"
-        rules.append(_record(error_ratio_record(period), _ratio(f"({integral})", total), sli))
+    if sli.time_based:  # bad rank-seconds over (the most ranks the window saw × the whole window)
+        def ranks(w: int) -> str:
+            return f"max_over_time({total}[{duration.format(w)}])"
+
+        rules.append(_record(error_ratio_record(base), _ratio(bad, ranks(base)), sli))
+        rules += [_record(error_ratio_record(w), _ratio(sli.bad(duration.format(w)), ranks(w)), sli) for w in spans[1:]]
+        integral = f"(sum_over_time({bad}[{p}]) * {spec.evaluation_interval} / {period})"
+        rules.append(_record(error_ratio_record(period), _ratio(integral, ranks(period)), sli))
     else:  # bad events over events
+        rules.append(_record(error_ratio_record(base), _ratio(bad, total), sli))
         rules += [
             _record(error_ratio_record(w), _ratio(sli.bad(duration.format(w)), sli.total(duration.format(w))), sli)
             for w in spans[1:]
