@@ -63,6 +63,7 @@ class LabelSets:
     def __init__(self) -> None:
         self._sets: dict[_Items, dict[str, str]] = {}
         self._buckets: dict[tuple[_Items, tuple[float, ...]], list[dict[str, str]]] = {}
+        self._rank_sets: dict[tuple[tuple[_Items, ...], _Items], list[dict[str, str]]] = {}
 
     def get(self, items: _Items) -> dict[str, str]:
         labels = self._sets.get(items)
@@ -71,6 +72,16 @@ class LabelSets:
                 self._sets.clear()
             labels = self._sets[items] = dict(items)
         return labels
+
+    def ranks(self, rank_items: tuple[_Items, ...], extra: _Items) -> list[dict[str, str]]:
+        """The label sets of one per-rank series each: ``rank_items[i] + extra``."""
+        key = (rank_items, extra)
+        sets = self._rank_sets.get(key)
+        if sets is None:
+            if len(self._rank_sets) > _LABEL_SETS_MAX:
+                self._rank_sets.clear()
+            sets = self._rank_sets[key] = [self.get(items + extra) for items in rank_items]
+        return sets
 
     def buckets(self, items: _Items, bounds: tuple[float, ...]) -> list[dict[str, str]]:
         """The ``le`` label sets of a histogram's buckets, ``+Inf`` last."""
@@ -83,14 +94,22 @@ class LabelSets:
         return sets
 
 
+def _sample(name: str, labels: dict[str, str], value: float) -> Sample:
+    """``Sample(name, labels, value)`` without the keyword defaults handling (31k of them per scrape)."""
+    return _make_sample((name, labels, value, None, None, None))
+
+
+_make_sample = Sample._make
+
+
 def _add_histogram(family: Metric, labels: LabelSets, items: _Items, hist: Histogram) -> None:
     name, samples = family.name, family.samples
-    bucket_sets = labels.buckets(items, hist.bounds)
-    for bucket_labels, count in zip(bucket_sets, hist.counts):
-        samples.append(Sample(name + "_bucket", bucket_labels, count))
+    bucket = name + "_bucket"
+    samples += [_sample(bucket, bucket_labels, count)
+                for bucket_labels, count in zip(labels.buckets(items, hist.bounds), hist.counts)]
     own = labels.get(items)
-    samples.append(Sample(name + "_sum", own, hist.sum))
-    samples.append(Sample(name + "_count", own, hist.count))
+    samples.append(_sample(name + "_sum", own, hist.sum))
+    samples.append(_sample(name + "_count", own, hist.count))
 
 
 def _sum_histograms(hists: Sequence[Histogram]) -> Histogram:
@@ -133,15 +152,14 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     base_labels = lab.get(base)
     ranks = snap.ranks
     split = per_rank and len(ranks) <= max_ranks
-    rank_items = [base + (("rank", str(r.rank)),) for r in ranks] if split else [base + (("rank", ALL_RANKS),)]
+    rank_items = tuple(base + (("rank", str(r.rank)),) for r in ranks) if split else (base + (("rank", ALL_RANKS),),)
     out = {m.name: _family(m) for m in cat.CATALOGUE}
 
     def per_rank_values(metric: cat.Metric, values: Sequence[float | None], extra: _Items = ()) -> None:
         samples, name = out[metric.name].samples, metric.name
         if split:
-            for items, value in zip(rank_items, values):
-                if value is not None:
-                    samples.append(Sample(name, lab.get(items + extra), value))
+            samples += [_sample(name, labels, value) for labels, value in zip(lab.ranks(rank_items, extra), values)
+                        if value is not None]
             return
         known = [v for v in values if v is not None]
         if known:

@@ -14,6 +14,7 @@ with legacy-valid metric and label names (the catalogue's).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from math import isfinite
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -59,7 +60,8 @@ class TextRenderer:
                 if entry is None or entry[0] is not labels:
                     entry = texts[id(labels)] = (labels, _label_text(labels))
                 value = sample.value
-                text = repr(value) if type(value) is int else floatToGoString(value)
+                # repr is exact and parses everywhere; only non-finite floats need Prometheus' spelling
+                text = repr(value) if type(value) is int or isfinite(value) else floatToGoString(value)
                 out.append(f"{sample.name}{entry[1]} {text}\n")
         return "".join(out).encode()
 
