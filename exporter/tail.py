@@ -164,13 +164,16 @@ class JournalTail:
         for name, src in self._open.items():
             if name not in listing or listing[name][0] != src.inode:
                 src.vanished = True  # read what is left through the descriptor, then forget it
-            src.more = True
+                src.more = True
+            else:
+                src.more = listing[name][1] > src.read_pos  # grown since last read (no read otherwise)
         for name in [n for n in self.offsets if n not in listing and n not in self._open]:
             del self.offsets[name]  # gone while nobody held it open
-        for name in sorted(listing, key=order_key):
+        offsets, opened = self.offsets, self._open
+        changed = [name for name, (inode, size) in listing.items()  # the common case: none
+                   if (name not in opened or opened[name].vanished) and offsets.get(name) != (inode, size)]
+        for name in sorted(changed, key=order_key):
             inode, size = listing[name]
-            if name in self._open and not self._open[name].vanished:
-                continue
             known_inode, offset = self.offsets.get(name, (inode, 0))
             if known_inode != inode:
                 offset = 0  # a new file under an old name (its predecessor, if held, drains first)
