@@ -1,7 +1,8 @@
 """End to end on loopback: a real job breaches its SLO and a page reaches a webhook.
 
-The chain, all real: the reference FSDP job (2 CPU ranks under ft_launcher, journaling through
-the trainer hooks) → ``nvrx-slo sidecar`` (/metrics) → Prometheus 2.42 (static scrape, 1 s scrape
+The chain, all real: the demo job (``trainer.demo.run_demo``: the reference FSDP job on 2 CPU
+ranks under ft_launcher and ``inprocess.Wrapper``, journaling through the trainer hooks) →
+``nvrx-slo sidecar`` (/metrics) → Prometheus 2.42 (static scrape, 1 s scrape
 and evaluation) with the rules ``nvrx-slo generate alerts`` writes for this test's spec →
 Alertmanager 0.25 with the generated config → the webhook receiver below (pager and ticket paths).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,6 +37,7 @@ import yaml
 
 from alerts import duration, generate, spec
 from alerts.conventions import Alert
+from trainer.demo import run_demo
 
 pytestmark = pytest.mark.slow
 
@@ -100,16 +103,15 @@ def _serve_webhook() -> tuple[Webhook, ThreadingHTTPServer]:
     return hook, server
 
 
-def _stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
-    """SIGTERM (the whole process group this test started, for a job), then SIGKILL if it lingers."""
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a server this test started, then SIGKILL if it lingers."""
     if proc.poll() is not None:
         return
-    send = (lambda sig: os.killpg(proc.pid, sig)) if group else proc.send_signal
-    send(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
-        send(signal.SIGKILL)
+        proc.kill()
         proc.wait()
 
 
@@ -179,39 +181,61 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         server.shutdown()
 
 
-@dataclass
-class Run:
-    job: subprocess.Popen[bytes]
-    sidecar: subprocess.Popen[bytes]
-    started: float
+def _identity(job_name: str) -> dict[str, str]:
+    """The pod identity the trainer and the sidecar read from the Downward API in a cluster."""
+    return {"NVRX_SLO_JOB": job_name, "POD_NAMESPACE": NAMESPACE, "POD_NAME": f"{job_name}-0",
+            "HOSTNAME": f"{job_name}-0", "PYTHONUNBUFFERED": "1"}
 
 
-def _start(stack: Stack, job_name: str, *job_args: str) -> Run:
-    """The job's pod on loopback: the sidecar and ft_launcher with 2 ranks, sharing a journal."""
-    tmp = stack.tmp / job_name
-    journal = tmp / "journal"
-    journal.mkdir(parents=True)
-    env = {**os.environ, "NVRX_SLO_JOURNAL_DIR": str(journal), "NVRX_SLO_JOB": job_name, "POD_NAMESPACE": NAMESPACE,
-           "POD_NAME": f"{job_name}-0", "HOSTNAME": f"{job_name}-0", "PYTHONUNBUFFERED": "1"}
+def _sidecar(stack: Stack, job_name: str) -> subprocess.Popen[bytes]:
+    """The pod's sidecar, following the journal directory the demo is about to create."""
+    env = {**os.environ, **_identity(job_name)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    sidecar = subprocess.Popen(
-        [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal), "--host", "127.0.0.1",
-         "--port", str(stack.sidecar_ports[job_name]), "--poll-interval", "0.25", "--state-file", str(tmp / "state.json")],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "sidecar.log", "wb"))
-    job = subprocess.Popen(
-        [sys.executable, "-m", "nvrx_slo", "ft-launcher", "--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
-         "-m", "trainer.reference_job", "--checkpoint-dir", str(tmp / "ckpt"), *job_args],
-        env=env, stdout=open(tmp / "job.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    return Run(job, sidecar, time.monotonic())
+    return subprocess.Popen(
+        [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(stack.tmp / job_name / "journal"),
+         "--host", "127.0.0.1", "--port", str(stack.sidecar_ports[job_name]), "--poll-interval", "0.25",
+         "--state-file", str(stack.tmp / f"{job_name}-sidecar-state.json")],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(stack.tmp / f"{job_name}-sidecar.log", "wb"))
 
 
-def _finish(run: Run) -> None:
-    _stop(run.job, group=True)
-    try:  # anything the job left behind in its own process group (NVRx's checkpoint worker)
-        os.killpg(run.job.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    _stop(run.sidecar)
+_LAUNCHER_FILE = re.compile(r"\.launcher\.(\d+)\.jsonl$")
+
+
+def _launcher_pids(journal_dir: Path) -> list[int]:
+    """The demo's launcher leads the run's process group and names its pid in its journal file."""
+    return [int(m.group(1)) for p in journal_dir.glob("*.launcher.*.jsonl") if (m := _LAUNCHER_FILE.search(p.name))]
+
+
+def _reap(journal_dir: Path) -> list[int]:
+    """SIGKILL what is left of a run: every process whose environment names this run's journal.
+
+    torchelastic starts each rank in a session of its own, and NVRx's workers are the ranks'
+    children, so a run's processes are not all in the launcher's process group.
+    """
+    marker = f"NVRX_SLO_JOURNAL_DIR={journal_dir}\0".encode()
+    killed = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return killed
+
+
+def _end_run(journal_dir: Path, demo: threading.Thread) -> None:
+    """Stop a demo run as a kubelet stops a pod: SIGTERM the launcher (it stops its workers), then reap."""
+    for pid in _launcher_pids(journal_dir):
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    demo.join(timeout=30)
+    _reap(journal_dir)
+    demo.join()
 
 
 def _max_burn(stack: Stack, job_name: str, window: str) -> float:
@@ -228,13 +252,18 @@ def _page_window(stack: Stack) -> str:
 
 
 def test_a_healthy_run_pages_nothing(stack: Stack) -> None:
-    run = _start(stack, "healthy", "--steps", "20", "--checkpoint-every", "5")
+    run_dir = stack.tmp / "healthy"
+    sidecar = _sidecar(stack, "healthy")
     try:
-        assert run.job.wait(timeout=PAGE_TIMEOUT_S) == 0, (stack.tmp / "healthy" / "job.log").read_text()[-3000:]
-        ran = time.monotonic() - run.started
+        started = time.monotonic()
+        result = run_demo(run_dir, faults=(), steps=20, checkpoint_every=5,
+                          extra_env=_identity("healthy"), timeout_s=PAGE_TIMEOUT_S)
+        assert result.returncode == 0, result.log_path.read_text()[-3000:]
+        ran = time.monotonic() - started
         time.sleep(8)  # the last scrapes, evaluations and any notification land
     finally:
-        _finish(run)
+        _reap(run_dir / "journal")
+        _stop(sidecar)
     burn = _max_burn(stack, "healthy", _page_window(stack))
     print(f"healthy run: {ran:.0f}s, highest {_page_window(stack)} burn rate {burn:.1f}")
     assert 0 < burn < stack.spec.burn_windows[0].factor, f"a healthy run burnt at {burn:.1f}×"
@@ -242,13 +271,20 @@ def test_a_healthy_run_pages_nothing(stack: Stack) -> None:
 
 
 def test_a_breach_pages_with_the_job_labels_and_a_runbook(stack: Stack) -> None:
-    run = _start(stack, "breach", "--steps", "2000", "--checkpoint-every", "1", "--checkpoint-mode", "sync",
-                 "--slow-storage", "8")
+    """The breach: every step is followed by a synchronous save on storage 8 s slow."""
+    run_dir = stack.tmp / "breach"
+    sidecar = _sidecar(stack, "breach")
+    demo = threading.Thread(target=run_demo, args=(run_dir,), kwargs=dict(
+        faults=(), steps=100_000, checkpoint_every=1, extra_args=("--checkpoint-mode", "sync", "--slow-storage", "8"),
+        extra_env=_identity("breach"), timeout_s=PAGE_TIMEOUT_S))
+    started = time.monotonic()
+    demo.start()
     try:
         _wait_for(lambda: stack.webhook.notifications("/pager", "breach"), "a page for the breach", PAGE_TIMEOUT_S)
-        paged_after = time.monotonic() - run.started
+        paged_after = time.monotonic() - started
     finally:
-        _finish(run)
+        _end_run(run_dir / "journal", demo)
+        _stop(sidecar)
     notification = stack.webhook.notifications("/pager", "breach")[0]
     assert notification["status"] == "firing"
     assert notification["groupLabels"] == {"namespace": NAMESPACE, "job_name": "breach"}
