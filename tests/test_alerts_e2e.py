@@ -7,10 +7,11 @@ and evaluation) with the rules ``nvrx-slo generate alerts`` writes for this test
 Alertmanager 0.25 with the generated config → the webhook receiver below (pager and ticket paths).
 
 The spec is the default with a 5-day period: every window scales by 1/6 (1h → 10 min, 5m →
-50 s), so a breach pages within a minute or two while a healthy run's start-up — tens of
-seconds of ``init`` per rank on a busy 2-core machine, all badput — stays far below the 14.4%
-of ten minutes a page needs. The breach is synchronous checkpoints on slow storage: the loop is
-blocked most of the time, burning the efficiency budget far beyond 14.4×.
+50 s). A page needs 14.4% of ten minutes — 86 s per rank — of badput, so a breach pages within
+two minutes, while a short healthy run cannot page however slow its start-up (tens of seconds of
+``init`` per rank on a busy 2-core machine, all badput). The breach is synchronous checkpoints on
+slow storage: the loop is blocked most of the time, burning the efficiency budget ~100× too fast.
+Each test prints its timings (``-s``).
 """
 
 from __future__ import annotations
