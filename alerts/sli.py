@@ -12,7 +12,7 @@ across pods and ranks. Two kinds:
   events has no ratio rather than a ratio of zero, since nothing was measured.
 
 Only time SLIs get the young-job rule (see ``alerts.rules``): their denominator is the whole window
-at the job's current rank count, so time before the job existed counts as healthy.
+at the most ranks the window saw, so time before the job existed counts as healthy.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The wire format (``alerts/slo.yaml`` documents it) is kept apart from the model: ``load`` parses
 YAML, checks the version, reads every key through ``_Section`` (which knows the path it is at,
-so each error names the key: ``objectives.efficiency.target: must be in (0, 1), got 1.5``), then
+so each error names the key: ``objectives.efficiency.target: must be a number in (0, 1), got 1.5``), then
 validates the whole. Every key is required and unknown keys are errors, so the spec file is the
 one place a value is set. Nothing is written anywhere until a spec has loaded cleanly.
 """
@@ -167,12 +167,10 @@ def _restart_bucket(s: _Section, key: str) -> float:
 
 
 def _plain(s: _Section) -> PlainAlerts:
-    def sub(key: str) -> _Section:
-        return s.section(key)
-
-    stalled, stale, dead = sub("training_stalled"), sub("checkpoint_stale"), sub("checkpoint_worker_dead")
-    storm, budget, down = sub("restart_storm"), sub("restart_budget_low"), sub("exporter_down")
-    no_data, idle, straggler, unattributed = sub("sli_no_data"), sub("accelerator_idle"), sub("straggler"), sub("unattributed")
+    stalled, stale, dead = s.section("training_stalled"), s.section("checkpoint_stale"), s.section("checkpoint_worker_dead")
+    storm, budget, down = s.section("restart_storm"), s.section("restart_budget_low"), s.section("exporter_down")
+    no_data, idle = s.section("sli_no_data"), s.section("accelerator_idle")
+    straggler, unattributed = s.section("straggler"), s.section("unattributed")
     plain = PlainAlerts(
         stalled_after=stalled.duration("after"),
         checkpoint_stale_after=stale.duration("after"),
