@@ -14,6 +14,7 @@ Targets (issue 3): /metrics <= 100 ms, sidecar RSS <= 150 MB.
 from __future__ import annotations
 
 import argparse
+import http.client
 import statistics
 import sys
 import tempfile
@@ -68,12 +69,16 @@ def main() -> None:
                             "--max-ranks", str(args.ranks)) as proc:
             proc.wait_ready(timeout=600)
             latencies, size = [], 0
+            conn = http.client.HTTPConnection("127.0.0.1", proc.port, timeout=60)  # kept alive, as Prometheus does
             for _ in range(args.scrapes):
                 start = time.perf_counter()
-                status, body = proc.get("/metrics")
+                conn.request("GET", "/metrics")
+                resp = conn.getresponse()
+                body = resp.read()
                 latencies.append((time.perf_counter() - start) * 1000)
-                assert status == 200
+                assert resp.status == 200
                 size = len(body)
+            conn.close()
             rss, peak = rss_mb(proc.proc.pid)
             proc.stop()
         samples = sum(1 for line in body.splitlines() if not line.startswith(b"#"))

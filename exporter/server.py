@@ -25,6 +25,9 @@ def _handler(routes: Mapping[str, Route]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "nvrx-slo"
         protocol_version = "HTTP/1.1"
+        # headers and body go out in two writes: without TCP_NODELAY the body waits for the
+        # client's delayed ACK of the headers (~40 ms on Linux loopback)
+        disable_nagle_algorithm = True
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             self._answer(send_body=True)

@@ -21,6 +21,7 @@ that write them (``exporter.cycleinfo``). SIGTERM (or SIGINT) saves the state, w
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import resource
@@ -28,7 +29,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,6 +134,20 @@ def parse_args(argv: Sequence[str]) -> Config:
         raise  # unreachable: error() exits
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """A scrape allocates ~100k short-lived objects without cycles (refcounting frees them); meanwhile
+    the cyclic collector would walk the engine's long-lived state again and again: ~35 ms of a
+    ~100 ms scrape at 1024 ranks. Scrapes are serialized, so the pause is bounded by one."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class Sidecar:
     def __init__(self, config: Config, *, env: Mapping[str, str] | None = None) -> None:
         self.config = config
@@ -161,7 +177,7 @@ class Sidecar:
     def _metrics(self) -> Response:
         if not self._caught_up:
             return 503, TEXT, b"catching up with the journal\n"
-        with self._render_lock:
+        with self._render_lock, _gc_paused():
             return 200, CONTENT_TYPE, self._renderer.generate(self._registry)
 
     def _healthz(self) -> Response:
