@@ -43,6 +43,7 @@ from exporter.cycleinfo import CycleInfoReader
 from exporter.engine import Engine
 from exporter.exposition import CONTENT_TYPE, TextRenderer
 from exporter.live import Live, View
+from exporter.ratelog import BoundedLog
 from exporter.server import TEXT, Response, Server
 from exporter.tail import JournalTail
 from trainer.schema import JOURNAL_DIR_ENV
@@ -159,6 +160,7 @@ class Sidecar:
         self._registry.register(SnapshotCollector(self.view, self.identity, per_rank=config.per_rank,
                                                   max_ranks=config.max_ranks))
         self._renderer = TextRenderer()
+        self._log = BoundedLog(log)
         self._render_lock = threading.Lock()
         self.server = Server(config.host, config.port, {
             "/metrics": self._metrics, "/healthz": self._healthz, "/readyz": self._readyz, "/": self._index})
@@ -231,7 +233,12 @@ class Sidecar:
     def _loop(self, sampler: nvml.Sampler | None) -> None:
         next_save = time.monotonic() + self.config.state_interval_s
         while not self.stop.is_set():
-            handed = self.live.poll(self.stop.is_set)
+            try:
+                handed = self.live.poll(self.stop.is_set)
+            except Exception:  # a reader bug: keep serving what is known, try again next round
+                self._log.exception("poll", "reading the journal failed; retrying")
+                self.stop.wait(self.config.poll_interval_s)
+                continue
             if not self._caught_up and self.live.tail.directory_ok and not self.stop.is_set():
                 self._caught_up = True
                 log.info("caught up with the journal (%d lines)", handed)
