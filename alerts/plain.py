@@ -111,7 +111,7 @@ def plain_alerts(spec: Spec) -> list[Rule]:
             f"{duration.format(a.idle_over)} (source {{{{ $labels.source }}}}; alerts above {a.idle_ratio:.0%}).",
         ),
         _alert(
-            Alert.STRAGGLER, f'max {BY_RANK} ({cat.STEP_SKEW.name}{{{cat.RANK_LABEL}!="{cat.ALL_RANKS}"}})\n> {a.straggler_skew:g}',
+            Alert.STRAGGLER, f"max {BY_RANK} ({cat.STEP_SKEW.name})\n> {a.straggler_skew:g}",
             a.straggler_for, Severity.TICKET,
             "A rank is slower than its peers.",
             f"{POD_RANK} takes {{{{ printf \"%.2f\" $value }}}}× the median rank's step time "
