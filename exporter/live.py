@@ -86,6 +86,7 @@ class Live:
     def view(self) -> View:
         with self.lock:
             snap = self.engine.snapshot(self._mono(), self._wall())
+            # the poll thread is the only writer of tail.rejected; {**…} copies it in one C call
             rejected = {**self.tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late,
                         ENGINE_ERROR: self.engine_errors}
             return View(snap, rejected, dict(self.gpu_idle_nvml), dict(self.pod_restarts))
