@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from alerts import duration, generate, spec, windows
 from alerts.conventions import DASHBOARD_OF, Alert, Dashboard
 from exporter import catalogue
+from test_alerts_promtool import SUITES, spec_for, suites
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOKS = ROOT / "docs" / "runbooks"
-SUITES = Path(__file__).parent / "promtool"
 RUNBOOK_SECTIONS = ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation")
 
 
@@ -162,7 +162,7 @@ def test_every_generated_file_is_headed_do_not_edit(rendered: dict[Path, str]) -
 
 def test_promtool_accepts_every_rule_file(tmp_path: Path) -> None:
     """The plain file, the PrometheusRule's groups (promtool rejects the wrapper itself), a 1h-period file."""
-    hour = generate.render(spec.load(SUITES / "hour" / "slo.yaml"), "test")[generate.RULES]
+    hour = generate.render(spec_for(SUITES / "hour"), "test")[generate.RULES]
     (tmp_path / "hour.yaml").write_text(hour)
     wrapped = yaml.safe_load((ROOT / generate.PROMETHEUS_RULE).read_text())["spec"]
     (tmp_path / "prometheusrule-groups.yaml").write_text(yaml.safe_dump(wrapped))
@@ -221,7 +221,7 @@ def test_a_bad_spec_writes_nothing_and_exits_2(tmp_path: Path, capsys: pytest.Ca
 def _promtool_alert_tests() -> dict[str, tuple[bool, bool]]:
     """alertname -> (a test expects it firing, a test expects it silent)."""
     seen: dict[str, tuple[bool, bool]] = {}
-    for suite in SUITES.glob("*/*.yaml"):
+    for suite in suites():
         for group in (yaml.safe_load(suite.read_text()) or {}).get("tests", []):
             for case in group.get("alert_rule_test", []):
                 fires, silent = seen.get(case["alertname"], (False, False))

@@ -1,8 +1,9 @@
 """promtool unit-test suites (tests/promtool/<spec>/*.yaml) against freshly generated rules.
 
-Each folder under tests/promtool is one spec: its ``slo.yaml`` if it has one, else the default
-``alerts/slo.yaml``. The rules are generated into a temporary copy of the folder, next to the
-suites, which name them ``rules.yaml``. Needs Debian's ``promtool`` (scripts/test.sh installs it).
+Each folder under tests/promtool is one spec: the default ``alerts/slo.yaml`` with the top-level
+keys of the folder's ``overrides.yaml``, if it has one. The rules are generated into a temporary
+directory, next to a copy of the suite, which names them ``rules.yaml``. Needs Debian's
+``promtool`` (scripts/test.sh installs it).
 """
 
 from __future__ import annotations
@@ -12,21 +13,28 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from alerts import generate, spec
 
 SUITES = Path(__file__).parent / "promtool"
-SPEC_FILE = "slo.yaml"
+OVERRIDES = "overrides.yaml"
 
 
-def _suites() -> list[Path]:
-    return sorted(p for p in SUITES.glob("*/*.yaml") if p.name != SPEC_FILE)
+def suites() -> list[Path]:
+    return sorted(p for p in SUITES.glob("*/*.yaml") if p.name != OVERRIDES)
+
+
+def spec_for(folder: Path) -> spec.Spec:
+    data = yaml.safe_load(spec.DEFAULT_PATH.read_text())
+    overrides = folder / OVERRIDES
+    if overrides.exists():
+        data.update(yaml.safe_load(overrides.read_text()))
+    return spec.from_dict(data)
 
 
 def _rules_for(folder: Path) -> str:
-    own = folder / SPEC_FILE
-    loaded = spec.load(own) if own.exists() else spec.load()
-    return generate.render(loaded, "test")[generate.RULES]
+    return generate.render(spec_for(folder), "test")[generate.RULES]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +45,7 @@ def promtool() -> str:
     return path
 
 
-@pytest.mark.parametrize("suite", _suites(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("suite", suites(), ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_promtool_suite(suite: Path, promtool: str, tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(_rules_for(suite.parent), encoding="utf-8")
     shutil.copy(suite, tmp_path / suite.name)
