@@ -40,6 +40,9 @@ from trainer.schema import EventType
 
 log = logging.getLogger("nvrx_slo.checkpoint")
 
+# DCP's CheckpointException derives from BaseException, not Exception.
+_LOAD_SAVE_ERRORS = (Exception, dcp.CheckpointException)
+
 METADATA = ".metadata"  # written last, by DCP's coordinator: its presence marks a complete checkpoint
 
 
@@ -68,8 +71,11 @@ class _StampedWrite:
             time.sleep(self.delay_s)
             self.write(*args, **kwargs)
         finally:
-            with open(self.stamp, "w") as f:
-                f.write(repr(time.monotonic()))
+            try:  # an exception here would end NVRx's worker loop: the trainer falls back to "observed"
+                with open(self.stamp, "w") as f:
+                    f.write(repr(time.monotonic()))
+            except OSError:
+                pass
 
 
 def _warm_up() -> None:
@@ -79,7 +85,6 @@ def _warm_up() -> None:
 
 
 def _warm_results_queue(api: Any) -> None:
-    cpu_shims.results_queue(api)
     results = api.results_queue_module._get_write_results_queue()
     results.put(MetadataIndex("nvrx-slo warm-up"))
     results.get()
@@ -166,6 +171,7 @@ class Checkpointer:
             return
         self._queue = self._api.AsyncCallsQueue(persistent=True)
         self._queue.schedule_async_request(self._api.AsyncRequest(_warm_up, (), []))  # finalized with the first save
+        cpu_shims.results_queue(self._api)  # here, not in the thread: the manager dies with its creating thread
         self._warming = threading.Thread(target=_warm_results_queue, args=(self._api,), daemon=True,
                                          name="nvrx-slo-checkpoint-warm-up")
         self._warming.start()
@@ -212,7 +218,7 @@ class Checkpointer:
         try:
             time.sleep(self.slow_storage_s)
             dcp.save(state_dict, checkpoint_id=str(path))
-        except Exception as exc:  # DCP raises the same failure on every rank
+        except _LOAD_SAVE_ERRORS as exc:  # DCP raises the same failure on every rank
             error = f"{type(exc).__name__}: {exc}"[:500]
         t1 = time.monotonic()
         size = sum(t.numel() * t.element_size() for t in _local_tensors(state_dict))
@@ -254,15 +260,22 @@ class Checkpointer:
         self.hooks.journal.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=ckpt, plan_s=t1 - t0, stage_s=t2 - t1, bytes=size)
 
     def poll(self, blocking: bool = False) -> None:
-        """Finalize saves whose background write is done on every rank. Collective; call between
-        steps (outside ``hooks.step``), on every rank, the same number of times."""
+        """Finalize saves whose background write is done on every rank (``blocking``: wait for all).
+        Collective; call between steps (outside ``hooks.step``), on every rank, the same number of
+        times. Each round is one all-reduce whose verdict every rank shares, so ranks leave a
+        blocking wait together. Raises ``CheckpointWorkerDied`` if the writer is gone."""
         if self._queue is None:
             return
         self._check_worker()
         if not self._pending:
             return
         self._finalize_start = time.monotonic()
-        self._queue.maybe_finalize_async_calls(blocking=blocking)
+        while True:  # NVRx's own blocking wait never notices a dead writer: poll, and look
+            self._queue.maybe_finalize_async_calls(blocking=False)
+            if not blocking or all(p.finalized for p in self._pending.values()):
+                break
+            time.sleep(0.05)
+            self._check_worker()
         now = time.monotonic()
         # NVRx 0.4.1 returns call index 0 for every finalized call: trust our own flags instead
         for index in [i for i, p in self._pending.items() if p.finalized]:
@@ -306,7 +319,11 @@ class Checkpointer:
         """Finish saves in flight (blocking) and stop the writer. Collective."""
         if self._queue is None:
             return
-        self.poll(blocking=True)
+        try:
+            self.poll(blocking=True)
+        except CheckpointWorkerDied:
+            self.kill()  # NVRx's own close would wait forever for the dead writer
+            raise
         self._queue.close()
         self._queue = None
         self._worker_stopped()
@@ -403,7 +420,7 @@ def restore(hooks: Hooks, root: str | os.PathLike[str], load: Callable[[Path], N
             try:
                 load(path)
                 error = None
-            except Exception as exc:
+            except _LOAD_SAVE_ERRORS as exc:
                 error = f"{type(exc).__name__}: {exc}"[:300]
             if _agree(error is None):
                 restored.step, restored.path = step, str(path)

@@ -17,7 +17,9 @@ nothing and NVRx runs unmodified. Nothing is patched on disk: two methods are re
 4. NVRx creates its write-result queue in a *spawned* manager process (spawn keeps CUDA contexts out
    of children), which must import torch to unpickle the first results: seconds on a busy CPU host,
    in the first save or the restart path. Without CUDA there is no context to protect:
-   ``results_queue`` forks that manager instead (it inherits the imports).
+   ``results_queue`` forks that manager instead (it inherits the imports) and has the kernel end
+   it with its trainer (``PR_SET_PDEATHSIG``), which a SIGKILLed rank could not do itself. The
+   signal follows the creating *thread*: call it from the training thread.
 
 And one for ``inprocess.Wrapper``: NVRx versions after 0.4.1 run a GPU/NVLink health check before
 each in-process restart (``restart_health_check``); without a driver it fails and the rank
@@ -26,8 +28,12 @@ terminates instead of restarting. ``wrapper_overrides`` gives those versions a c
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import multiprocessing
+import os
+import signal
+from multiprocessing.managers import SyncManager
 import logging
 from types import SimpleNamespace
 from typing import Any
@@ -74,11 +80,24 @@ def apply(api: SimpleNamespace) -> list[str]:
     return list(_applied)
 
 
+def _die_with_parent(parent: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def results_queue(api: SimpleNamespace) -> None:
     """Shim 4: NVRx's module-level result queue from a forked manager, if none exists yet."""
     module = api.results_queue_module
     if needed() and getattr(module, "_results_queue", None) is None:
-        module._results_queue = multiprocessing.get_context("fork").Manager().Queue()
+        manager = SyncManager(ctx=multiprocessing.get_context("fork"))
+        manager.start(_die_with_parent, (os.getpid(),))
+        module._results_queue = manager.Queue()
+        _managers.append(manager)  # kept alive for the process's lifetime, like NVRx's own
+
+
+_managers: list[SyncManager] = []
 
 
 def stage(write_buckets: list[Any]) -> list[Any]:

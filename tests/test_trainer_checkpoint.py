@@ -1,0 +1,136 @@
+"""The checkpointer on one real gloo rank with real NVRx async checkpointing and real DCP:
+snapshots, journaled spans, write failures, a dying writer, and restore fallbacks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from trainer import schema
+from trainer.checkpoint import METADATA, Checkpointer, CheckpointWorkerDied, complete_checkpoints, restore
+from trainer.hooks import Hooks
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _records(hooks: Hooks) -> list[dict]:
+    return [schema.decode(line) for line in hooks.journal.path().read_bytes().splitlines()]
+
+
+def _spans(hooks: Hooks, ckpt: str) -> list[dict]:
+    return [r for r in _records(hooks) if r.get("ckpt") == ckpt]
+
+
+@pytest.fixture(scope="module")
+def async_ckpt(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("async")
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp / "journal"))
+    ckpt = Checkpointer(hooks, tmp / "ckpt", "async", slow_storage_s=0.3)
+    ckpt.start()
+    yield ckpt
+    ckpt.close()
+
+
+def test_an_async_save_holds_the_state_of_when_save_returned_not_what_training_did_next(async_ckpt):
+    state = {"w": torch.zeros(1000)}
+    async_ckpt.save(state, step=1)
+    state["w"] += 100.0  # the optimizer's next step, while the writer is still writing
+    async_ckpt.poll(blocking=True)
+    loaded = {"w": torch.empty(1000)}
+    dcp.load(loaded, checkpoint_id=str(async_ckpt.root / "step-000001"))
+    assert torch.equal(loaded["w"], torch.zeros(1000))
+    start, scheduled, finalize, end = _spans(async_ckpt.hooks, "step-000001")
+    assert [start["type"], scheduled["type"], finalize["type"], end["type"]] == [
+        "checkpoint_start", "checkpoint_scheduled", "checkpoint_finalize", "checkpoint_end"]
+    assert start["mode"] == "async" and scheduled["bytes"] == 4000 and end["ok"] and end["error"] is None
+    assert scheduled["mono"] + 0.3 <= end["written"] <= end["mono"]  # the writer's own stamp, after its 0.3 s
+    assert scheduled["mono"] - start["mono"] < 0.3  # training was not blocked for the write
+    assert complete_checkpoints(async_ckpt.root)[0][0] == 1
+
+
+def test_a_write_that_fails_in_the_background_is_journaled_as_failed_and_training_goes_on(async_ckpt):
+    state = {"w": torch.ones(10)}
+    async_ckpt.save(state, step=2)
+    shutil.rmtree(async_ckpt.root / "step-000002")  # storage lost under the writer during its 0.3 s
+    async_ckpt.poll(blocking=True)
+    end = _spans(async_ckpt.hooks, "step-000002")[-1]
+    assert end["type"] == "checkpoint_end" and not end["ok"] and "write failed" in end["error"]
+    async_ckpt.save(state, step=3)  # the next save works
+    async_ckpt.poll(blocking=True)
+    assert _spans(async_ckpt.hooks, "step-000003")[-1]["ok"]
+    assert [step for step, _ in complete_checkpoints(async_ckpt.root)] == [3, 1]
+
+
+def test_a_dead_writer_is_journaled_and_raised_instead_of_hanging(tmp_path):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal"))
+    ckpt = Checkpointer(hooks, tmp_path / "ckpt", "async", slow_storage_s=5.0)
+    try:
+        ckpt.start()
+        ckpt.save({"w": torch.ones(10)}, step=7)
+        worker = ckpt._worker()
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(timeout=10)
+        with pytest.raises(CheckpointWorkerDied, match=str(worker.pid)):
+            ckpt.poll()
+    finally:
+        ckpt.kill()
+    liveness = [r for r in _records(hooks) if r["type"] == "checkpoint_worker"]
+    assert [r["alive"] for r in liveness] == [True, False] and liveness[0]["worker_pid"] == worker.pid
+    end = _spans(hooks, "step-000007")[-1]
+    assert end["type"] == "checkpoint_end" and not end["ok"] and "died" in end["error"]
+
+
+def test_restore_skips_a_corrupt_checkpoint_with_a_warning_and_ignores_an_incomplete_one(tmp_path):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal"))
+    ckpt = Checkpointer(hooks, tmp_path / "ckpt", "sync")
+    for step in (10, 20):
+        ckpt.save({"w": torch.full((100,), float(step))}, step)
+    (tmp_path / "ckpt" / "step-000030").mkdir()  # a save that never finished: no .metadata
+    data = next((tmp_path / "ckpt" / "step-000020").glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:50])  # torn
+    state = {"w": torch.zeros(100)}
+
+    restored = restore(hooks, tmp_path / "ckpt", lambda path: dcp.load(state, checkpoint_id=str(path)))
+
+    assert restored == 10 and torch.equal(state["w"], torch.full((100,), 10.0))
+    records = _records(hooks)
+    (warning,) = [r for r in records if r["type"] == "warning"]
+    (restore_record,) = [r for r in records if r["type"] == "restore"]
+    assert "step-000020" in warning["message"]
+    assert restore_record["step"] == 10 and restore_record["path"].endswith("step-000010")
+    assert restore_record["fallback"].startswith("step-000020: ")
+    assert [r["mode"] for r in records if r["type"] == "checkpoint_start"] == ["sync", "sync"]
+    assert all(r["ok"] and r["written"] <= r["mono"] for r in records if r["type"] == "checkpoint_end")
+
+
+def test_restore_without_any_checkpoint_is_a_fresh_start(tmp_path):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal"))
+    assert restore(hooks, tmp_path / "nothing-here", lambda path: pytest.fail("nothing to load")) is None
+    (record,) = [r for r in _records(hooks) if r["type"] == "restore"]
+    assert record["step"] is None and record["path"] is None and record["fallback"] is None
+
+
+def test_the_sync_baseline_blocks_for_the_whole_write(tmp_path):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal"))
+    ckpt = Checkpointer(hooks, tmp_path / "ckpt", "sync", slow_storage_s=0.2)
+    t0 = time.monotonic()
+    ckpt.save({"w": torch.ones(256)}, 5)
+    assert time.monotonic() - t0 >= 0.2
+    start, scheduled, end = _spans(hooks, "step-000005")
+    assert scheduled["mono"] - start["mono"] >= 0.2 and scheduled["bytes"] == 1024
+    assert end["ok"] and end["written"] == pytest.approx(scheduled["mono"], abs=1e-3)
+    assert (tmp_path / "ckpt" / "step-000005" / METADATA).is_file()
