@@ -1,0 +1,105 @@
+"""``nvrx-slo demo``: the reference job with the real sidecar beside it, ending in the SLO report.
+
+It spans the rooms, so it lives here rather than in ``trainer/`` (which may not import the
+exporter) or ``exporter/`` (which may not import torch): the job is ``trainer.demo.run_demo``, the
+sidecar is the ``nvrx-slo sidecar`` process a pod would run, and what is printed at the end is
+the sidecar's own SLO report (written on SIGTERM, as in a pod) plus an HTML report with a timeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from exporter import progress, report
+from trainer import demo as job
+
+_SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")
+
+
+class _Sidecar:
+    """``nvrx-slo sidecar`` on a free loopback port, following a journal directory."""
+
+    def __init__(self, run_dir: Path, journal_dir: Path) -> None:
+        self.report_file = run_dir / "slo-report.txt"
+        self.log_path = run_dir / "sidecar.log"
+        env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir), "--host", "127.0.0.1",
+             "--port", "0", "--state-file", str(run_dir / "sidecar-state.json"), "--report-file", str(self.report_file)],
+            stdout=subprocess.DEVNULL, stderr=self._log, env=env)
+        self.url = self._wait_for_url()
+
+    def _wait_for_url(self, timeout_s: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if match := _SERVING.search(self.log_path.read_text(errors="replace")):
+                return match.group(1)
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"the sidecar did not start; see {self.log_path}")
+
+    def events_read(self) -> float:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        match = re.search(r"^nvrx_exporter_events_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+        return float(match.group(1)) if match else 0.0
+
+    def stop(self, journal_records: int, timeout_s: float = 15.0) -> str:
+        """Let the sidecar read the whole journal, stop it as a kubelet would, return its report."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None and self.events_read() < journal_records:
+            time.sleep(0.2)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+        if not self.report_file.exists():
+            raise RuntimeError(f"the sidecar wrote no SLO report; see {self.log_path}")
+        return self.report_file.read_text()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nvrx-slo demo", description=__doc__.splitlines()[0])
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"demo-{stamp}",
+                        help="a fresh directory for the journal, checkpoints, logs and reports (default: runs/demo-<time>)")
+    parser.add_argument("--steps", type=int, default=50, help="training steps (default: 50)")
+    args = parser.parse_args(argv)
+    if args.steps <= max(f.step for f in job.DEFAULT_FAULTS):
+        parser.error(f"--steps must be above {max(f.step for f in job.DEFAULT_FAULTS)}, the step of the last injected fault")
+
+    run_dir: Path = args.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    journal_dir = run_dir / "journal"
+    faults = ", ".join(f"{f.kind} at step {f.step}" for f in job.DEFAULT_FAULTS)
+    print(f"nvrx-slo demo: 2 CPU ranks under ft_launcher, {faults}; run directory {run_dir}", flush=True)
+    sidecar = _Sidecar(run_dir, journal_dir)
+    print(f"sidecar: {sidecar.url}/ (status page), {sidecar.url}/metrics", flush=True)
+    try:
+        with progress.Progress(journal_dir):
+            result = job.run_demo(run_dir, steps=args.steps)
+    finally:
+        records = job.read_journal(journal_dir) if journal_dir.exists() else []
+        slo_report = sidecar.stop(len(records))
+    print()
+    print(job.format_summary(job.summarize(records)))
+    print()
+    print(slo_report, end="")
+    print(f"\nHTML report with a timeline: {report.write(journal_dir, run_dir / 'report.html')}")
+    if result.returncode != 0:
+        print(f"the job failed (exit code {result.returncode}); see {result.log_path}", file=sys.stderr)
+    return result.returncode
