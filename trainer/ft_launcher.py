@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     install(target)
     journal.emit(EventType.LAUNCHER_START, max_restarts=_max_restarts(launcher, argv))
     code = 1
+    sys.argv = ["nvrx-slo ft-launcher", *argv]  # ft_launcher's usage and errors name this command
     try:
         launcher.main(argv)
         code = 0
