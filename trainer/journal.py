@@ -168,10 +168,8 @@ class Journal:
         """Write one event stamped now. Never raises; failures are counted in ``errors``."""
         if self.directory is None:
             return
-        mono = time.monotonic()
-        wall = time.time()
         try:
-            self._append(event._value_, mono, wall, _encode_payload(payload))
+            self._append(event._value_, _encode_payload(payload))
         except Exception as exc:  # never raise into training
             self._fail(exc)
 
@@ -179,10 +177,8 @@ class Journal:
         """``emit(EventType.STEP, ...)`` with a pre-compiled template: the one event written every step."""
         if self.directory is None:
             return
-        mono = time.monotonic()
-        wall = time.time()
         try:
-            self._append("step", mono, wall, _STEP_BODY % (step, start, data_s, compute_s, optimizer_s))
+            self._append("step", _STEP_BODY % (step, start, data_s, compute_s, optimizer_s))
         except Exception as exc:  # never raise into training
             self._fail(exc)
 
@@ -197,8 +193,10 @@ class Journal:
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _append(self, event: str, mono: float, wall: float, body: str) -> None:
-        with self._lock:
+    def _append(self, event: str, body: str) -> None:
+        with self._lock:  # clocks read under the lock: mono never decreases along seq
+            mono = time.monotonic()
+            wall = time.time()
             seq = self._seq
             self._seq = seq + 1
             self._write((_LINE % (event, seq, mono, wall, self._suffix, body)).encode())
