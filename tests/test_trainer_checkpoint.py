@@ -61,6 +61,12 @@ def test_an_async_save_holds_the_state_of_when_save_returned_not_what_training_d
     assert scheduled["mono"] - start["mono"] < 0.3  # training was not blocked for the write
     assert complete_checkpoints(async_ckpt.root)[0][0] == 1
 
+    async_ckpt.save(state, step=10)  # the staging buffers are reused: still a snapshot
+    state["w"] += 100.0
+    async_ckpt.poll(blocking=True)
+    dcp.load(loaded, checkpoint_id=str(async_ckpt.root / "step-000010"))
+    assert torch.equal(loaded["w"], torch.full((1000,), 100.0))
+
 
 def test_a_write_that_fails_in_the_background_is_journaled_as_failed_and_training_goes_on(async_ckpt):
     state = {"w": torch.ones(10)}
@@ -72,7 +78,7 @@ def test_a_write_that_fails_in_the_background_is_journaled_as_failed_and_trainin
     async_ckpt.save(state, step=3)  # the next save works
     async_ckpt.poll(blocking=True)
     assert _spans(async_ckpt.hooks, "step-000003")[-1]["ok"]
-    assert [step for step, _ in complete_checkpoints(async_ckpt.root)] == [3, 1]
+    assert [step for step, _ in complete_checkpoints(async_ckpt.root)] == [10, 3, 1]
 
 
 def test_a_dead_writer_is_journaled_and_raised_instead_of_hanging(tmp_path):

@@ -150,6 +150,7 @@ class Checkpointer:
         self._worker_alive: bool | None = None
         self._warming: threading.Thread | None = None
         self._stale = False  # saves were abandoned: the writer may still owe their completions
+        self._stager = cpu_shims.Stager()
         if self._api is not None:
             cpu_shims.apply(self._api)
 
@@ -241,7 +242,7 @@ class Checkpointer:
         write, preload, args = writer.get_save_function_and_args()
         args = list(args)
         if cpu_shims.needed():
-            args[1] = cpu_shims.stage(args[1])
+            args[1] = self._stager.stage(args[1], reuse=not self._pending and not self._stale)
             preload = None
         size = _payload_bytes(args[1])
         pending = _Pending(ckpt, step, path, rank)

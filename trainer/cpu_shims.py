@@ -11,8 +11,8 @@ nothing and NVRx runs unmodified. Nothing is patched on disk: two methods are re
 3. NVRx's preload (``FileSystemWriterAsync.preload_tensors(..., non_blocking=True)``) calls
    ``torch.cuda.synchronize()``, and on CPU its ``.to("cpu")`` returns the *same* tensor, which
    the spawned worker then reads after training has changed it: the save is not a snapshot.
-   ``stage`` replaces the preload: it copies every tensor once, in the training thread (counted
-   as blocking time), and the request carries no preload function.
+   ``Stager`` replaces the preload: it copies every tensor once, in the training thread (counted
+   as blocking time), into reused shared-memory buffers, and the request carries no preload.
 
 4. NVRx creates its write-result queue in a *spawned* manager process (spawn keeps CUDA contexts out
    of children), which must import torch to unpickle the first results: seconds on a busy CPU host,
@@ -100,24 +100,31 @@ def results_queue(api: SimpleNamespace) -> None:
 _managers: list[SyncManager] = []
 
 
-def stage(write_buckets: list[Any]) -> list[Any]:
-    """Shim 3: a private copy of every tensor the writer will save (one ``clone`` each)."""
-    staged = []
-    for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
-        copies = [(item, tensor.detach().clone()) for item, tensor in tensor_data]
-        staged.append((file_name, storage_key, (bytes_data, copies)))
-    return staged
+class Stager:
+    """Shim 3: private copies of the tensors a save writes, in shared memory kept across saves.
 
+    One ``copy_`` per tensor, in the training thread (blocking time). The buffers are allocated in
+    shared memory once and reused, so later saves pay a memcpy, not page faults, and handing them
+    to NVRx's spawned writer passes file descriptors instead of copying again. A buffer is reused
+    only when no earlier save can still be reading it (``reuse=False`` allocates fresh ones). It
+    holds one extra copy of the rank's checkpointed state in host memory, like NVRx's pinned
+    buffers on GPU hosts.
+    """
 
-def wrapper_overrides(inprocess: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Extra ``inprocess.Wrapper`` arguments for a CPU-only host (none on GPU hosts or on 0.4.1)."""
-    from trainer import nvrx_compat
+    def __init__(self) -> None:
+        self._buffers: dict[Any, torch.Tensor] = {}
 
-    if not needed() or "restart_health_check" in kwargs or not nvrx_compat.wrapper_accepts("restart_health_check"):
-        return {}
-
-    class NoGpuHealthCheck(inprocess.health_check.HealthCheck):
-        def __call__(self, state: Any) -> Any:
-            return state
-
-    return {"restart_health_check": NoGpuHealthCheck()}
+    def stage(self, write_buckets: list[Any], reuse: bool) -> list[Any]:
+        if not reuse:
+            self._buffers = {}
+        staged = []
+        for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
+            copies = []
+            for item, tensor in tensor_data:
+                buffer = self._buffers.get(item.index)
+                if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+                    buffer = torch.empty(tensor.shape, dtype=tensor.dtype).share_memory_()
+                    self._buffers[item.index] = buffer
+                copies.append((item, buffer.copy_(tensor.detach())))
+            staged.append((file_name, storage_key, (bytes_data, copies)))
+        return staged
