@@ -38,6 +38,9 @@ log = logging.getLogger("nvrx_slo.journal")
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 DEFAULT_KEEP = 4
 
+_monotonic = time.monotonic
+_time = time.time
+_write = os.write
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # Floats are written with microsecond resolution: '%.6f' costs a third of repr() on the hot path.
 _LINE = '{"v":1,"type":"%s","seq":%d,"mono":%.6f,"wall":%.6f%s%s}\n'
@@ -52,16 +55,20 @@ def _encode_payload(payload: dict[str, Any]) -> str:
     out = ""
     for key, value in payload.items():
         kind = type(value)
-        if kind is float:
+        if kind is str:
+            out += ',"' + key + '":' + encode_basestring_ascii(value)
+        elif kind is float:
             if value - value != 0.0:  # nan or ±inf: not JSON
                 raise ValueError(f"journal field {key} must be a finite number, got {value!r}")
             out += ',"%s":%.6f' % (key, value)
         elif kind is int:
             out += ',"%s":%d' % (key, value)
-        elif kind is str:
-            out += ',"%s":%s' % (key, encode_basestring_ascii(value))
-        else:  # None, bool, lists, dicts; numpy scalars and other objects raise TypeError here
-            out += ',"%s":%s' % (key, _ENCODER.encode(value))
+        elif value is None:
+            out += ',"' + key + '":null'
+        elif kind is bool:
+            out += ',"' + key + ('":true' if value else '":false')
+        else:  # lists, dicts; numpy scalars and other objects raise TypeError here
+            out += ',"' + key + '":' + _ENCODER.encode(value)
     return out
 
 
@@ -195,27 +202,22 @@ class Journal:
 
     def _append(self, event: str, body: str) -> None:
         with self._lock:  # clocks read under the lock: mono never decreases along seq
-            mono = time.monotonic()
-            wall = time.time()
             seq = self._seq
             self._seq = seq + 1
-            self._write((_LINE % (event, seq, mono, wall, self._suffix, body)).encode())
-
-    def _write(self, line: bytes) -> None:
-        if self._torn:
-            line = b"\n" + line
-        if self._fd is not None and self._size and self._size + len(line) > self.max_bytes:
-            self._rotate()
-        if self._fd is None:
-            self._open()
-        assert self._fd is not None
-        n = os.write(self._fd, line)
-        self._size += n
-        if n < len(line):
-            self._torn = True
-            raise OSError(f"short write ({n} of {len(line)} bytes): device full?")
-        self._torn = False
-        self.written += 1
+            line = (_LINE % (event, seq, _monotonic(), _time(), self._suffix, body)).encode()
+            if self._torn:
+                line = b"\n" + line
+            if self._fd is None or (self._size and self._size + len(line) > self.max_bytes):
+                if self._fd is not None:
+                    self._rotate()
+                self._open()
+            n = _write(self._fd, line)  # type: ignore[arg-type]
+            self._size += n
+            if n < len(line):
+                self._torn = True
+                raise OSError(f"short write ({n} of {len(line)} bytes): device full?")
+            self._torn = False
+            self.written += 1
 
     def _open(self) -> None:
         path = self.path()
