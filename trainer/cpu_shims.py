@@ -128,3 +128,17 @@ class Stager:
                 copies.append((item, buffer.copy_(tensor.detach())))
             staged.append((file_name, storage_key, (bytes_data, copies)))
         return staged
+
+
+def wrapper_overrides(inprocess: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Extra ``inprocess.Wrapper`` arguments for a CPU-only host (none on GPU hosts or on 0.4.1)."""
+    from trainer import nvrx_compat
+
+    if not needed() or "restart_health_check" in kwargs or not nvrx_compat.wrapper_accepts("restart_health_check"):
+        return {}
+
+    class NoGpuHealthCheck(inprocess.health_check.HealthCheck):
+        def __call__(self, state: Any) -> Any:
+            return state
+
+    return {"restart_health_check": NoGpuHealthCheck()}
