@@ -166,6 +166,8 @@ class Checkpointer:
         """
         if self._api is None:
             return
+        if self._pending:  # nobody abandoned them when the last incarnation failed
+            self.abandon("left over from an earlier incarnation")
         if self._queue is not None:
             if self._stale:
                 self._clear_abandoned()
@@ -211,6 +213,7 @@ class Checkpointer:
             self._save_async(state_dict, ckpt, step, path)
         except BaseException as exc:  # a fault mid-save (a peer died): the save is over, and failed
             self._end(_Pending(ckpt, step, path, -1), time.monotonic(), f"{type(exc).__name__}: {exc}"[:500])
+            self._stale = True  # it may have reached the writer
             raise
 
     def _save_sync(self, state_dict: dict[str, Any], ckpt: str, step: int, path: Path) -> None:
@@ -288,8 +291,8 @@ class Checkpointer:
                                 written=written, error=error)
 
     def abandon(self, reason: str) -> None:
-        """After a fault (in-process restart): give up on saves in flight, at once and without any
-        collective. Each is journaled as failed; the writer keeps running, and the next ``start``
+        """After a fault (in-process restart; call it from the Wrapper's ``finalize``): give up on
+        saves in flight, at once and without any collective. Each is journaled as failed; the writer keeps running, and the next ``start``
         clears what it still owes before the next save."""
         for pending in self._pending.values():
             self._end(pending, _read_stamp(pending.path, pending.rank, time.monotonic()), f"abandoned: {reason}")

@@ -23,8 +23,8 @@ from trainer.faults import Fault
 from trainer.schema import EventType
 
 # The crash (SIGKILL, an in-job restart by ft_launcher) comes well after the first checkpoint and
-# the exception (an in-process restart by inprocess.Wrapper) after the third, so both roll back work.
-DEFAULT_FAULTS = (Fault("crash", 24), Fault("exception", 37))
+# the exception (an in-process restart by inprocess.Wrapper) after the fourth, so both roll back work.
+DEFAULT_FAULTS = (Fault("crash", 24), Fault("exception", 45))
 _FLAGS = {"crash": "--crash-at", "exception": "--raise-at", "hang": "--hang-at"}
 
 

@@ -152,9 +152,6 @@ def train(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer, iteration: int | Non
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                 ckpt.save(state(), step)
         ckpt.close()
-    except BaseException as exc:
-        ckpt.abandon(f"{type(exc).__name__}: {exc}"[:200])
-        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -167,8 +164,19 @@ def _run_inprocess(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer) -> None:
         return
     port = int(os.environ["MASTER_PORT"]) + 1  # the Wrapper's own store; MASTER_PORT is the training group's
     timeout = datetime.timedelta(seconds=max(30.0, 10 * cfg.collective_timeout_s))
+    class AbandonSaves(ip.finalize.Finalize):
+        """Saves in flight cannot finish once the process group is gone: give them up before the
+        restart, on every rank (the main thread, after NVRx stopped interrupting it)."""
+
+        def __call__(self, state: Any) -> Any:
+            cause = state.fn_exception
+            ckpt.abandon(f"in-process restart after {type(cause).__name__}: {cause}"[:300] if cause
+                         else "in-process restart after another rank's fault")
+            return state
+
     wrapper = ip.Wrapper(**wrapper_kwargs(
         hooks.journal,
+        finalize=AbandonSaves(),
         store_kwargs={"port": port, "timeout": timeout},
         soft_timeout=datetime.timedelta(seconds=60), hard_timeout=datetime.timedelta(seconds=90),
         heartbeat_timeout=datetime.timedelta(seconds=30), barrier_timeout=datetime.timedelta(seconds=120),
