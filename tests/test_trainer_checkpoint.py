@@ -14,7 +14,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from trainer import schema
-from trainer.checkpoint import METADATA, Checkpointer, CheckpointWorkerDied, complete_checkpoints, restore
+from trainer.checkpoint import METADATA, Checkpointer, CheckpointWorkerDied
+from trainer.restore import complete_checkpoints, restore
 from trainer.hooks import Hooks
 
 pytestmark = pytest.mark.slow

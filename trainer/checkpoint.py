@@ -13,8 +13,7 @@ Each save of step N goes to ``<root>/step-NNNNNN/`` and journals, on every rank:
 * ``checkpoint_worker`` when NVRx's persistent writer process is seen alive or dead.
 
 A checkpoint is complete when DCP's ``.metadata`` exists: the coordinator writes it (atomically)
-only after every rank's data landed. ``restore`` tries complete checkpoints newest first and
-falls back, with a journaled warning, when one fails to load on any rank.
+only after every rank's data landed (``trainer/restore.py`` loads the newest complete one).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from trainer.schema import EventType
 log = logging.getLogger("nvrx_slo.checkpoint")
 
 # DCP's CheckpointException derives from BaseException, not Exception.
-_LOAD_SAVE_ERRORS = (Exception, dcp.CheckpointException)
+_SAVE_ERRORS = (Exception, dcp.CheckpointException)
 
 METADATA = ".metadata"  # written last, by DCP's coordinator: its presence marks a complete checkpoint
 
@@ -222,7 +221,7 @@ class Checkpointer:
         try:
             time.sleep(self.slow_storage_s)
             dcp.save(state_dict, checkpoint_id=str(path))
-        except _LOAD_SAVE_ERRORS as exc:  # DCP raises the same failure on every rank
+        except _SAVE_ERRORS as exc:  # DCP raises the same failure on every rank
             error = f"{type(exc).__name__}: {exc}"[:500]
         t1 = time.monotonic()
         size = sum(t.numel() * t.element_size() for t in _local_tensors(state_dict))
@@ -388,48 +387,3 @@ def _finalize(writer: Any, planned: tuple[Any, Any, Any]) -> str | None:
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"[:500]
     return dist_wrapper.broadcast_object(error)
-
-
-# --- restore -----------------------------------------------------------------------------------
-
-def complete_checkpoints(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint under ``root``, newest first."""
-    found = []
-    for path in Path(root).glob("step-*"):
-        suffix = path.name.removeprefix("step-")
-        if suffix.isdigit() and (path / METADATA).is_file():
-            found.append((int(suffix), path))
-    return sorted(found, reverse=True)
-
-
-def _agree(ok: bool) -> bool:
-    """True only if ``ok`` on every rank (a load that failed anywhere failed everywhere)."""
-    if not dist.is_initialized():
-        return ok
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    flag = torch.tensor([1 if ok else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
-def restore(hooks: Hooks, root: str | os.PathLike[str], load: Callable[[Path], None]) -> int | None:
-    """Load the newest complete checkpoint with ``load(path)``; journal a ``restore`` span.
-
-    A checkpoint that fails to load on any rank is skipped for the previous one, with a journaled
-    warning; if none loads, training starts fresh. Returns the restored step, or None. Collective.
-    """
-    with hooks.restore() as restored:
-        reasons = []
-        for step, path in complete_checkpoints(root):
-            try:
-                load(path)
-                error = None
-            except _LOAD_SAVE_ERRORS as exc:
-                error = f"{type(exc).__name__}: {exc}"[:300]
-            if _agree(error is None):
-                restored.step, restored.path = step, str(path)
-                break
-            reasons.append(f"{path.name}: {error or 'failed on another rank'}")
-            hooks.warning(f"checkpoint {path.name} could not be loaded; trying an older one", path=str(path))
-        restored.fallback = "; ".join(reasons) or None
-    return restored.step

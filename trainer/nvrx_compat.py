@@ -14,7 +14,6 @@ import importlib.metadata
 import inspect
 import logging
 from types import ModuleType, SimpleNamespace
-from typing import Any
 
 log = logging.getLogger("nvrx_slo.nvrx")
 
@@ -102,11 +101,3 @@ def elastic() -> SimpleNamespace | None:
         _missing("torchelastic metrics/events", "launcher events limited to start and exit")
         return None
     return SimpleNamespace(metrics=metrics, event_handlers=handlers._log_handlers)
-
-
-def call_quietly(fn: Any, *args: Any) -> Any:
-    """Call an optional NVRx accessor, returning None on any error (used from callbacks)."""
-    try:
-        return fn(*args)
-    except Exception:  # never raise into training
-        return None

@@ -29,12 +29,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from trainer import checkpoint, nvrx_compat
+from trainer import nvrx_compat
 from trainer.checkpoint import Checkpointer
 from trainer.faults import Fault, FaultInjector
 from trainer.hooks import Hooks
 from trainer.inprocess_callbacks import wrapper_kwargs
 from trainer.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
+from trainer.restore import restore
 
 log = logging.getLogger("nvrx_slo.reference_job")
 
@@ -134,7 +135,7 @@ def train(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer, iteration: int | Non
             torch.distributed.checkpoint.load(sd, checkpoint_id=str(path))
             set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
 
-        restored = checkpoint.restore(hooks, cfg.checkpoint_dir, load)
+        restored = restore(hooks, cfg.checkpoint_dir, load)
         first = 0 if restored is None else restored + 1
         faults = FaultInjector(list(cfg.faults), dist.get_rank(), cfg.fault_rank, cfg.checkpoint_dir / ".faults")
         for step in range(first, cfg.steps):
