@@ -96,22 +96,20 @@ class LauncherJournal:
 
 def install(target: LauncherJournal) -> bool:
     """Register ``target`` with torchelastic's metrics and rendezvous-event handlers."""
-    elastic = nvrx_compat.elastic()
-    if elastic is None:
-        return False
-    metrics = elastic.metrics
+    for elastic in nvrx_compat.elastic():
+        metrics = elastic.metrics
 
-    class MetricHandler(metrics.MetricHandler):
-        def emit(self, metric_data: Any) -> None:
-            target.metric(metric_data.name, metric_data.value)
+        class MetricHandler(metrics.MetricHandler):  # type: ignore[name-defined,misc]
+            def emit(self, metric_data: Any) -> None:
+                target.metric(metric_data.name, metric_data.value)
 
-    class RendezvousHandler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            target.rendezvous_event(record.getMessage())
+        class RendezvousHandler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                target.rendezvous_event(record.getMessage())
 
-    metrics.configure(MetricHandler())  # the default group: every put_metric and @prof
-    elastic.event_handlers["dynamic_rendezvous"] = RendezvousHandler()
-    return True
+        metrics.configure(MetricHandler())  # the default group: every put_metric and @prof
+        elastic.event_handlers["dynamic_rendezvous"] = RendezvousHandler()
+    return bool(nvrx_compat.elastic())
 
 
 def _max_restarts(launcher: Any, argv: list[str]) -> int | None:

@@ -87,17 +87,19 @@ def launcher() -> ModuleType | None:
 
 
 @functools.cache
-def elastic() -> SimpleNamespace | None:
-    """The torchelastic metrics/events API the launcher reports through.
+def elastic() -> list[SimpleNamespace]:
+    """The torchelastic metrics/events APIs a launcher may report through.
 
-    NVRx vendors torchelastic (``fault_tolerance._torch_elastic_compat``); fall back to torch's own
-    module, which older or newer launchers may use instead.
+    NVRx 0.4.1 vendors torchelastic (``fault_tolerance._torch_elastic_compat``); other versions may
+    use torch's own modules. Both are returned when both exist (installing a handler on the one the
+    launcher does not use costs nothing).
     """
-    prefix = "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat"
-    metrics = _first_module(f"{prefix}.metrics.api", "torch.distributed.elastic.metrics.api")
-    handlers = _first_module(f"{prefix}.events.handlers", "torch.distributed.elastic.events.handlers")
-    if metrics is None or not hasattr(metrics, "configure") or handlers is None \
-            or not hasattr(handlers, "_log_handlers"):
+    found = []
+    for prefix in ("nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat", "torch.distributed.elastic"):
+        metrics = _first_module(f"{prefix}.metrics.api")
+        handlers = _first_module(f"{prefix}.events.handlers")
+        if metrics is not None and hasattr(metrics, "configure") and hasattr(handlers, "_log_handlers"):
+            found.append(SimpleNamespace(metrics=metrics, event_handlers=handlers._log_handlers))
+    if not found:
         _missing("torchelastic metrics/events", "launcher events limited to start and exit")
-        return None
-    return SimpleNamespace(metrics=metrics, event_handlers=handlers._log_handlers)
+    return found
