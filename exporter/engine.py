@@ -25,6 +25,13 @@ time after its last applied record is provisional (``unprotected_s``) — the se
 the journal by the window. Once the job finished, ``snapshot`` replays the buffers on copies and
 settles everything. Counts that need no ordering (steps, the step histogram, the latest step,
 worker liveness, checkpoint aggregates) are taken at ingest, without lag.
+
+The clock: ``snapshot(now_mono, …)`` counts a running job's wall up to ``now_mono``, a finished
+job's up to its last record. A finish read after a snapshot that showed the job running at a
+later instant (the reader lagged) would take wall back, so the engine remembers the furthest
+instant it has shown and never ends wall before it. Callers keep that rare by passing a *read
+horizon* as ``now_mono`` — an instant before which every record has been ingested (``Live``
+passes the start of its last complete journal poll) — so the finish lies after it.
 """
 
 from __future__ import annotations
@@ -141,6 +148,7 @@ class Engine:
         self._accepted = 0  # the hot counter, apart from the rest
         self._counts = {"duplicates": 0, "out_of_order": 0, "late": 0}
         self._next_fold = float("-inf")
+        self._shown = float("-inf")  # the furthest instant a snapshot counted wall to
 
     # --- ingest --------------------------------------------------------------------------------
     def _duplicate(self, pid: int, seq: int) -> bool:
@@ -260,7 +268,8 @@ class Engine:
                 and len(self._lanes) >= max(lane.world_size for lane in lanes))
 
     def snapshot(self, now_mono: float, now_wall: float) -> Snapshot:
-        """Everything known at ``now_mono`` (the journal's monotonic clock); does not change the engine."""
+        """Everything known at ``now_mono`` (the journal's monotonic clock, ideally a read horizon: see
+        the module docstring). Changes nothing but the furthest instant shown, so wall never goes back."""
         finished = self._finished()
         restarts = self._restarts.copy() if finished else self._restarts
         ledgers: dict[int, Ledger] = {}
@@ -273,7 +282,9 @@ class Engine:
                     ledger.apply(record, restarts)
             ledgers[rank] = ledger
         origin = self._origin if self._origin is not None else now_mono
-        end = self._newest if finished else max(now_mono, self._newest)
+        end = max(self._newest, self._shown) if finished else max(now_mono, self._newest, self._shown)
+        if self._lanes:
+            self._shown = end
         live = self._live()
         skew = derived.skew_ratios({r: sum(lane.recent) / len(lane.recent)
                                     for r, lane in self._lanes.items() if lane.recent})
@@ -343,6 +354,7 @@ class Engine:
             "identity": list(self._identity),
             "counts": {"accepted": self._accepted, **self._counts},
             "next_fold": _finite(self._next_fold),
+            "shown": _finite(self._shown),
         }
 
     @classmethod
@@ -364,6 +376,7 @@ class Engine:
             engine._counts = {k: int(state["counts"][k]) for k in engine._counts}
             engine._accepted = int(state["counts"]["accepted"])
             engine._next_fold = _infinite(state["next_fold"])
+            engine._shown = _infinite(state.get("shown"))  # absent in states saved before it existed
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise ValueError(f"not an engine state: {exc!r}") from None
         return engine

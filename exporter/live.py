@@ -3,6 +3,10 @@
 The engine, the journal reader's counters and the two side inputs (NVML idle time, pod-watcher
 restarts) change under one lock, and ``view()`` copies all of them at one instant. /metrics, OTLP
 and the status page each render a ``View``: there is no second instrumentation path to drift.
+
+The clock a view is taken at is the *read horizon*: the instant the last complete journal poll
+began. Every record written before it has been read, so a job's end read later lies after every
+instant a view has already counted wall to (see ``exporter.engine``).
 """
 
 from __future__ import annotations
@@ -51,15 +55,20 @@ class Live:
         self._log = BoundedLog(log)
         self._mono = mono
         self._wall = wall
+        self._horizon: tuple[float, float] | None = None  # (mono, wall) the last complete poll began at
 
     def poll(self, stop: Callable[[], bool] = lambda: False) -> int:
         """Read what the journal (and the cycle-info files) have new into the engine; see ``JournalTail.poll``."""
+        began = (self._mono(), self._wall())
         handed = self.tail.poll(self._ingest, stop, guard=self.lock)
         if self.cycles is not None:
             records = self.cycles.poll()
             with self.lock:
                 self._ingest(records)
             handed += len(records)
+        if self.tail.directory_ok and not stop():  # read to the end: everything written before `began`
+            with self.lock:
+                self._horizon = began
         return handed
 
     def _ingest(self, records: list[dict[str, Any]]) -> None:  # called by the tail under self.lock
@@ -85,7 +94,8 @@ class Live:
 
     def view(self) -> View:
         with self.lock:
-            snap = self.engine.snapshot(self._mono(), self._wall())
+            now = self._horizon if self._horizon is not None else (self._mono(), self._wall())  # before any poll
+            snap = self.engine.snapshot(*now)
             # the poll thread is the only writer of tail.rejected; {**…} copies it in one C call
             rejected = {**self.tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late,
                         ENGINE_ERROR: self.engine_errors}

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from exporter import sidecar
+from exporter.engine import Engine
+from exporter.live import Live
+from exporter.tail import JournalTail
 from otlp_receiver import Receiver, metrics_by_name, point_attributes
 from sidecar_process import SidecarProcess, counters, value
 from trainer.journal import Identity, Journal
@@ -122,11 +125,10 @@ def test_kill_and_restart_midrun_counts_once_and_equals_an_uninterrupted_run(tmp
         uninterrupted = steady.scrape()
         assert steady.stop()[0] == 0
 
-    # counters never went backwards, across the SIGKILL too (wall: see the xfail test below)
+    # counters never went backwards, across the SIGKILL too
     for before, after in zip(seen, seen[1:]):
         for key, v in counters(before).items():
-            if key[0] != "nvrx_wall_seconds_total":
-                assert counters(after).get(key, v) >= v, key
+            assert counters(after).get(key, v) >= v, key
     # the resumed sidecar ends exactly where one that never died does (the job has finished: wall stopped)
     assert counters(final) == counters(uninterrupted)
     assert value(final, "nvrx_restarts_total", level="injob") == 1
@@ -148,29 +150,90 @@ def test_kill_and_restart_midrun_counts_once_and_equals_an_uninterrupted_run(tmp
         assert lint.returncode == 0 and lint.stdout + lint.stderr == b"", lint.stdout + lint.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="engine: while a job runs, wall counts to the sidecar's now; once the finish "
-                   "is read it stops at the job's last event, so a sidecar that reads the finish after a scrape "
-                   "(any journal lag) shows nvrx_wall_seconds_total going down once (reported to the lead)")
-def test_wall_never_goes_down_when_the_finish_is_read_late(tmp_path):
-    from test_sidecar_bad_input import story
+def _write(journal: Path, records: list[dict], shift: float = 0.0) -> None:
+    """Append ``records`` to their files, their monotonic instants moved by ``shift``."""
     from trainer import schema
 
-    records = story()  # a finished job whose last lines (the ends) are written only after a scrape
+    for r in records:
+        moved = {k: v + shift if k in ("mono", "start", "written") else v for k, v in r.items()}
+        with open(journal / schema.journal_file_name(r["pod"], r["rank"], r["pid"]), "ab") as f:
+            f.write(schema.encode(moved))
+
+
+def _ends(records: list[dict]) -> tuple[list[dict], list[dict]]:
     ends = [r for r in records if r["type"] in ("process_end", "launcher_exit")]
+    return [r for r in records if r not in ends], ends
+
+
+def _check_went_on(scrapes: list[dict]) -> None:
+    for before, after in zip(scrapes, scrapes[1:]):
+        for key, v in counters(before).items():
+            assert counters(after)[key] >= v, key
+    for r in ("0", "1"):
+        final = scrapes[-1]
+        settled = sum(v for (n, ls), v in final.items() if n == "nvrx_time_seconds_total" and dict(ls)["rank"] == r)
+        assert settled + value(final, "nvrx_unprotected_work_seconds", rank=r) == \
+            pytest.approx(value(final, "nvrx_wall_seconds_total", rank=r), rel=1e-9)
+
+
+def test_a_view_is_taken_at_the_start_of_the_last_poll_that_read_the_journal_to_its_end(tmp_path):
+    from test_sidecar_bad_input import write_clean
+
+    write_clean(tmp_path / "journal")
+    clock = [1000.0]
+    live = Live(Engine(), JournalTail(tmp_path / "journal"), mono=lambda: clock[0], wall=lambda: clock[0] + 1e9)
+    live.poll()
+    clock[0] = 2000.0
+    assert (live.view().snapshot.now_mono, live.view().snapshot.now_wall) == (1000.0, 1000.0 + 1e9)
+    live.poll(stop=lambda: True)  # stopped before the end: proves nothing about what was written
+    assert live.view().snapshot.now_mono == 1000.0
+    live.poll()
+    assert live.view().snapshot.now_mono == 2000.0
+
+
+def test_wall_never_goes_down_when_a_scrape_comes_between_the_finish_and_its_reading(tmp_path):
+    """A job journaled up to now; its ends are written after a poll and scraped before the next
+    one reads them. Wall counts to the poll's start (the read horizon), so the end, read later,
+    lies after it: no counter goes back, and the finished wall is the journal's own, exactly."""
+    from test_sidecar_bad_input import story
+
+    body, ends = _ends(story())
     journal = tmp_path / "journal"
     journal.mkdir()
+    ran = time.monotonic() - 1.0 - max(r["mono"] for r in body)
+    _write(journal, body, ran)  # written as it ran, ending a second ago
+    with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "log", "--poll-interval", "2") as proc:
+        proc.wait_ready()
+        running = proc.scrape()
+        shift = time.monotonic() - min(r["mono"] for r in ends)  # the ends written now, as a live writer would
+        _write(journal, ends, shift)
+        between = proc.scrape()  # the next poll is ~2 s away: the ends are not read yet
+        deadline = time.monotonic() + 30
+        while (finished := proc.scrape()) == between and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.stop()
+    _check_went_on([running, between, finished])
+    job_wall = (max(r["mono"] for r in ends) + shift) - (min(r.get("start", r["mono"]) for r in body) + ran)
+    for r in ("0", "1"):
+        assert value(finished, "nvrx_wall_seconds_total", rank=r) == pytest.approx(job_wall, abs=1e-6)
 
-    def write(rs: list[dict]) -> None:
-        for r in rs:
-            with open(journal / schema.journal_file_name(r["pod"], r["rank"], r["pid"]), "ab") as f:
-                f.write(schema.encode(r))
 
-    write([r for r in records if r not in ends])
+def test_wall_never_goes_down_when_the_finish_was_stamped_before_a_scrape_that_missed_it(tmp_path):
+    """A journal stamped long before it is read (copied in, or a writer stalled between reading
+    its clock and writing): the horizon promise does not hold, so the engine ends the finished
+    job's wall where it last showed it running rather than take seconds back."""
+    from test_sidecar_bad_input import story
+
+    body, ends = _ends(story())  # stamped at 0..40 s of a clock that has run far longer
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    _write(journal, body)
     with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "log") as proc:
         proc.wait_ready()
         running = proc.scrape()
-        write(ends)
+        _write(journal, ends)
         time.sleep(0.5)
         finished = proc.scrape()
         proc.stop()
-    assert value(finished, "nvrx_wall_seconds_total", rank="0") >= value(running, "nvrx_wall_seconds_total", rank="0")
+    assert value(running, "nvrx_wall_seconds_total", rank="0") > 40  # counted to the sidecar's now
+    _check_went_on([running, finished])
