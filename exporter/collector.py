@@ -210,6 +210,7 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
         _add_histogram(out[cat.RESTART_DURATION.name], lab, base + (("level", level.value),), hist)
     for (level, phase), hist in rs.phases.items():
         _add_histogram(out[cat.RESTART_PHASE.name], lab, base + (("level", level.value), ("phase", phase.value)), hist)
+    single(cat.LAUNCHER_RESTARTS_REMAINING, rs.launcher_remaining)
     single(cat.MTBF, rs.mtbf_s)
     single(cat.EFFICIENCY_PREDICTED, snap.predicted_efficiency)
 

@@ -144,6 +144,7 @@ class Engine:
         self._newest = float("-inf")
         self._launcher_start: float | None = None
         self._launcher_exit: float | None = None
+        self._max_restarts: int | None = None  # of the newest launcher_start
         self._identity = ("", "", "")
         self._accepted = 0  # the hot counter, apart from the rest
         self._counts = {"duplicates": 0, "out_of_order": 0, "late": 0}
@@ -208,7 +209,7 @@ class Engine:
             lanes = self._lanes
             self._checkpoints.fold(self._newest, self._live(), lambda r, at: lanes[r].pid_at(at))
         if lane is None:
-            self._launcher(kind, mono)
+            self._launcher(record, kind, mono)
         else:
             if kind in _CHECKPOINT_EVENTS:
                 self._checkpoints.add(record)
@@ -219,10 +220,10 @@ class Engine:
             self._restarts.fold(self._newest, self.window, applied, {r: lane.first() for r, lane in lanes.items()})
             self._next_fold = self._newest + FOLD_EVERY_S
 
-    def _launcher(self, kind: str, mono: float) -> None:
+    def _launcher(self, record: dict[str, Any], kind: str, mono: float) -> None:
         self._restarts.launcher_event(kind, mono)
         if kind == "launcher_start" and (self._launcher_start is None or mono > self._launcher_start):
-            self._launcher_start = mono
+            self._launcher_start, self._max_restarts = mono, record["max_restarts"]
         elif kind == "launcher_exit" and (self._launcher_exit is None or mono > self._launcher_exit):
             self._launcher_exit = mono
 
@@ -255,6 +256,16 @@ class Engine:
         return {rank: lane.newest_pid for rank, lane in self._lanes.items()}
 
     # --- snapshot ------------------------------------------------------------------------------
+    def _launcher_remaining(self) -> int | None:
+        """Restarts the newest launcher may still make: its ``--max-restarts`` minus the highest
+        restart count its workers journaled (ranks whose newest record predates it ran under an
+        older launcher, which counted from 0 too)."""
+        if self._max_restarts is None or self._launcher_start is None:
+            return None
+        start = self._launcher_start
+        done = max((lane.newest_restart for lane in self._lanes.values() if lane.newest >= start), default=0)
+        return max(0, self._max_restarts - done)
+
     def _finished(self) -> bool:
         """The launcher exited after its last start, and every rank of the world ended cleanly.
 
@@ -311,7 +322,8 @@ class Engine:
         job, pod, node = self._identity
         return Snapshot(
             now_mono=now_mono, now_wall=now_wall, job=job, pod=pod, node=node, job_start_wall=self._origin_wall,
-            finished=finished, ranks=ranks, checkpoints=checkpoints, restarts=restarts.stats(finished, mtbf),
+            finished=finished, ranks=ranks, checkpoints=checkpoints,
+            restarts=restarts.stats(finished, mtbf, self._launcher_remaining()),
             predicted_efficiency=derived.ettr(interval, cost, restarts.mean_duration(), mtbf),
             events_accepted=self._accepted, duplicates=self._counts["duplicates"],
             out_of_order=self._counts["out_of_order"], late=self._counts["late"],
@@ -351,6 +363,7 @@ class Engine:
             "origin": [self._origin, self._origin_wall],
             "newest": _finite(self._newest),
             "launcher": [self._launcher_start, self._launcher_exit],
+            "max_restarts": self._max_restarts,
             "identity": list(self._identity),
             "counts": {"accepted": self._accepted, **self._counts},
             "next_fold": _finite(self._next_fold),
@@ -371,6 +384,7 @@ class Engine:
             engine._origin, engine._origin_wall = state["origin"]
             engine._newest = _infinite(state["newest"])
             engine._launcher_start, engine._launcher_exit = state["launcher"]
+            engine._max_restarts = state.get("max_restarts")  # absent in states saved before it existed
             job, pod, node = state["identity"]
             engine._identity = (str(job), str(pod), str(node))
             engine._counts = {k: int(state["counts"][k]) for k in engine._counts}

@@ -186,7 +186,7 @@ class Restarts:
         out.open = {k: rec.copy() for k, rec in self.open.items()}
         return out
 
-    def stats(self, finished: bool, mtbf_s: float | None) -> RestartStats:
+    def stats(self, finished: bool, mtbf_s: float | None, launcher_remaining: int | None) -> RestartStats:
         counts = dict(self.counts)
         duration, phases = self.duration, self.phases
         open_records = [(rec, self.record(rec)) for rec in self.open.values()]
@@ -200,7 +200,8 @@ class Restarts:
             counts[rec.level] += 1
         recent = list(self.recent) + sorted((r for _, r in open_records), key=lambda r: r.fault_wall)
         return RestartStats(counts, {k: b.frozen() for k, b in duration.items()},
-                            {k: b.frozen() for k, b in phases.items()}, mtbf_s, tuple(recent[-RECENT:]))
+                            {k: b.frozen() for k, b in phases.items()}, mtbf_s, tuple(recent[-RECENT:]),
+                            launcher_remaining)
 
     def faults(self) -> int:
         return sum(self.counts.values()) + len(self.open)

@@ -115,6 +115,7 @@ class RestartStats:
     phases: Mapping[tuple[RestartLevel, RestartPhase], Histogram]  # every (level, phase) is a key
     mtbf_s: float | None  # job wall time / faults; None before the first fault
     recent: tuple[RestartRecord, ...]  # newest last, bounded
+    launcher_remaining: int | None  # ft_launcher's --max-restarts minus its workers' restart count; None: not journaled
 
 
 @dataclass(frozen=True)

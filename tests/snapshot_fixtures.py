@@ -36,6 +36,7 @@ def snapshot(n_ranks: int = 2, **kw: object) -> Snapshot:
         mtbf_s=200.0,
         recent=(RestartRecord(RestartLevel.INJOB, "SIGKILL", 1.7e9 + 50, 3.0,
                               {ph: 0.5 for ph in RestartPhase}, n_ranks),),
+        launcher_remaining=2,
     )
     checkpoints = CheckpointStats(
         saves=3, failures=1, in_flight=1, bytes_total=3 << 20,

@@ -185,6 +185,19 @@ def test_a_finish_read_after_a_later_snapshot_ends_wall_there_not_before():
     assert run(pod, 50.0).ranks[0].wall_s == pytest.approx(14.2)  # read in time: the job's own end
 
 
+def test_launcher_restarts_remaining_is_max_restarts_minus_the_current_launchers_restart_count():
+    pod = scenarios.crash_with_rollback()  # --max-restarts 3, workers restarted once
+    before = [r for r in pod.records if r["restart"] == 0]
+    assert run(pod, 5.0, records=before).restarts.launcher_remaining == 3
+    assert run(pod, 100.0).restarts.launcher_remaining == 2
+    pod.launcher(200.0)  # the container restarted: a new launcher counts from 0, its workers not up yet
+    assert run(pod, 200.0).restarts.launcher_remaining == 3
+    assert run(Pod(), 1.0).restarts.launcher_remaining is None  # no launcher journaled
+    unknown = Pod()
+    unknown.proc(None).ev("launcher_start", 0.0, max_restarts=None)  # launched without a known budget
+    assert run(unknown, 1.0).restarts.launcher_remaining is None
+
+
 def test_duplicates_are_counted_and_change_nothing():
     pod = scenarios.crash_with_rollback()
     once = run(pod, 100.0)
