@@ -41,7 +41,7 @@ from collections import deque
 from typing import Any
 
 from exporter import derived
-from exporter.accounting import GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger
+from exporter.accounting import GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger, Rec, rec
 from exporter.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
 from exporter.checkpoints import Checkpoints
 from exporter.histogram import Buckets
@@ -51,7 +51,7 @@ from exporter.snapshot import CheckpointStats, RankSnapshot, Snapshot
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: reorder buffers hold Rec fields, not records
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
@@ -59,24 +59,23 @@ _CHECKPOINT_EVENTS = {"checkpoint_start", "checkpoint_scheduled", "checkpoint_fi
 
 
 class _Lane:
-    """One rank: its ledger, its buffer of records not yet applied (sorted by (mono, pid, seq)),
-    and the per-rank counts that need no ordering."""
+    """One rank: its ledger, its buffer of records not yet applied (sorted), and the per-rank
+    counts that need no ordering."""
 
-    __slots__ = ("ledger", "pending", "head", "newest", "newest_pid", "newest_kind", "newest_restart",
+    __slots__ = ("ledger", "pending", "newest", "newest_pid", "newest_kind", "newest_restart",
                  "newest_iter", "applied",
                  "steps", "step", "step_mono", "step_wall", "hist", "recent", "worker", "worker_mono",
                  "worker_pid", "world_size", "pids")
 
     def __init__(self, rank: int) -> None:
         self.ledger = Ledger(rank)
-        self.pending: list[tuple[tuple[float, int, int], dict[str, Any]]] = []
-        self.head = 0  # pending[:head] are applied
+        self.pending: deque[Rec] = deque()
         self.newest = float("-inf")  # mono of the newest record
         self.newest_pid = -1
         self.newest_kind = ""
         self.newest_restart = 0
         self.newest_iter = 0
-        self.applied: tuple[float, int, int] | None = None  # key of the last applied record
+        self.applied: Rec | None = None  # the last record applied
         self.steps = 0
         self.step: int | None = None  # of the newest step record
         self.step_mono = float("-inf")
@@ -213,10 +212,10 @@ class Engine:
         else:
             if kind in _CHECKPOINT_EVENTS:
                 self._checkpoints.add(record)
-            self._lane_ingest(lane, record, (mono, pid, seq))
+            self._lane_ingest(lane, rec(record))
         if self._restarts.open and (self._newest >= self._next_fold or self._restarts.ended_since_fold):
             lanes = self._lanes
-            applied = {r: float("-inf") if lane.applied is None else lane.applied[0] for r, lane in lanes.items()}
+            applied = {r: float("-inf") if lane.applied is None else lane.applied.mono for r, lane in lanes.items()}
             self._restarts.fold(self._newest, self.window, applied, {r: lane.first() for r, lane in lanes.items()})
             self._next_fold = self._newest + FOLD_EVERY_S
 
@@ -227,30 +226,24 @@ class Engine:
         elif kind == "launcher_exit" and (self._launcher_exit is None or mono > self._launcher_exit):
             self._launcher_exit = mono
 
-    def _lane_ingest(self, lane: _Lane, record: dict[str, Any], key: tuple[float, int, int]) -> None:
-        mono = key[0]
-        if lane.applied is not None and key < lane.applied:
+    def _lane_ingest(self, lane: _Lane, r: Rec) -> None:
+        if lane.applied is not None and r < lane.applied:
             self._counts["late"] += 1
             return
         pending = lane.pending
-        if pending and key < pending[-1][0]:
-            insort(pending, (key, record), lo=lane.head)
+        if pending and r < pending[-1]:
+            insort(pending, r)
             self._counts["out_of_order"] += 1
             return
-        pending.append((key, record))
-        horizon = mono - self.window
-        head = lane.head
-        if pending[head][0][0] >= horizon:
+        pending.append(r)
+        horizon = r.mono - self.window
+        if pending[0].mono >= horizon:
             return
-        ledger, sink, n = lane.ledger, self._restarts, len(pending)
-        while head < n and pending[head][0][0] < horizon:
-            ledger.apply(pending[head][1], sink)
-            head += 1
-        lane.applied = pending[head - 1][0]
-        if head > 256 and head * 2 > n:
-            del pending[:head]
-            head = 0
-        lane.head = head
+        ledger, sink, popleft = lane.ledger, self._restarts, pending.popleft
+        while pending and pending[0].mono < horizon:
+            r = popleft()
+            ledger.apply(r, sink)
+        lane.applied = r
 
     def _live(self) -> dict[int, int]:
         return {rank: lane.newest_pid for rank, lane in self._lanes.items()}
@@ -287,10 +280,10 @@ class Engine:
         for rank in sorted(self._lanes):
             lane = self._lanes[rank]
             ledger = lane.ledger
-            if finished and lane.head < len(lane.pending):  # nothing more will come: settle all
+            if finished and lane.pending:  # nothing more will come: settle all
                 ledger = ledger.copy()
-                for _, record in lane.pending[lane.head:]:
-                    ledger.apply(record, restarts)
+                for r in lane.pending:
+                    ledger.apply(r, restarts)
             ledgers[rank] = ledger
         origin = self._origin if self._origin is not None else now_mono
         end = max(self._newest, self._shown) if finished else max(now_mono, self._newest, self._shown)
@@ -384,13 +377,13 @@ class Engine:
             engine._origin, engine._origin_wall = state["origin"]
             engine._newest = _infinite(state["newest"])
             engine._launcher_start, engine._launcher_exit = state["launcher"]
-            engine._max_restarts = state.get("max_restarts")  # absent in states saved before it existed
+            engine._max_restarts = state["max_restarts"]
             job, pod, node = state["identity"]
             engine._identity = (str(job), str(pod), str(node))
             engine._counts = {k: int(state["counts"][k]) for k in engine._counts}
             engine._accepted = int(state["counts"]["accepted"])
             engine._next_fold = _infinite(state["next_fold"])
-            engine._shown = _infinite(state.get("shown"))  # absent in states saved before it existed
+            engine._shown = _infinite(state["shown"])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise ValueError(f"not an engine state: {exc!r}") from None
         return engine
@@ -410,7 +403,8 @@ _LANE_FIELDS = ("newest_pid", "newest_kind", "newest_restart", "newest_iter", "s
 
 def _lane_state(lane: _Lane) -> dict[str, Any]:
     out = {name: getattr(lane, name) for name in _LANE_FIELDS}
-    out.update(pids={str(pid): first for pid, first in lane.pids.items()}, ledger=lane.ledger.to_state(), pending=[record for _, record in lane.pending[lane.head:]],
+    out.update(pids={str(pid): first for pid, first in lane.pids.items()}, ledger=lane.ledger.to_state(),
+               pending=[list(r) for r in lane.pending],
                newest=_finite(lane.newest), step_mono=_finite(lane.step_mono), worker_mono=_finite(lane.worker_mono),
                applied=None if lane.applied is None else list(lane.applied), hist=lane.hist.to_state(),
                recent=list(lane.recent))
@@ -423,10 +417,9 @@ def _lane_from_state(rank: int, state: dict[str, Any]) -> _Lane:
         setattr(lane, name, state[name])
     lane.ledger = Ledger.from_state(state["ledger"])
     lane.pids = {int(pid): float(first) for pid, first in state["pids"].items()}
-    lane.pending = sorted(((r["mono"], r["pid"], r["seq"]), r) for r in state["pending"])
+    lane.pending = deque(sorted(Rec(*r) for r in state["pending"]))
     lane.newest, lane.step_mono, lane.worker_mono = (_infinite(state[k]) for k in ("newest", "step_mono", "worker_mono"))
-    applied = state["applied"]
-    lane.applied = None if applied is None else (applied[0], applied[1], applied[2])
+    lane.applied = None if state["applied"] is None else Rec(*state["applied"])
     lane.hist = Buckets.from_state(STEP_BUCKETS, state["hist"])
     lane.recent = deque(state["recent"], maxlen=RECENT_STEPS)
     return lane

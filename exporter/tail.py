@@ -46,8 +46,8 @@ UNREADABLE = "unreadable"  # a journal file could not be opened or read (counted
 FILE_TRUNCATED = "file_truncated"  # a file shrank under its read offset (writers never truncate)
 
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage: rejected, skipped to its newline
-ROUND_BYTES = 8 << 20  # read per round across all files (bounds memory on a large backlog)
-MIN_CHUNK = 8 << 10  # with many files the round budget wins: 1024 files x 8 KB = 8 MB read per round
+ROUND_BYTES = 2 << 20  # read per round across all files: a round's lines, decoded, take ~4x this
+MIN_CHUNK = 2 << 10  # with many files the round budget wins: 1024 files x 2 KB = 2 MB read per round
 
 Ingest = Callable[[list[dict[str, Any]]], None]
 """Takes accepted records, in merged order."""

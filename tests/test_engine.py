@@ -198,6 +198,19 @@ def test_launcher_restarts_remaining_is_max_restarts_minus_the_current_launchers
     assert run(unknown, 1.0).restarts.launcher_remaining is None
 
 
+def test_a_ranks_buffer_keeps_only_the_records_its_reorder_window_still_holds():
+    pod = Pod()
+    p = pod.proc(0)
+    p.start(0.0)
+    for step in range(1, 1001):
+        p.step(step, step * 0.5 - 0.5, step * 0.5)
+    engine = Engine(reorder_window_s=10.0)
+    for record in pod.records:
+        engine.ingest(record)
+    assert len(engine._lanes[0].pending) == 21  # steps ending in (490, 500]; every older one applied and let go
+    assert run(pod, 500.0, window=10.0).ranks[0].steps == 1000
+
+
 def test_duplicates_are_counted_and_change_nothing():
     pod = scenarios.crash_with_rollback()
     once = run(pod, 100.0)
