@@ -12,7 +12,7 @@ import sys
 
 # name -> ("module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("trainer.demo:main", "run the reference FSDP job with the sidecar and print the SLO report"),
+    "demo": ("nvrx_slo.demo:main", "run the reference FSDP job with the sidecar and print the SLO report"),
     "train": ("trainer.reference_job:main", "the reference FSDP training job (run it under ft_launcher or torchrun)"),
     "ft-launcher": ("trainer.ft_launcher:main", "NVRx ft_launcher, unchanged, with its own events journaled"),
     "sidecar": ("exporter.sidecar:main", "follow a journal directory and serve /metrics, OTLP and a status page"),

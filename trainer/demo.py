@@ -1,15 +1,14 @@
-"""``nvrx-slo demo``: the reference job on 2 CPU ranks under ft_launcher, with one crash and one exception.
+"""The demo job: the reference job on 2 CPU ranks under ft_launcher, with one crash and one exception.
 
 ``run_demo`` is the reusable part (tests start their own sidecar or Prometheus beside a run and
-read ``DemoResult.journal_dir``); ``main`` runs it once and prints what the journal says happened:
-steps, each checkpoint's blocking and background seconds, each restart and its latency.
+read ``DemoResult.journal_dir``); ``format_summary(summarize(read_journal(...)))`` says what the
+journal itself records: steps, each checkpoint's blocking and background seconds, each restart and
+its latency. ``nvrx-slo demo`` (``nvrx_slo/demo.py``) runs it with the sidecar beside it.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import datetime
 import os
 import signal
 import subprocess
@@ -143,19 +142,3 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  {r['kind']} at step {r['step']}: {r['level']} restart, resumed from checkpoint step "
                      f"{r['resumed_from']}, {latency}")
     return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nvrx-slo demo", description=__doc__.splitlines()[0])
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"demo-{stamp}",
-                        help="a fresh directory for the journal, checkpoints and log (default: runs/demo-<time>)")
-    parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
-    args = parser.parse_args(argv)
-    print(f"nvrx-slo demo: 2 CPU ranks under ft_launcher, crash at step {DEFAULT_FAULTS[0].step}, exception at "
-          f"step {DEFAULT_FAULTS[1].step}; run directory {args.run_dir}", flush=True)
-    result = run_demo(args.run_dir, steps=args.steps)
-    print(format_summary(summarize(read_journal(result.journal_dir))))
-    if result.returncode != 0:
-        print(f"the job failed (exit code {result.returncode}); see {result.log_path}", file=sys.stderr)
-    return result.returncode

@@ -1,0 +1,47 @@
+"""The README's first command, end to end: the job, the real sidecar beside it, the SLO report.
+
+The printed report is the sidecar's own (written on SIGTERM, as in a pod); it is checked against
+what the journal itself says happened, read independently by ``trainer.demo.summarize``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from trainer.demo import read_journal, summarize
+
+
+def _restart_latencies(report: str) -> dict[str, float]:
+    section = report.split("most recent:")[1].split("MTBF")[0]
+    return {level: float(secs) for level, secs in re.findall(r"^\s+(inprocess|injob)\s+([\d.]+) s", section, re.M)}
+
+
+def test_the_demo_prints_an_slo_report_consistent_with_the_journal(demo_command):
+    out = demo_command.stdout
+    assert demo_command.result.returncode == 0, demo_command.stderr[-3000:]
+    assert "nvrx-slo SLO report" in out and "finished" in out.split("nvrx-slo SLO report")[1].splitlines()[0]
+
+    # The badput breakdown plus productive sums to 100% of wall.
+    total = re.search(r"^\s+total\s+([\d.]+) s\s+([\d.]+)%$", out, re.M)
+    assert total and float(total.group(2)) == 100.0
+    rows = re.findall(r"^  (\S.*?)\s{2,}([\d.]+) s\s+([\d.]+)%$", out.split("Where the time went")[1].split("Checkpoints:")[0], re.M)
+    parts = {label: float(secs) for label, secs, _ in rows if label != "total"}
+    assert abs(sum(parts.values()) - float(total.group(1))) < 0.05 * len(parts)
+    efficiency = float(re.search(r"Efficiency \(productive / wall\): ([\d.]+)%", out).group(1))
+    assert abs(efficiency - 100 * parts["productive"] / float(total.group(1))) < 0.01
+
+    # One in-job and one in-process restart, each with the latency the journal's own timestamps give.
+    journal = summarize(read_journal(demo_command.result.journal_dir))
+    by_level = {"in-job": "injob", "in-process": "inprocess"}
+    expected = {by_level[r["level"]]: r["latency"] for r in journal["restarts"]}
+    assert set(expected) == {"injob", "inprocess"}
+    reported = _restart_latencies(out)
+    assert set(reported) == set(expected)
+    for level, latency in expected.items():
+        assert abs(reported[level] - latency) < 0.5, (level, reported[level], latency)
+
+    # Every default SLO is judged, and the HTML report was written where the demo says.
+    verdicts = re.findall(r"^\s+(PASS|FAIL|no data)\s+(.+?):", out, re.M)
+    assert {name for _, name in verdicts} >= {"training efficiency", "recovery latency", "checkpoint blocking"}
+    html = re.search(r"HTML report with a timeline: (\S+)", out).group(1)
+    assert html.endswith("report.html") and "<svg" in open(html).read()
