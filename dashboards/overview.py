@@ -6,9 +6,9 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from alerts import duration
-from alerts.conventions import Dashboard
+from alerts.conventions import ERROR_BUDGET_REMAINING, Dashboard, burn_rate_record
 from alerts.spec import Slo, Spec
-from alerts.windows import Severity, all_windows
+from alerts.windows import Severity
 from dashboards import panels as p
 from dashboards import queries as q
 from exporter import catalogue as cat
@@ -19,13 +19,17 @@ _SLI_NOTE = ("The SLI counts settled badput only: work since the last durable ch
              "fault rolls it back (then all of it lands in lost at once).")
 
 
+_RECORDED = ("Reads {name}, recorded by the generated alert rules (the series the burn-rate alerts fire on): "
+             "it needs those rules installed (deploy/base's PrometheusRule, or alerts/generated/rules.yaml). "
+             "Job-level, so the pod variable does not apply.")
+
+
 def _efficiency(spec: Spec) -> list[object]:
     objective = spec.objectives[Slo.EFFICIENCY]
     target = f"{objective.target:.0%}"
     period = duration.format(spec.period)
     pages = [w for w in spec.burn_windows if w.severity is Severity.PAGE]
     fastest = max(pages, key=lambda w: w.factor)
-    base = all_windows(spec.period, spec.min_window)[0]  # the shortest window: the job's wall rate now
     objective_steps = ((None, p.RED), (objective.target, p.GREEN))
     return [
         p.stat("Efficiency since job start", "productive / wall rank-seconds since the job's first process start "
@@ -33,14 +37,15 @@ def _efficiency(spec: Spec) -> list[object]:
                "save lands, so this dips between checkpoints.",
                [p.Query(q.efficiency(None))], p.RATIO, steps=objective_steps, decimals=2),
         p.stat("Error budget remaining", f"Share of the {period} error budget ({objective.budget:.0%} of wall) not "
-               "yet spent, as the alert rules count it (the part of the period before the job started counts "
-               f"as healthy). Negative once overspent. {_SLI_NOTE}",
-               [p.Query(q.budget_remaining(spec.period, base, objective.budget))], p.RATIO,
+               "yet spent (the part of the period before the job started counts as healthy). Negative once "
+               f"overspent. {_SLI_NOTE} " + _RECORDED.format(name=ERROR_BUDGET_REMAINING),
+               [p.Query(q.slo_record(ERROR_BUDGET_REMAINING, Slo.EFFICIENCY))], p.RATIO,
                steps=((None, p.RED), (0.0, p.YELLOW), (0.25, p.GREEN)), decimals=1),
         p.stat(f"Burn rate ({duration.format(fastest.long)})", "Error-budget burn rate over the fastest page's long "
                f"window (1 = spending exactly the budget). Pages at {fastest.factor:g}× over "
-               f"{duration.format(fastest.long)} and {duration.format(fastest.short)}.",
-               [p.Query(q.burn_rate(fastest.long, base, objective.budget))], p.COUNT,
+               f"{duration.format(fastest.long)} and {duration.format(fastest.short)}. "
+               + _RECORDED.format(name=burn_rate_record(fastest.long)),
+               [p.Query(q.slo_record(burn_rate_record(fastest.long), Slo.EFFICIENCY))], p.COUNT,
                steps=((None, p.GREEN), (1.0, p.YELLOW), (fastest.factor, p.RED)), decimals=1),
         p.stat("Unprotected work", "Rank-seconds of training since the last durable checkpoint, summed over the job: "
                "lost if a fault comes now.", [p.Query(q.by((), q.series(cat.UNPROTECTED_WORK)))], p.SECONDS),
@@ -51,9 +56,10 @@ def _efficiency(spec: Spec) -> list[object]:
                       p.Query(f"1 - {q.badput_ratio(q.RATE_INTERVAL)}", "SLI over rate window"),
                       p.Query(q.efficiency(None), "productive / wall since job start")],
                      p.RATIO, steps=objective_steps),
-        p.timeseries("Burn rates", "Error-budget burn rate over each page window (1 = on budget), as the alert "
-                     "rules compute it. Dashed: the page factors; both windows of a pair must exceed theirs to page.",
-                     [p.Query(q.burn_rate(s, base, objective.budget), duration.format(s))
+        p.timeseries("Burn rates", "Error-budget burn rate over each page window (1 = on budget). Dashed: the page "
+                     "factors; both windows of a pair must exceed theirs to page. " + _RECORDED.format(
+                         name=", ".join(burn_rate_record(s) for w in pages for s in (w.long, w.short))),
+                     [p.Query(q.slo_record(burn_rate_record(s), Slo.EFFICIENCY), duration.format(s))
                       for w in pages for s in (w.long, w.short)],
                      p.COUNT, steps=((None, p.GREEN), *((w.factor, p.RED) for w in sorted(pages, key=lambda w: w.factor)))),
     ]

@@ -3,9 +3,10 @@
 Every metric name and label comes from ``exporter.catalogue``; nothing here spells one by hand,
 so a renamed metric fails generation (and the tests), not a dashboard in production.
 
-The queries read the exporter's raw series, not recording rules, so the dashboards work before
-(or without) the generated alert rules; the SLO arithmetic mirrors those rules (``alerts/sli.py``,
-``alerts/rules.py``) so a panel shows the number an alert fired on. Aggregation, as the catalogue
+The queries read the exporter's raw series, so the dashboards work before (or without) the
+generated alert rules, with one exception: burn rates and the error budget read the recording
+rules the alerts fire on (``slo_record``), so a panel shows the number an alert fired on rather
+than a re-derivation that could drift from ``alerts/rules.py``. Aggregation, as the catalogue
 prescribes: time is in rank-seconds, so ``sum(productive) / sum(wall)`` over a job is its
 rank-average efficiency; per-pod gauges (checkpoint age, MTBF, …) are shown per pod.
 
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 from enum import Enum
 
-from alerts import duration
-from alerts.conventions import SEVERITY_LABEL
+from alerts.conventions import SEVERITY_LABEL, SLO_LABEL
+from alerts.spec import Slo
 from exporter import catalogue as cat
 from exporter.catalogue import Metric
 
@@ -169,30 +170,14 @@ def badput_ratio(window: str | None, categories: tuple[cat.Category, ...] = cat.
     return f"({bad} or 0 * {wall}) / {wall}"
 
 
-def slo_error_ratio(window_s: int, base_s: int) -> str:
-    """The efficiency SLI's error ratio over a window, exactly as the generated alert rules record it.
+def slo_record(name: str, slo: Slo) -> str:
+    """One SLO's series of a recording rule the generated alert rules define, for the selected job.
 
-    Bad rank-seconds over the window divided by (the job's wall rate now, from the shortest window
-    ``base_s``, × the whole window): the part of a window before the job started counts as healthy,
-    so a young job's start-up does not read as a burn (see ``alerts/rules.py``).
+    ``name`` comes from ``alerts.conventions`` (e.g. ``burn_rate_record(3600)``), so a panel shows the
+    very number an alert fires on. The rules record per job (namespace, job_name), so the pod
+    variable does not apply; the series exist only where the generated rules are installed.
     """
-    bad = by((), rate(cat.TIME, duration.format(window_s), category=cat.BADPUT_CATEGORIES))
-    wall = by((), rate(cat.WALL, duration.format(base_s)))
-    return f"({bad} or 0 * {wall}) / ({wall} > 0)"
-
-
-def burn_rate(window_s: int, base_s: int, budget: float) -> str:
-    """How fast the efficiency SLO's error budget burns over a window (1 = exactly on budget)."""
-    return f"{slo_error_ratio(window_s, base_s)} / {budget:g}"
-
-
-def budget_remaining(period_s: int, base_s: int, budget: float) -> str:
-    """Share of the period's error budget left (negative once overspent).
-
-    The alert rules integrate recorded 5-minute rates over the period; this reads the raw counters'
-    increase instead, so the two agree to within that integration's sampling.
-    """
-    return f"1 - {burn_rate(period_s, base_s, budget)}"
+    return f'{name}{{{SLO_LABEL}="{slo.value}", {NAMESPACE_LABEL}="${VAR_NAMESPACE}", {JOB_LABEL}="${VAR_JOB}"}}'
 
 
 def delta(metric: Metric, labels: tuple[str, ...]) -> str:

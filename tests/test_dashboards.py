@@ -5,7 +5,8 @@ What a Grafana import needs and what our conventions promise: the dashboard mode
 panel ids, panels that do not overlap on the 24-column grid, every panel, target, annotation and
 variable bound to the ``$datasource`` variable, a description and a unit on every panel, links
 between the four dashboards, the SLO line drawn; every metric and label a query names exists in
-the exporter's catalogue; the committed files equal a fresh ``nvrx-slo generate dashboards``; the
+the exporter's catalogue or is recorded by the generated alert rules; the burn-rate and error-budget
+panels read exactly the recorded series the efficiency page alert fires on; the committed files equal a fresh ``nvrx-slo generate dashboards``; the
 ConfigMaps carry kube-prometheus-stack's label, stay under 256 KiB and pass the Kubernetes schema.
 """
 
@@ -20,6 +21,7 @@ import sys
 import pytest
 import yaml
 
+from alerts import conventions, duration
 from alerts import generate as alerts_generate
 from alerts import spec as slo_spec
 from alerts.windows import Severity
@@ -29,6 +31,7 @@ from exporter import catalogue as cat
 
 MODELS = load_all()
 SPEC = slo_spec.load()
+RULES = yaml.safe_load((ROOT / alerts_generate.RULES).read_text(encoding="utf-8"))
 UIDS = {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery", "nvrx-slo-ranks"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRAFANA_BUILTINS = {"__interval", "__rate_interval", "__range", "__all"}
@@ -106,8 +109,7 @@ def test_variables_annotations_and_links(uid):
 
 def test_every_dashboard_link_in_the_alert_rules_opens_a_dashboard_with_its_variables():
     """The alerts' ``dashboard_url`` names one of these uids and only variables these dashboards have."""
-    rules = yaml.safe_load((ROOT / alerts_generate.RULES).read_text(encoding="utf-8"))
-    urls = [r["annotations"]["dashboard_url"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    urls = [r["annotations"]["dashboard_url"] for g in RULES["groups"] for r in g["rules"] if "alert" in r]
     assert urls
     for url in urls:
         path, _, query = url.partition("?")
@@ -155,15 +157,57 @@ def _catalogue_series():
 ALERTS_LABELS = {"alertname", "alertstate", "severity", *cat.IDENTITY_LABELS}
 
 
+def _recorded_series():
+    """Every series the committed alert rules record -> its labels (the job's, plus the rule's own)."""
+    return {r["record"]: {*conventions.JOB_LABELS, *r.get("labels", {})}
+            for g in RULES["groups"] for r in g["rules"] if "record" in r}
+
+
 @pytest.mark.parametrize("query", [pytest.param(x, id=f"{x.dashboard}:{x.where}") for x in queries(MODELS)])
-def test_every_metric_and_label_a_query_names_is_in_the_catalogue(query):
-    known = _catalogue_series()
+def test_every_metric_and_label_a_query_names_is_in_the_catalogue_or_recorded_by_the_alert_rules(query):
+    known = {**_catalogue_series(), **_recorded_series()}
     metrics, labels, _ = names(query.expr)
     assert metrics, f"no metric found in {query.expr}"
     unknown = metrics - set(known) - {q.ALERTS}
-    assert not unknown, f"not in exporter/catalogue.py: {sorted(unknown)}"
+    assert not unknown, f"not in exporter/catalogue.py nor recorded by {alerts_generate.RULES}: {sorted(unknown)}"
     allowed = set().union(*(known.get(x, ALERTS_LABELS) for x in metrics))
     assert labels | legend_labels(query.legend) <= allowed, f"labels not on {sorted(metrics)}"
+
+
+def _records_the_page_alert_reads() -> set[str]:
+    """The recorded series the efficiency SLO's page (critical) alert compares with its factors."""
+    alert, = [r for g in RULES["groups"] for r in g["rules"]
+              if r.get("alert") == conventions.BURN_ALERTS[slo_spec.Slo.EFFICIENCY].value
+              and r["labels"][conventions.SEVERITY_LABEL] == Severity.PAGE.value]
+    return names(alert["expr"])[0]
+
+
+def _overview_targets(title: str) -> list[dict]:
+    panel, = [p for p in panels(MODELS["nvrx-slo-overview"]) if p["title"] == title]
+    return panel["targets"]
+
+
+def test_the_burn_rate_panels_read_the_recorded_series_the_page_alert_fires_on():
+    """One series per page window, each the alert's own record of the efficiency SLO, legend = its window;
+    the budget stat reads the recorded budget. Nothing recomputes the SLI from raw series."""
+    mine = f'{conventions.SLO_LABEL}="{slo_spec.Slo.EFFICIENCY.value}"'
+    read = _records_the_page_alert_reads()
+    pages = [w for w in SPEC.burn_windows if w.severity is Severity.PAGE]
+    assert read == {conventions.burn_rate_record(s) for w in pages for s in (w.long, w.short)}
+    targets = _overview_targets("Burn rates")
+    by_metric = {}
+    for t in targets:
+        metric, = names(t["expr"])[0]
+        assert mine in t["expr"] and metric == conventions.burn_rate_record(duration.parse(t["legendFormat"]))
+        by_metric[metric] = t
+    assert set(by_metric) == read and len(targets) == len(read)
+    fastest = max(pages, key=lambda w: w.factor).long
+    stat, = _overview_targets(f"Burn rate ({duration.format(fastest)})")
+    assert names(stat["expr"])[0] == {conventions.burn_rate_record(fastest)} and mine in stat["expr"]
+    budget, = _overview_targets("Error budget remaining")
+    assert names(budget["expr"])[0] == {conventions.ERROR_BUDGET_REMAINING} and mine in budget["expr"]
+    recorded = {(r["record"], r["labels"][conventions.SLO_LABEL]) for g in RULES["groups"] for r in g["rules"] if "record" in r}
+    assert {(m, slo_spec.Slo.EFFICIENCY.value) for m in (*read, conventions.ERROR_BUDGET_REMAINING)} <= recorded
 
 
 def test_the_name_parser_finds_what_it_should():
