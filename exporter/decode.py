@@ -3,14 +3,15 @@
 ``schema.decode`` is the contract; it runs at ~120k lines/s on one core here, below the 200k/s
 the sidecar must ingest. This module gets the same answers faster:
 
-* ``orjson`` parses a whole batch of lines as one JSON array (one call instead of thousands);
+* ``msgspec`` parses and type-checks a whole batch of lines as one JSON array of event structs
+  (one C call instead of thousands of Python checks), built from the schema's own field tables;
   a batch with a bad line falls back to line-by-line so only that line is rejected. Splicing
   two corrupt lines into one object would take several coincident corruptions (see
   ``decode_batch``); the journal's writer is trusted, its storage is not adversarial.
-* A fast validity check per event type (exact ``type(value) in types`` over precomputed field
-  tables) accepts only what ``schema.validate`` accepts; anything it does not accept goes through
+* The structs accept only what ``schema.validate`` accepts, and nothing more (no extra field, no
+  version but the current one); a line they refuse goes through ``orjson`` and
   ``schema.validate`` itself, so results and reject reasons are the contract's by construction
-  (pinned by a property test).
+  (pinned by a property test). A record the structs accept is handed on as the same dict.
 
 orjson is stricter than ``json`` in two ways that matter only for garbage: it rejects ``NaN``
 and ``Infinity`` (the writer never emits them: ``allow_nan=False``) and invalid UTF-8. Both are
@@ -19,60 +20,59 @@ rejected as ``malformed``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, Union
 
+import msgspec
 import orjson
 
 from trainer import schema
 from trainer.schema import JournalError, RejectReason
 
-_FIELDS: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
-    t.value: tuple({**schema.COMMON_FIELDS, **schema.PAYLOAD_FIELDS[t]}.items()) for t in schema.EventType
-}
+
+def _struct(event: schema.EventType) -> type[msgspec.Struct]:
+    """The event's fields as a struct: every field required, the schema's types exactly (a
+    number is ``int | float``, never ``bool``), tagged by ``type``, nothing else allowed."""
+    fields: list[tuple[str, Any]] = [("v", Literal[schema.SCHEMA_VERSION])]  # type: ignore[valid-type]
+    for name, types in {**schema.COMMON_FIELDS, **schema.PAYLOAD_FIELDS[event]}.items():
+        if name not in ("v", "type"):
+            fields.append((name, Union[tuple(types)] if len(types) > 1 else types[0]))  # type: ignore[arg-type]
+    return msgspec.defstruct(event.value, fields, tag_field="type", tag=event.value, forbid_unknown_fields=True)
 
 
-def validate(record: Any) -> dict[str, Any]:
-    """``schema.validate``, with a fast path for records that are plainly valid."""
-    if type(record) is dict and record.get("v") == schema.SCHEMA_VERSION:
-        kind = record.get("type")
-        fields = _FIELDS.get(kind) if type(kind) is str else None
-        if fields is not None:
-            try:
-                for name, types in fields:
-                    if type(record[name]) not in types:
-                        break
-                else:
-                    return record
-            except KeyError:
-                pass
-    return schema.validate(record)
+_EVENT = Union[tuple(_struct(event) for event in schema.EventType)]  # type: ignore[valid-type]
+_BATCH = msgspec.json.Decoder(list[_EVENT])  # type: ignore[valid-type]
+_ONE = msgspec.json.Decoder(_EVENT)
+_to_dicts = msgspec.to_builtins
 
 
 def decode(line: bytes) -> dict[str, Any]:
     """One line (no newline needed) to a valid record, or ``JournalError``."""
     try:
+        return _to_dicts(_ONE.decode(line))  # type: ignore[no-any-return]
+    except msgspec.MsgspecError:
+        pass
+    try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise JournalError(RejectReason.MALFORMED, str(exc)[:80]) from None
-    return validate(record)
+    return schema.validate(record)
 
 
 def decode_batch(lines: list[bytes]) -> list[dict[str, Any] | JournalError]:
     """Decode complete, non-empty lines; item *i* is line *i*'s record or the ``JournalError`` rejecting it."""
-    records: list[Any] | None = None
     # The joined array splits back into the same lines when every line is one object: each
     # starts with "{" and ends with "}" and the item count matches. Otherwise go line by line.
     if all(line[:1] == b"{" and line[-1:] == b"}" for line in lines):
         try:
-            records = orjson.loads(b"[" + b",".join(lines) + b"]")
-        except orjson.JSONDecodeError:
+            records = _to_dicts(_BATCH.decode(b"[" + b",".join(lines) + b"]"))
+        except msgspec.MsgspecError:
             records = None
-        if records is not None and len(records) != len(lines):
-            records = None
+        if records is not None and len(records) == len(lines):
+            return records  # type: ignore[no-any-return]
     out: list[dict[str, Any] | JournalError] = []
-    for i, line in enumerate(lines):
+    for line in lines:
         try:
-            out.append(validate(records[i]) if records is not None else decode(line))
+            out.append(decode(line))
         except JournalError as exc:
             out.append(exc)
     return out
