@@ -91,24 +91,23 @@ class Config:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nvrx-slo sidecar", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="nvrx-slo sidecar", description=__doc__.splitlines()[0])
     p.add_argument("--journal-dir", type=Path, default=os.environ.get(JOURNAL_DIR_ENV) or None,
                    help=f"journal directory to follow (default: ${JOURNAL_DIR_ENV}, as the trainer uses)")
     p.add_argument("--state-file", type=Path, default=None,
                    help="where to persist state (default: .nvrx-slo-sidecar-state.json in the journal directory)")
-    p.add_argument("--host", default=Config.host, help="address to serve HTTP on")
-    p.add_argument("--port", type=int, default=Config.port, help="port to serve HTTP on (0: any free port)")
-    p.add_argument("--poll-interval", type=float, default=Config.poll_interval_s, help="seconds between journal reads")
+    p.add_argument("--host", default=Config.host, help="address to serve HTTP on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=Config.port, help="port to serve HTTP on (0: any free port) (default: %(default)s)")
+    p.add_argument("--poll-interval", type=float, default=Config.poll_interval_s, help="seconds between journal reads (default: %(default)s)")
     p.add_argument("--state-interval", type=float, default=Config.state_interval_s,
-                   help="seconds between state saves (also saved on SIGTERM)")
+                   help="seconds between state saves (also saved on SIGTERM) (default: %(default)s)")
     p.add_argument("--per-rank", action=argparse.BooleanOptionalAction, default=Config.per_rank,
-                   help='per-rank series; off: one rank="all" series per pod')
+                   help='per-rank series; off: one rank="all" series per pod (default: %(default)s)')
     p.add_argument("--max-ranks", type=int, default=Config.max_ranks,
-                   help='more ranks than this in one pod: rank="all" series only')
+                   help='more ranks than this in one pod: rank="all" series only (default: %(default)s)')
     p.add_argument("--otlp-endpoint", default=None,
                    help="OTLP/HTTP endpoint, e.g. http://otel-collector:4318 (default: no OTLP export)")
-    p.add_argument("--otlp-interval", type=float, default=Config.otlp_interval_s, help="seconds between OTLP exports")
+    p.add_argument("--otlp-interval", type=float, default=Config.otlp_interval_s, help="seconds between OTLP exports (default: %(default)s)")
     p.add_argument("--podinfo-dir", type=Path, default=None,
                    help="Downward API volume holding a 'labels' file (job name, completion index)")
     p.add_argument("--ft-cycle-info-dir", type=Path, default=None,
