@@ -59,16 +59,12 @@ def decode(line: bytes) -> dict[str, Any]:
 
 
 def decode_batch(lines: list[bytes]) -> list[dict[str, Any] | JournalError]:
-    """Decode complete, non-empty lines (newlines split off); item *i* is line *i*'s record or
-    the ``JournalError`` rejecting it."""
+    """Decode complete, non-empty lines; item *i* is line *i*'s record or the ``JournalError`` rejecting it."""
     # The joined array splits back into the same lines when every line is one object: each
     # starts with "{" and ends with "}" and the item count matches. Otherwise go line by line.
-    # (Lines hold no newline, so in their newline-joined text every join is "}\n{" exactly when
-    # each line starts with "{" and ends with "}": checked in C, not per line.)
-    joined = b"\n".join(lines)
-    if joined[:1] == b"{" and joined[-1:] == b"}" and joined.count(b"}\n{") == len(lines) - 1:
+    if all(line[:1] == b"{" and line[-1:] == b"}" for line in lines):
         try:
-            records = _to_dicts(_BATCH.decode(b"[" + joined.replace(b"}\n{", b"},{") + b"]"))
+            records = _to_dicts(_BATCH.decode(b"[" + b",".join(lines) + b"]"))
         except msgspec.MsgspecError:
             records = None
         if records is not None and len(records) == len(lines):
