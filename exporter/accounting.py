@@ -24,7 +24,6 @@ state RESTART until the first step of the restarted loop starts. Each restart is
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
 from exporter.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
@@ -63,8 +62,6 @@ class Rec(NamedTuple):
 
 _TEXT = {"fault_injected": "kind", **{kind: "cause" for kind in (*_MARKS, "inprocess_initialize")}}
 _new = tuple.__new__
-_STEP_FIELDS = itemgetter("mono", "pid", "seq", "type", "iter", "restart", "wall", "start", "step", "data_s")
-_STEP_REST = (None, None)  # text, ok
 
 
 def rec(record: dict[str, Any]) -> Rec:
@@ -72,7 +69,8 @@ def rec(record: dict[str, Any]) -> Rec:
     get = record.get
     kind = record["type"]
     if kind == "step":  # most records: no lookups that must fail
-        return _new(Rec, _STEP_FIELDS(record) + _STEP_REST)  # one C call for the ten lookups
+        return _new(Rec, (record["mono"], record["pid"], record["seq"], kind, record["iter"], record["restart"],
+                          record["wall"], record["start"], record["step"], record["data_s"], None, None))
     return _new(Rec, (record["mono"], record["pid"], record["seq"], kind, record["iter"], record["restart"],
                       record["wall"], get("start"), get("step"), None, get(_TEXT.get(kind, "ckpt")), get("ok")))
 
