@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from itertools import accumulate
-from operator import add, itemgetter
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Union
 
@@ -41,7 +41,6 @@ from trainer import schema
 from trainer.schema import JournalError, RejectReason
 
 log = logging.getLogger("nvrx_slo.tail")
-_MONO = itemgetter("mono")
 
 UNREADABLE = "unreadable"  # a journal file could not be opened or read (counted once per episode)
 FILE_TRUNCATED = "file_truncated"  # a file shrank under its read offset (writers never truncate)
@@ -239,32 +238,23 @@ class JournalTail:
             return
         src.pending = data[end + 1:]
         lines = data[:end].split(b"\n")
-        # the file offset just past line i's newline, computed in C: start + its bytes so far + i + 1
-        ends = list(map(add, accumulate(map(len, lines)), range(start + 1, start + 1 + len(lines))))
+        ends = list(accumulate(map(len, lines)))  # line i ends at start + ends[i] + i + 1 (its newline)
         if all(lines):
             nonempty: Sequence[int] = range(len(lines))
-            kept_ends = ends
         else:
             nonempty = [i for i, line in enumerate(lines) if line]
             lines = [lines[i] for i in nonempty]
-            kept_ends = [ends[i] for i in nonempty]
         key, items = src.key, src.items
-        decoded = decode_batch(lines)
-        if set(map(type, decoded)) <= {dict}:  # the common case, without a Python step per line
-            keys = list(accumulate(map(_MONO, decoded), max, initial=key))  # running max of mono
-            key = keys[-1]
-            items += zip(keys[1:], kept_ends, decoded)
-        else:
-            for i, item in zip(nonempty, decoded):
-                if type(item) is dict:
-                    mono = item["mono"]
-                    if mono > key:
-                        key = mono
-                    items.append((key, ends[i], item))
-                else:
-                    items.append((key, ends[i], (name, item)))
+        for i, item in zip(nonempty, decode_batch(lines)):
+            if type(item) is dict:
+                mono = item["mono"]
+                if mono > key:
+                    key = mono
+                items.append((key, start + ends[i] + i + 1, item))
+            else:
+                items.append((key, start + ends[i] + i + 1, (name, item)))
         if not nonempty or nonempty[-1] != len(ends) - 1:
-            items.append((key, ends[-1], None))  # trailing empty lines: move past them too
+            items.append((key, start + ends[-1] + len(ends), None))  # trailing empty lines: move past them too
         src.key = key
 
     def _hand_on(self, ingest: Ingest) -> int:
