@@ -273,12 +273,13 @@ class JournalTail:
         if not batch:  # the file setting the watermark has nothing buffered: read it first
             return 0
         batch.sort(key=itemgetter(0))  # stable: each file's lines keep their order
-        records = [payload for _key, _end, payload in batch if type(payload) is dict]
-        if len(records) < len(batch):  # rejections and skipped stretches: count the rejections, in order
-            for _key, _end, payload in batch:
-                if type(payload) is tuple:
-                    name, error = payload
-                    self._reject(error.reason.value, name, str(error))
+        records = []
+        for _key, _end, payload in batch:
+            if type(payload) is dict:
+                records.append(payload)
+            elif payload is not None:
+                name, error = payload
+                self._reject(error.reason.value, name, str(error))
         ingest(records)
         return len(batch)
 
