@@ -1,10 +1,11 @@
-"""Engine costs, side by side in one run: JSON decoding vs ``Engine.ingest`` per step event, and
+"""Engine costs, side by side in one run: decoding lines to events vs ``Engine.ingest`` per step event, and
 ``Engine.snapshot`` for a pod of many ranks.
 
     .venv/bin/python bench/bench_engine.py [--events 1000000] [--ranks 1024]
 
 Synthetic journals: ranks stepping in lock step (1 s steps), a save every 100 steps; records are
-built as journal lines, so decoding is measured on the real wire format. Times are this process's
+built as journal lines and decoded as the sidecar does (``exporter.decode``, a chunk at a time), so
+decoding is measured on the real wire format. Times are this process's
 CPU time (``time.process_time``): one core's cost, whatever else the machine is running.
 """
 
@@ -15,8 +16,7 @@ import itertools
 import time
 from collections.abc import Iterator
 
-import orjson
-
+from exporter.decode import decode_batch
 from exporter.engine import Engine
 from trainer.schema import encode
 
@@ -49,28 +49,28 @@ def journal(ranks: int, steps: int, step_s: float = 1.0) -> Iterator[bytes]:
 
 
 def bench_ingest(events: int, chunk: int = 100_000) -> None:
-    """Decode and ingest in chunks (a chunk of decoded records at a time, not the whole journal)."""
+    """Decode and ingest in chunks (a chunk of decoded events at a time, not the whole journal)."""
     lines = journal(8, events // 8)
     engine = Engine()
     decode_s = ingest_s = 0.0
     n = 0
     while batch := list(itertools.islice(lines, chunk)):
         t0 = time.process_time()
-        records = [orjson.loads(line) for line in batch]
+        events = decode_batch([line[:-1] for line in batch])
         t1 = time.process_time()
-        for record in records:
-            engine.ingest(record)
+        for event in events:
+            engine.ingest(event)
         t2 = time.process_time()
         decode_s, ingest_s, n = decode_s + t1 - t0, ingest_s + t2 - t1, n + len(batch)
     decode_us, ingest_us = decode_s / n * 1e6, ingest_s / n * 1e6
-    print(f"ingest   {n:,} events, 8 ranks: orjson decode {decode_us:.2f} µs/event, Engine.ingest {ingest_us:.2f} "
+    print(f"ingest   {n:,} events, 8 ranks: decode {decode_us:.2f} µs/event, Engine.ingest {ingest_us:.2f} "
           f"µs/event (ingest/decode = {ingest_us / decode_us:.1f}x); both: {n / (decode_s + ingest_s):,.0f} events/s")
 
 
 def bench_snapshot(ranks: int) -> None:
     engine = Engine()
-    for line in journal(ranks, 250):
-        engine.ingest(orjson.loads(line))
+    for event in decode_batch([line[:-1] for line in journal(ranks, 250)]):
+        engine.ingest(event)
     now = 260.0
     engine.snapshot(now, now)  # warm
     runs = 5

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 from exporter.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
+from exporter.decode import Event
 from exporter.snapshot import RankState
 
 IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
@@ -42,9 +43,9 @@ _MARKS = {"inprocess_abort": "detect", "inprocess_finalize": "teardown",
 
 
 class Rec(NamedTuple):
-    """What the accounting needs of one journal record, and all a rank's reorder buffer keeps
-    of it (a sixth of the decoded dict). Ordered like records are applied: (mono, pid, seq) is
-    unique, so the fields after it never decide an order."""
+    """What the accounting needs of one journal event, and all a rank's reorder buffer keeps of
+    it. Ordered like records are applied: (mono, pid, seq) is unique, so the fields after it
+    never decide an order."""
 
     mono: float
     pid: int
@@ -64,15 +65,15 @@ _TEXT = {"fault_injected": "kind", **{kind: "cause" for kind in (*_MARKS, "inpro
 _new = tuple.__new__
 
 
-def rec(record: dict[str, Any]) -> Rec:
-    """The ``Rec`` of a validated journal record."""
-    get = record.get
-    kind = record["type"]
-    if kind == "step":  # most records: no lookups that must fail
-        return _new(Rec, (record["mono"], record["pid"], record["seq"], kind, record["iter"], record["restart"],
-                          record["wall"], record["start"], record["step"], record["data_s"], None, None))
-    return _new(Rec, (record["mono"], record["pid"], record["seq"], kind, record["iter"], record["restart"],
-                      record["wall"], get("start"), get("step"), None, get(_TEXT.get(kind, "ckpt")), get("ok")))
+def rec(event: Event) -> Rec:
+    """The ``Rec`` of a journal event."""
+    kind = event.type
+    if kind == "step":  # most records: no lookups that may miss
+        return _new(Rec, (event.mono, event.pid, event.seq, kind, event.iter, event.restart,
+                          event.wall, event.start, event.step, event.data_s, None, None))
+    return _new(Rec, (event.mono, event.pid, event.seq, kind, event.iter, event.restart, event.wall,
+                      getattr(event, "start", None), getattr(event, "step", None), None,
+                      getattr(event, _TEXT.get(kind, "ckpt"), None), getattr(event, "ok", None)))
 
 
 class RestartSink(Protocol):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exporter.catalogue import CHECKPOINT_BUCKETS
+from exporter.decode import Event
 from exporter.histogram import Buckets
 from exporter.snapshot import CheckpointRecord
 
@@ -59,39 +60,39 @@ class Checkpoints:
         self.recent: list[tuple[float, str, CheckpointRecord]] = []  # (began, key, record), oldest first
         self.due = float("inf")  # no save can fold before the pod's newest record reaches this
 
-    def add(self, rec: dict[str, Any]) -> None:
+    def add(self, rec: Event) -> None:
         """One checkpoint_* event of a rank (checkpoint_worker is the ledger's)."""
-        ckpt = f'{rec["restart"]}/{rec["iter"]}/{rec["ckpt"]}'
+        ckpt = f'{rec.restart}/{rec.iter}/{rec.ckpt}'
         parts = self.open.get(ckpt)
         if parts is None:
             parts = self.open[ckpt] = {}
             if len(self.open) > MAX_OPEN:
                 oldest = min(self.open, key=lambda k: (_began(self.open[k]) if self.open[k] else float("inf"), k))
                 self._close(oldest, self.open.pop(oldest), {})
-        key = (rec["rank"], rec["pid"])  # a restarted process may save the same id again
+        key = (rec.rank, rec.pid)  # a restarted process may save the same id again
         part = parts.get(key)
         if part is None:
             part = parts[key] = _part()
-            part[PID] = rec["pid"]
-        kind, mono = rec["type"], rec["mono"]
+            part[PID] = rec.pid
+        kind, mono = rec.type, rec.mono
         part[LAST] = max(part[LAST], mono)
         self.due = min(self.due, part[LAST] + self.window)
         # Each field combines commutatively (min, max, sum, and), so arrival order cannot matter;
         # a process that saves one id twice in one iteration (a retry) gets one part for both.
         if kind == "checkpoint_start":
             part[START] = mono if part[START] is None else min(part[START], mono)
-            part[STEP], part[MODE] = max(rec["step"], part[STEP] or 0), rec["mode"]
+            part[STEP], part[MODE] = max(rec.step, part[STEP] or 0), rec.mode
         elif kind == "checkpoint_scheduled":
             part[SCHED] = mono if part[SCHED] is None else max(part[SCHED], mono)
-            part[BYTES] = max(part[BYTES], rec["bytes"])
+            part[BYTES] = max(part[BYTES], rec.bytes)
         elif kind == "checkpoint_finalize":
-            part[FINALIZE] += max(0.0, mono - rec["start"])
+            part[FINALIZE] += max(0.0, mono - rec.start)
         else:  # checkpoint_end
-            part[OK] = rec["ok"] and part[OK] is not False  # one failure fails the part
-            part[STEP] = max(rec["step"], part[STEP] or 0)
+            part[OK] = rec.ok and part[OK] is not False  # one failure fails the part
+            part[STEP] = max(rec.step, part[STEP] or 0)
             if part[END] is None or mono > part[END]:
-                part[END], part[WRITTEN] = mono, rec["written"]
-                part[WRITTEN_WALL] = rec["wall"] - (mono - rec["written"])
+                part[END], part[WRITTEN] = mono, rec.written
+                part[WRITTEN_WALL] = rec.wall - (mono - rec.written)
 
     @staticmethod
     def _blocking(part: list[Any]) -> float | None:

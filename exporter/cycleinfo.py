@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from exporter.decode import Event, as_event
 from exporter.identity import Identity
 from exporter.ratelog import BoundedLog
 from trainer import schema
@@ -60,8 +61,8 @@ class CycleInfoReader:
         self._emitted = set(state["emitted"])
         self._seq = int(state["seq"])
 
-    def poll(self) -> list[dict[str, Any]]:
-        """Launcher records for what the cycle files say that was not emitted before."""
+    def poll(self) -> list[Event]:
+        """Launcher events for what the cycle files say that was not emitted before."""
         cycles: dict[tuple[str, int, int], tuple[float | None, float | None]] = {}
         try:
             names = os.listdir(self.directory)
@@ -90,7 +91,7 @@ class CycleInfoReader:
         return out
 
     def _once(self, key: str, kind: schema.EventType, job: str, cycle: int, wall: float,
-              offset: float) -> list[dict[str, Any]]:
+              offset: float) -> list[Event]:
         if key in self._emitted:
             return []
         self._emitted.add(key)
@@ -99,4 +100,4 @@ class CycleInfoReader:
                   "node": self._identity.node, "rank": None, "local_rank": None, "pid": PID, "restart": cycle,
                   "iter": 0}
         self._seq += 1
-        return [schema.validate(record)]
+        return [as_event(record)]

@@ -4,8 +4,8 @@ no globals, no clock reads — the caller passes the clock to ``snapshot``.
 Usage (one engine per pod journal)::
 
     engine = Engine()
-    for record in validated_records:          # trainer.schema.validate()d dicts, any order
-        engine.ingest(record)
+    for event in events:                      # exporter.decode's events, any order
+        engine.ingest(event)
     snap = engine.snapshot(time.monotonic(), time.time())
     state = engine.to_state()                 # JSON-safe; persist it with the reader's offsets
     engine = Engine.from_state(state)         # resume after a crash: nothing lost or counted twice
@@ -44,6 +44,7 @@ from exporter import derived
 from exporter.accounting import GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger, Rec, rec
 from exporter.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
 from exporter.checkpoints import Checkpoints
+from exporter.decode import Event
 from exporter.histogram import Buckets
 from exporter.restarts import Restarts
 from exporter.snapshot import CheckpointStats, RankSnapshot, Snapshot
@@ -88,10 +89,10 @@ class _Lane:
         self.world_size = 0
         self.pids: dict[int, float] = {}  # pid -> its oldest record's mono
 
-    def count(self, record: dict[str, Any], kind: str, mono: float) -> None:
+    def count(self, record: Event, kind: str, mono: float) -> None:
         """The order-free per-rank counts."""
         if kind == "step":
-            duration = mono - record["start"]
+            duration = mono - record.start
             self.steps += 1
             hist = self.hist  # Buckets.observe, inlined: once per step
             hist.counts[bisect_left(STEP_BUCKETS, duration)] += 1
@@ -99,20 +100,20 @@ class _Lane:
             hist.count += 1
             self.recent.append(duration)
             if mono > self.step_mono:
-                self.step, self.step_mono, self.step_wall = record["step"], mono, record["wall"]
+                self.step, self.step_mono, self.step_wall = record.step, mono, record.wall
         elif kind == "checkpoint_worker":
             if mono > self.worker_mono:
-                self.worker, self.worker_mono, self.worker_pid = record["alive"], mono, record["pid"]
+                self.worker, self.worker_mono, self.worker_pid = record.alive, mono, record.pid
         elif kind == "process_start":
-            self.world_size = max(self.world_size, record["world_size"])
-        pid = record["pid"]
+            self.world_size = max(self.world_size, record.world_size)
+        pid = record.pid
         if pid != self.newest_pid or mono < self.newest:  # else: its first record is older already
             first = self.pids.get(pid)
             if first is None or mono < first:
                 self.pids[pid] = mono
         if mono > self.newest:
             self.newest, self.newest_pid, self.newest_kind = mono, pid, kind
-            self.newest_restart, self.newest_iter = record["restart"], record["iter"]
+            self.newest_restart, self.newest_iter = record.restart, record.iter
 
     def first(self) -> float:
         return min(self.pids.values())
@@ -174,24 +175,24 @@ class Engine:
                 seen[0] = nxt
         return False
 
-    def ingest(self, record: dict[str, Any]) -> None:
-        """Account one validated journal record (``trainer.schema.validate``)."""
-        pid: int = record["pid"]
-        seq: int = record["seq"]
+    def ingest(self, record: Event) -> None:
+        """Account one journal event (``exporter.decode``)."""
+        pid: int = record.pid
+        seq: int = record.seq
         seen = self._seen.get(pid)
         if seen is not None and seq == seen[0] and not seen[1]:
             seen[0] = seq + 1  # the common case: the next record of a file read in order
         elif self._duplicate(pid, seq):
             self._counts["duplicates"] += 1
             return
-        mono: float = record["mono"]
-        kind: str = record["type"]
-        rank: int | None = record["rank"]
-        begin = record.get("start", mono) if kind in ("step", "restore", "checkpoint_finalize") else mono
+        mono: float = record.mono
+        kind: str = record.type
+        rank: int | None = record.rank
+        begin = record.start if kind in ("step", "restore", "checkpoint_finalize") else mono
         if self._origin is None or begin < self._origin:
-            self._origin, self._origin_wall = begin, record["wall"] - (mono - begin)
+            self._origin, self._origin_wall = begin, record.wall - (mono - begin)
             if not self._identity[1]:
-                self._identity = (record["job"], record["pod"], record["node"])
+                self._identity = (record.job, record.pod, record.node)
         if mono > self._newest:
             self._newest = mono
         self._accepted += 1
@@ -219,10 +220,10 @@ class Engine:
             self._restarts.fold(self._newest, self.window, applied, {r: lane.first() for r, lane in lanes.items()})
             self._next_fold = self._newest + FOLD_EVERY_S
 
-    def _launcher(self, record: dict[str, Any], kind: str, mono: float) -> None:
+    def _launcher(self, record: Event, kind: str, mono: float) -> None:
         self._restarts.launcher_event(kind, mono)
         if kind == "launcher_start" and (self._launcher_start is None or mono > self._launcher_start):
-            self._launcher_start, self._max_restarts = mono, record["max_restarts"]
+            self._launcher_start, self._max_restarts = mono, record.max_restarts
         elif kind == "launcher_exit" and (self._launcher_exit is None or mono > self._launcher_exit):
             self._launcher_exit = mono
 

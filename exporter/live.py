@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.cycleinfo import CycleInfoReader
+from exporter.decode import Event
 from exporter.engine import Engine
 from exporter.podwatch import ContainerStatus, restart_deltas
 from exporter.ratelog import BoundedLog
@@ -71,15 +72,15 @@ class Live:
                 self._horizon = began
         return handed
 
-    def _ingest(self, records: list[dict[str, Any]]) -> None:  # called by the tail under self.lock
+    def _ingest(self, events: list[Event]) -> None:  # called by the tail under self.lock
         ingest = self.engine.ingest
-        for record in records:
+        for event in events:
             try:
-                ingest(record)
+                ingest(event)
             except Exception:  # an engine bug must not crash-loop the sidecar on the same line
                 self.engine_errors += 1
                 self._log.exception("engine", "engine failed on %s seq %s of pid %s: record skipped",
-                                    record["type"], record["seq"], record["pid"])
+                                    event.type, event.seq, event.pid)
 
     def add_gpu_idle(self, idle_by_device: Mapping[int, float]) -> None:
         with self.lock:

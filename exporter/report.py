@@ -24,10 +24,10 @@ import html
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from exporter import status_page, timeline
 from exporter.catalogue import RestartPhase
+from exporter.decode import Event
 from exporter.engine import Engine
 from exporter.live import DUPLICATE, LATE, View
 from exporter.snapshot import RestartRecord, Snapshot
@@ -61,12 +61,12 @@ class _Replay:
         self.newest: tuple[float, float] | None = None  # (mono, wall) of the newest event
         self._since = 0
 
-    def ingest(self, records: list[dict[str, Any]]) -> None:
+    def ingest(self, records: list[Event]) -> None:
         for record in records:
             self.engine.ingest(record)
             self.builder.add(record)
-            if self.newest is None or record["mono"] > self.newest[0]:
-                self.newest = (record["mono"], record["wall"])
+            if self.newest is None or record.mono > self.newest[0]:
+                self.newest = (record.mono, record.wall)
             self._since += 1
             if self._since >= SNAPSHOT_EVERY:
                 self.snapshot()

@@ -35,7 +35,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Union
 
-from exporter.decode import decode_batch
+from exporter.decode import Event, decode_batch
 from exporter.ratelog import BoundedLog
 from trainer import schema
 from trainer.schema import JournalError, RejectReason
@@ -49,12 +49,12 @@ MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage: rejected, skip
 ROUND_BYTES = 2 << 20  # read per round across all files: a round's lines, decoded, take ~4x this
 MIN_CHUNK = 2 << 10  # with many files the round budget wins: 1024 files x 2 KB = 2 MB read per round
 
-Ingest = Callable[[list[dict[str, Any]]], None]
-"""Takes accepted records, in merged order."""
+Ingest = Callable[[list[Event]], None]
+"""Takes accepted events, in merged order."""
 
-# One line read and not yet handed on: (merge key, offset just past the line, record | (file, rejection) | None).
+# One line read and not yet handed on: (merge key, offset just past the line, event | (file, rejection) | None).
 # The key is the running maximum of ``mono`` in its file, so a file's lines keep their order.
-_Item = tuple[float, int, Union[dict[str, Any], tuple[str, JournalError], None]]
+_Item = tuple[float, int, Union[Event, tuple[str, JournalError], None]]
 
 
 def order_key(name: str) -> tuple[str, int, str]:
@@ -118,7 +118,7 @@ class JournalTail:
 
     def poll(self, ingest: Ingest, stop: Callable[[], bool] = lambda: False,
              guard: AbstractContextManager[Any] = nullcontext()) -> int:
-        """Hand every complete new line's record to ``ingest``, merged by time; returns lines handed on.
+        """Hand every complete new line's event to ``ingest``, merged by time; returns lines handed on.
 
         ``stop()`` is checked between rounds; the state is consistent whenever ``poll`` returns.
         Each hand-on (``ingest`` and the rejection counts) runs inside ``guard``, the caller's
@@ -246,13 +246,13 @@ class JournalTail:
             lines = [lines[i] for i in nonempty]
         key, items = src.key, src.items
         for i, item in zip(nonempty, decode_batch(lines)):
-            if type(item) is dict:
-                mono = item["mono"]
+            if type(item) is JournalError:
+                items.append((key, start + ends[i] + i + 1, (name, item)))
+            else:
+                mono = item.mono
                 if mono > key:
                     key = mono
                 items.append((key, start + ends[i] + i + 1, item))
-            else:
-                items.append((key, start + ends[i] + i + 1, (name, item)))
         if not nonempty or nonempty[-1] != len(ends) - 1:
             items.append((key, start + ends[-1] + len(ends), None))  # trailing empty lines: move past them too
         src.key = key
@@ -273,14 +273,14 @@ class JournalTail:
         if not batch:  # the file setting the watermark has nothing buffered: read it first
             return 0
         batch.sort(key=itemgetter(0))  # stable: each file's lines keep their order
-        records = []
+        events = []
         for _key, _end, payload in batch:
-            if type(payload) is dict:
-                records.append(payload)
-            elif payload is not None:
+            if type(payload) is tuple:
                 name, error = payload
                 self._reject(error.reason.value, name, str(error))
-        ingest(records)
+            elif payload is not None:
+                events.append(payload)
+        ingest(events)
         return len(batch)
 
     def _retire(self) -> None:

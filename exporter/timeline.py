@@ -1,6 +1,6 @@
 """The report's timeline: journal records in, lanes of spans out, drawn as one inline SVG.
 
-Pure: no I/O, no clock. ``TimelineBuilder.add`` takes validated journal records one at a time
+Pure: no I/O, no clock. ``TimelineBuilder.add`` takes journal events (``exporter.decode``) one at a time
 (the report streams a whole journal through it next to the engine); ``build`` returns a
 ``Timeline``; ``render_svg`` draws it. Restarts are not re-derived here: the engine decides what
 a restart is and when each phase began, and the report hands them in as ``RestartBand``s, so the
@@ -30,6 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.decode import Event
 from trainer.schema import EventType
 
 PLOT_WIDTH = 1100  # px of the time axis
@@ -125,59 +126,59 @@ class TimelineBuilder:
         self._lo = float("inf")
         self._hi = float("-inf")
 
-    def add(self, rec: dict[str, Any]) -> None:
-        """Take one record that ``trainer.schema.validate`` accepted."""
-        key = (rec["pod"], rec["pid"])
-        off = self._offsets.setdefault(key, rec["wall"] - rec["mono"])
-        t = rec["mono"] + off
+    def add(self, rec: Event) -> None:
+        """Take one journal event (``exporter.decode``)."""
+        key = (rec.pod, rec.pid)
+        off = self._offsets.setdefault(key, rec.wall - rec.mono)
+        t = rec.mono + off
         self._lo = min(self._lo, t)
         self._hi = max(self._hi, t)
-        rank = rec["rank"]
+        rank = rec.rank
         if rank is None:
             return  # launcher records only matter through the engine's restarts
-        kind = rec["type"]
+        kind = rec.type
         data = self._ranks[rank]
         if kind in (EventType.STEP, EventType.RESTORE) and key in self._started:
             begun = self._started.pop(key)
-            data.spans.append((INIT, begun, rec["start"] + off, f"process {rec['pid']} start to first work"))
+            data.spans.append((INIT, begun, rec.start + off, f"process {rec.pid} start to first work"))
         if kind == EventType.PROCESS_START:
             self._started[key] = t
         elif kind == EventType.STEP:
-            data.step_start.append(rec["start"] + off)
+            data.step_start.append(rec.start + off)
             data.step_end.append(t)
-            data.step_no.append(rec["step"])
-            self._lo = min(self._lo, rec["start"] + off)
+            data.step_no.append(rec.step)
+            self._lo = min(self._lo, rec.start + off)
         elif kind == EventType.RESTORE:
-            step = rec["step"]
+            step = rec.step
             data.restores.append((t, -1 if step is None else step))
-            data.spans.append((RESTORE, rec["start"] + off, t, f"restore from step {step}"))
+            data.spans.append((RESTORE, rec.start + off, t, f"restore from step {step}"))
         elif kind == EventType.CHECKPOINT_START:
-            ckpt = rec["ckpt"]
+            ckpt = rec.ckpt
             self._ckpt_started[(rank, ckpt)] = t
-            attempt = self._latest[ckpt] = (ckpt, rec["restart"], rec["iter"])
-            entry = self._ckpts.setdefault(attempt, {"step": rec["step"], "first": t, "written": None, "failed": False})
+            attempt = self._latest[ckpt] = (ckpt, rec.restart, rec.iter)
+            entry = self._ckpts.setdefault(attempt, {"step": rec.step, "first": t, "written": None, "failed": False})
             entry["first"] = min(entry["first"], t)
         elif kind == EventType.CHECKPOINT_SCHEDULED:
-            ckpt = rec["ckpt"]
+            ckpt = rec.ckpt
             start = self._ckpt_started.pop((rank, ckpt), None)
             if start is not None:
                 data.spans.append((BLOCKING, start, t, f"{ckpt}: save blocked {t - start:.3f} s"))
             self._ckpt_scheduled[(rank, ckpt)] = t
         elif kind == EventType.CHECKPOINT_FINALIZE:
-            data.spans.append((BLOCKING, rec["start"] + off, t, f"{rec['ckpt']}: finalize {t - rec['start'] - off:.3f} s"))
+            data.spans.append((BLOCKING, rec.start + off, t, f"{rec.ckpt}: finalize {t - rec.start - off:.3f} s"))
         elif kind == EventType.CHECKPOINT_END:
-            ckpt = rec["ckpt"]
-            written = rec["written"] + off
+            ckpt = rec.ckpt
+            written = rec.written + off
             # an async save may end after an in-process restart: it belongs to the latest attempt
-            attempt = self._latest.setdefault(ckpt, (ckpt, rec["restart"], rec["iter"]))
-            entry = self._ckpts.setdefault(attempt, {"step": rec["step"], "first": written, "written": None, "failed": False})
-            if rec["ok"]:
+            attempt = self._latest.setdefault(ckpt, (ckpt, rec.restart, rec.iter))
+            entry = self._ckpts.setdefault(attempt, {"step": rec.step, "first": written, "written": None, "failed": False})
+            if rec.ok:
                 entry["written"] = max(entry["written"] or written, written)
             else:
                 entry["failed"] = True
             start = self._ckpt_scheduled.pop((rank, ckpt), None)
             if start is not None:
-                state = "written" if rec["ok"] else f"failed: {rec['error']}"
+                state = "written" if rec.ok else f"failed: {rec.error}"
                 data.spans.append((BACKGROUND, start, written, f"{ckpt}: {state} in {written - start:.3f} s background"))
 
     def build(self, restarts: list[RestartBand] | tuple[RestartBand, ...] = ()) -> Timeline:
@@ -328,7 +329,7 @@ def render_svg(tl: Timeline) -> str:
         out.append(f'<line class="tl-grid" x1="{tx}" y1="14" x2="{tx}" y2="{height - 20}"/>'
                    f'<text class="tl-tick" x="{tx}" y="11">{_e(_fmt_seconds(n * step))}</text>')
         n += 1
-    out.append(f'<text class="tl-rowlabel" x="4" y="30">checkpoints</text>'
+    out.append('<text class="tl-rowlabel" x="4" y="30">checkpoints</text>'
                f'<text class="tl-rowlabel" x="4" y="48">restarts</text>')
     for r in tl.restarts:
         s, e = r.start_wall - tl.origin_wall, r.end_wall - tl.origin_wall

@@ -10,6 +10,7 @@ import pytest
 from journal_builder import Pod
 
 from exporter.catalogue import Category, RestartLevel, RestartPhase
+from exporter.decode import as_event
 from exporter.engine import Engine
 from exporter.snapshot import RankState, Snapshot
 
@@ -20,7 +21,7 @@ RS, I, D, U = Category.RESTART, Category.INIT, Category.DATA_WAIT, Category.UNAT
 def run(pod: Pod, now: float, window: float = 0.5, records: list | None = None) -> Snapshot:
     engine = Engine(reorder_window_s=window)
     for record in pod.records if records is None else records:
-        engine.ingest(record)
+        engine.ingest(as_event(record))
     return engine.snapshot(now, now + pod.wall_offset)
 
 
@@ -171,11 +172,11 @@ def test_a_finish_read_after_a_later_snapshot_ends_wall_there_not_before():
     engine = Engine(reorder_window_s=0.5)
     for record in pod.records:
         if record not in ends:
-            engine.ingest(record)
+            engine.ingest(as_event(record))
     running = engine.snapshot(50.0, 50.0)
     engine = Engine.from_state(json.loads(json.dumps(engine.to_state())))
     for record in ends:
-        engine.ingest(record)
+        engine.ingest(as_event(record))
     finished = engine.snapshot(60.0, 60.0)
     assert finished.finished and not running.finished
     assert running.ranks[0].wall_s == finished.ranks[0].wall_s == pytest.approx(50.0)
@@ -206,7 +207,7 @@ def test_a_ranks_buffer_keeps_only_the_records_its_reorder_window_still_holds():
         p.step(step, step * 0.5 - 0.5, step * 0.5)
     engine = Engine(reorder_window_s=10.0)
     for record in pod.records:
-        engine.ingest(record)
+        engine.ingest(as_event(record))
     assert len(engine._lanes[0].pending) == 21  # steps ending in (490, 500]; every older one applied and let go
     assert run(pod, 500.0, window=10.0).ranks[0].steps == 1000
 
@@ -302,7 +303,7 @@ def test_snapshot_changes_nothing_but_the_instant_shown_and_identity_comes_from_
     pod = scenarios.crash_with_rollback()
     engine = Engine(reorder_window_s=5.0)
     for record in pod.records:
-        engine.ingest(record)
+        engine.ingest(as_event(record))
     before = {**engine.to_state(), "shown": 16.8}  # the job's end: where a snapshot counts wall to
     a, b = engine.snapshot(100.0, 1.0), engine.snapshot(100.0, 1.0)
     assert a == b and json.dumps(engine.to_state(), sort_keys=True) == json.dumps(before, sort_keys=True)
@@ -314,14 +315,14 @@ def test_state_round_trips_through_json_mid_stream():
     pod = scenarios.crash_with_rollback()
     whole = Engine(reorder_window_s=2.0)
     for record in pod.records:
-        whole.ingest(record)
+        whole.ingest(as_event(record))
     half = Engine(reorder_window_s=2.0)
     cut = len(pod.records) // 2
     for record in pod.records[:cut]:
-        half.ingest(record)
+        half.ingest(as_event(record))
     resumed = Engine.from_state(json.loads(json.dumps(half.to_state(), allow_nan=False)))
     for record in pod.records[cut - 5:]:  # the reader re-reads a few lines after its saved offset
-        resumed.ingest(record)
+        resumed.ingest(as_event(record))
     a, b = whole.snapshot(100.0, 1.0), resumed.snapshot(100.0, 1.0)
     assert b.duplicates == 5
     assert (a.ranks, a.restarts, a.checkpoints) == (b.ranks, b.restarts, b.checkpoints)
@@ -347,7 +348,7 @@ def test_a_job_that_never_saves_keeps_bounded_state_and_every_second():
         p.step(step, float(step), step + 1.0)
     engine = Engine(reorder_window_s=0.0)
     for record in pod.records:
-        engine.ingest(record)
+        engine.ingest(as_event(record))
     assert len(engine.to_state()["lanes"]["0"]["ledger"]["pool_steps"]) <= 4096
     snap = engine.snapshot(10_001.0, 0.0)
     assert snap.ranks[0].unprotected_s == pytest.approx(10_000.0)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from journal_builder import Pod, Proc
 
 from exporter.catalogue import RestartLevel
+from exporter.decode import as_event
 from exporter.engine import Engine
 from exporter.snapshot import Snapshot
 
@@ -119,7 +120,7 @@ def span(pod: Pod) -> float:
 def feed(records: list[dict[str, Any]], window: float, now: float, engine: Engine | None = None) -> Snapshot:
     engine = engine or Engine(reorder_window_s=window)
     for record in records:
-        engine.ingest(record)
+        engine.ingest(as_event(record))
     return engine.snapshot(now, now)
 
 
@@ -188,7 +189,7 @@ def snapshots_while_feeding(records: list[dict[str, Any]], window: float, every:
     engine = Engine(reorder_window_s=window)
     snaps, now = [], 0.0
     for i, record in enumerate(records, 1):
-        engine.ingest(record)
+        engine.ingest(as_event(record))
         now = max(now, record["mono"])
         if i % every == 0 or i == len(records):
             snaps.append(engine.snapshot(now + lag, now + lag))
@@ -263,7 +264,7 @@ def test_state_saved_mid_stream_and_restored_gives_the_uninterrupted_result(pod,
     expected = feed(records, window, now)
     first = Engine(reorder_window_s=window)
     for record in records[:at]:
-        first.ingest(record)
+        first.ingest(as_event(record))
     resumed = Engine.from_state(json.loads(json.dumps(first.to_state(), allow_nan=False)))
     got = feed(records[max(0, at - 3):], window, now, engine=resumed)  # a few lines read twice
     assert_close(accounted(got), accounted(expected))

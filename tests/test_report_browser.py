@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from exporter.decode import Event
 from exporter.tail import JournalTail
 from test_report import assert_inert
 from test_status_page_browser import ARTIFACTS, dump_dom, screenshot
@@ -16,15 +17,15 @@ def journal_facts(journal_dir) -> dict[str, int]:
     """Ranks, save attempts and restarts, counted straight from the records: each in-job restart
     starts processes with a new ``restart`` count, each in-process restart bumps ``iter``, and a
     checkpoint id saved again after a rollback is another attempt."""
-    records: list[dict] = []
+    records: list[Event] = []
     tail = JournalTail(journal_dir)
     tail.poll(records.extend)
     tail.close()
-    ranked = [r for r in records if r["rank"] is not None]
+    ranked = [r for r in records if r.rank is not None]
     return {
-        "ranks": len({r["rank"] for r in ranked}),
-        "checkpoints": len({(r["ckpt"], r["restart"], r["iter"]) for r in records if r["type"] == "checkpoint_start"}),
-        "restarts": len({(r["restart"], r["iter"]) for r in ranked}) - 1,
+        "ranks": len({r.rank for r in ranked}),
+        "checkpoints": len({(r.ckpt, r.restart, r.iter) for r in records if r.type == "checkpoint_start"}),
+        "restarts": len({(r.restart, r.iter) for r in ranked}) - 1,
     }
 
 

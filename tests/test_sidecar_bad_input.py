@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collector import SnapshotCollector
+from exporter.decode import Event
 from exporter.engine import Engine
 from exporter.exposition import TextRenderer
 from exporter.identity import Identity
@@ -196,8 +197,8 @@ def test_an_unusable_state_file_means_a_rebuild_from_the_journal(tmp_path):
 
 def test_a_record_the_engine_raises_on_is_skipped_counted_and_the_rest_accounted(tmp_path, caplog):
     class Buggy(Engine):  # stands in for an engine bug, the one thing this test is about
-        def ingest(self, record: dict) -> None:
-            if record["type"] == "step" and record["step"] == 7 and record["rank"] == 1:
+        def ingest(self, record: Event) -> None:
+            if record.type == "step" and record.step == 7 and record.rank == 1:
                 raise ZeroDivisionError("a bug")
             super().ingest(record)
 

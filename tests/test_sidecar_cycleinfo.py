@@ -82,4 +82,4 @@ def test_a_torn_or_foreign_file_is_skipped_and_retried(tmp_path, caplog):
     assert reader.poll() == [] and "unreadable" in caplog.text
     write_cycle(tmp_path, 1, 1.7e9 + 5, None)
     [record] = reader.poll()
-    assert record["type"] == "launcher_rendezvous_done" and record["pid"] == 0 and record["rank"] is None
+    assert record.type == "launcher_rendezvous_done" and record.pid == 0 and record.rank is None

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from exporter import tail as tail_mod
+from exporter.decode import Event
 from exporter.tail import JournalTail, order_key
 from journal_fixtures import file_name, record, step, write
 from trainer.journal import Identity, Journal
@@ -18,13 +19,13 @@ class Sink:
     """The ingest callable: keeps what it is handed, in order."""
 
     def __init__(self) -> None:
-        self.records: list[dict] = []
+        self.records: list[Event] = []
 
-    def __call__(self, records: list[dict]) -> None:
+    def __call__(self, records: list[Event]) -> None:
         self.records += records
 
     def seqs(self, pid: int | None = None) -> list[int]:
-        return [r["seq"] for r in self.records if pid is None or r["pid"] == pid]
+        return [r.seq for r in self.records if pid is None or r.pid == pid]
 
 
 def journal(tmp_path: Path, rank: int | None, pid: int, **kw) -> Journal:
@@ -44,7 +45,7 @@ def test_every_rank_restart_and_launcher_file_is_read_once(tmp_path):
         emit_steps(w, 5)
     sink, t = Sink(), JournalTail(tmp_path)
     assert t.poll(sink) == 20
-    assert sorted((r["pid"], r["seq"]) for r in sink.records) == [(p, s) for p in (10, 11, 12, 21) for s in range(5)]
+    assert sorted((r.pid, r.seq) for r in sink.records) == [(p, s) for p in (10, 11, 12, 21) for s in range(5)]
     assert t.poll(sink) == 0 and len(sink.records) == 20
     assert not t.rejected
 
@@ -234,5 +235,5 @@ def test_a_backlog_is_handed_on_merged_by_time_across_files(tmp_path, monkeypatc
     write(tmp_path / file_name(None, 5), *launcher)
     sink, t = Sink(), JournalTail(tmp_path, round_bytes=4096)
     t.poll(sink)
-    monos = [r["mono"] for r in sink.records]
+    monos = [r.mono for r in sink.records]
     assert len(monos) == 185 and monos == sorted(monos)

@@ -5,16 +5,16 @@ import re
 import xml.etree.ElementTree as ET
 
 from exporter import timeline
+from exporter.decode import as_event
 from exporter.timeline import RestartBand, TimelineBuilder
-from trainer import schema
 
 WALL0 = 1.7e9
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 
 def rec(type_, mono, rank=0, pid=100, pod="pod-0", restart=0, iter_=0, **payload):
-    """A record that the real schema accepts (validated, so tests cannot drift from the contract)."""
-    return schema.validate({"v": 1, "type": type_, "seq": 0, "mono": mono, "wall": WALL0 + mono, "job": "j",
+    """An event of a record the real schema accepts (validated, so tests cannot drift from the contract)."""
+    return as_event({"v": 1, "type": type_, "seq": 0, "mono": mono, "wall": WALL0 + mono, "job": "j",
                             "pod": pod, "node": "n", "rank": rank, "local_rank": rank, "pid": pid,
                             "restart": restart, "iter": iter_, **payload})
 
