@@ -55,11 +55,6 @@ def as_event(record: dict[str, Any]) -> Event:
     return msgspec.convert(schema.validate(record), _EVENT)  # type: ignore[no-any-return]
 
 
-def as_record(event: Event) -> dict[str, Any]:
-    """The event as the schema's record (a dict, ``type`` included)."""
-    return msgspec.to_builtins(event)  # type: ignore[no-any-return]
-
-
 def decode(line: bytes) -> Event:
     """One line (no newline needed) to a valid event, or ``JournalError``."""
     try:

@@ -330,7 +330,7 @@ def render_svg(tl: Timeline) -> str:
                    f'<text class="tl-tick" x="{tx}" y="11">{_e(_fmt_seconds(n * step))}</text>')
         n += 1
     out.append('<text class="tl-rowlabel" x="4" y="30">checkpoints</text>'
-               f'<text class="tl-rowlabel" x="4" y="48">restarts</text>')
+               '<text class="tl-rowlabel" x="4" y="48">restarts</text>')
     for r in tl.restarts:
         s, e = r.start_wall - tl.origin_wall, r.end_wall - tl.origin_wall
         title = f"{r.level} restart, {r.end_wall - r.start_wall:.2f} s" + (f" — cause: {r.cause}" if r.cause else "")

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter import sidecar
 from exporter.engine import Engine
 from exporter.live import Live
 from exporter.tail import JournalTail
-from otlp_receiver import Receiver, metrics_by_name, point_attributes
 from sidecar_process import SidecarProcess, counters, value
 from trainer.journal import Identity, Journal
 from trainer.schema import EventType

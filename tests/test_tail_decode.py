@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec import to_builtins as as_record  # an event back to the schema's record
 
-import pytest
-
-from exporter.decode import as_event, as_record, decode_batch
+from exporter.decode import as_event, decode_batch
 from journal_fixtures import record, step
 from trainer import schema
 from trainer.schema import JournalError
