@@ -24,7 +24,7 @@ state RESTART until the first step of the restarted loop starts. Each restart is
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from exporter.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
 from exporter.decode import Event
@@ -40,40 +40,6 @@ POOL_MAX = 4096  # undecided steps kept one by one before neighbours are merged
 _INPROCESS_FAULT = {"inprocess_abort", "inprocess_finalize", "inprocess_rank_assignment"}
 _MARKS = {"inprocess_abort": "detect", "inprocess_finalize": "teardown",
           "inprocess_rank_assignment": "rendezvous"}
-
-
-class Rec(NamedTuple):
-    """What the accounting needs of one journal event, and all a rank's reorder buffer keeps of
-    it. Ordered like records are applied: (mono, pid, seq) is unique, so the fields after it
-    never decide an order."""
-
-    mono: float
-    pid: int
-    seq: int
-    type: str
-    iter: int
-    restart: int
-    wall: float
-    start: float | None  # step, restore, checkpoint_finalize
-    step: int | None  # step, restore, checkpoint_end
-    data_s: float | None  # step
-    text: str | None  # ckpt of checkpoint_*, kind of fault_injected, cause of inprocess_*
-    ok: bool | None  # checkpoint_end
-
-
-_TEXT = {"fault_injected": "kind", **{kind: "cause" for kind in (*_MARKS, "inprocess_initialize")}}
-_new = tuple.__new__
-
-
-def rec(event: Event) -> Rec:
-    """The ``Rec`` of a journal event."""
-    kind = event.type
-    if kind == "step":  # most records: no lookups that may miss
-        return _new(Rec, (event.mono, event.pid, event.seq, kind, event.iter, event.restart,
-                          event.wall, event.start, event.step, event.data_s, None, None))
-    return _new(Rec, (event.mono, event.pid, event.seq, kind, event.iter, event.restart, event.wall,
-                      getattr(event, "start", None), getattr(event, "step", None), None,
-                      getattr(event, _TEXT.get(kind, "ckpt"), None), getattr(event, "ok", None)))
 
 
 class RestartSink(Protocol):
@@ -159,56 +125,57 @@ class Ledger:
         self.fact, self.fact_inprocess, self.fact_reinit = key, inprocess, False
         self.state, self.blocking, self.fault, self.cause = RankState.RESTART, None, None, None
 
-    def _new_process(self, rec: Rec, sink: RestartSink) -> None:
-        if rec.restart > self.restart:
-            level, key = RestartLevel.INJOB, f"injob/{self.gen}/{rec.restart}"
+    def _new_process(self, ev: Event, sink: RestartSink) -> None:
+        if ev.restart > self.restart:
+            level, key = RestartLevel.INJOB, f"injob/{self.gen}/{ev.restart}"
         else:
             self.gen += 1
             level, key = RestartLevel.POD, f"pod/{self.gen}"
         self._begin(key, level, sink, inprocess=False)
-        self.pid, self.restart, self.iter, self.inproc = rec.pid, rec.restart, rec.iter, 0
+        self.pid, self.restart, self.iter, self.inproc = ev.pid, ev.restart, ev.iter, 0
 
     def _inprocess(self, sink: RestartSink) -> None:
         self.inproc += 1
         self._begin(f"inprocess/{self.gen}/{self.restart}/{self.inproc}", RestartLevel.INPROCESS, sink, inprocess=True)
 
     # --- events ------------------------------------------------------------------------------
-    def apply(self, rec: Rec, sink: RestartSink) -> None:
-        kind = rec.type
-        if kind == "step" and rec.pid == self.pid and rec.iter <= self.iter:  # the hot path
-            self._step(rec, sink)
-            self.last_wall = rec.wall
+    def apply(self, ev: Event, sink: RestartSink) -> None:
+        kind = ev.type
+        if kind == "step" and ev.pid == self.pid and ev.iter <= self.iter:  # the hot path
+            self._step(ev, sink)
+            self.last_wall = ev.wall
             return
-        mono = rec.mono
+        mono = ev.mono
         if self.first is None:
-            self.first = self.t = mono if rec.start is None else min(mono, rec.start)
-            self.pid, self.restart, self.iter, self.last_wall = rec.pid, rec.restart, rec.iter, rec.wall
-        elif rec.pid != self.pid:
-            self._new_process(rec, sink)
-        elif (rec.iter > self.iter or kind in _INPROCESS_FAULT) and not (
+            start = getattr(ev, "start", None)  # a span's start: step, restore, checkpoint_finalize
+            self.first = self.t = mono if start is None else min(mono, start)
+            self.pid, self.restart, self.iter, self.last_wall = ev.pid, ev.restart, ev.iter, ev.wall
+        elif ev.pid != self.pid:
+            self._new_process(ev, sink)
+        elif (ev.iter > self.iter or kind in _INPROCESS_FAULT) and not (
                 self.state is RankState.RESTART and self.fact_inprocess and not self.fact_reinit):
             self._inprocess(sink)  # not while one is under way, unless it failed after re-initialising
-        if rec.iter > self.iter:
-            self.iter = rec.iter
+        if ev.iter > self.iter:
+            self.iter = ev.iter
 
         if kind == "step":
-            self._step(rec, sink)
+            self._step(ev, sink)
         elif kind == "checkpoint_start":
             self._advance(mono)
             if self.state is not RankState.RESTART:
-                self.blocking = rec.text
-        elif kind == "checkpoint_scheduled" or (kind == "checkpoint_end" and self.blocking == rec.text):
-            if self.blocking == rec.text:
+                self.blocking = ev.ckpt
+        elif kind == "checkpoint_scheduled" or (kind == "checkpoint_end" and self.blocking == ev.ckpt):
+            if self.blocking == ev.ckpt:
                 self._advance(mono)
                 self.blocking = None
         elif kind == "checkpoint_finalize":
-            self._span(rec.start, mono, BLOCKING)  # type: ignore[arg-type]
+            self._span(ev.start, mono, BLOCKING)
         elif kind == "restore":
-            self._span(rec.start, mono, RESTORE)  # type: ignore[arg-type]
-            self._decide(rec.step, drop_rest=True)
+            self._span(ev.start, mono, RESTORE)
+            self._decide(ev.step, drop_rest=True)
         elif kind == "fault_injected":
             self._advance(mono)
-            self.fault, self.fault_wall, self.cause = mono, rec.wall, f"fault_injected: {rec.text}"
+            self.fault, self.fault_wall, self.cause = mono, ev.wall, f"fault_injected: {ev.kind}"
         elif kind == "process_start":
             self._advance(mono)
             if self.fact is not None:
@@ -218,18 +185,19 @@ class Ledger:
             self.state = RankState.ENDED
         elif kind in _MARKS or kind == "inprocess_initialize":
             self._advance(mono)
-            if rec.text and self.fact is not None:
-                sink.cause(self.rank, self.fact, rec.text)
+            cause = getattr(ev, "cause", None)  # inprocess_abort and _initialize carry none
+            if cause and self.fact is not None:
+                sink.cause(self.rank, self.fact, cause)
             if self.fact is not None and self.state is RankState.RESTART:
                 sink.mark(self.rank, self.fact, _MARKS.get(kind, "reinit"), mono)
                 self.fact_reinit = self.fact_reinit or kind == "inprocess_initialize"
-        if kind == "checkpoint_end" and rec.ok:
-            self._decide(rec.step, drop_rest=False)
-        self.last_wall = rec.wall
+        if kind == "checkpoint_end" and ev.ok:
+            self._decide(ev.step, drop_rest=False)
+        self.last_wall = ev.wall
 
-    def _step(self, rec: Rec, sink: RestartSink) -> None:
-        start: float = rec.start  # type: ignore[assignment]
-        mono = rec.mono
+    def _step(self, ev: Event, sink: RestartSink) -> None:
+        start: float = ev.start
+        mono = ev.mono
         t = self.t
         seconds = self.seconds
         if start > t:  # _advance, inlined: this runs once per step
@@ -241,11 +209,11 @@ class Ledger:
         self.state, self.blocking, self.fault, self.cause = RankState.TRAINING, None, None, None
         span = mono - t
         if span > 0:
-            data: float = rec.data_s  # type: ignore[assignment]
+            data: float = ev.data_s
             data = span if data > span else (data if data > 0.0 else 0.0)
             work = span - data
             seconds[DATA] += data
-            self.pool_steps.append(rec.step)  # type: ignore[arg-type]
+            self.pool_steps.append(ev.step)
             self.pool_work.append(work)
             self.pool_sum += work
             self.t = mono

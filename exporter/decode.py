@@ -42,7 +42,7 @@ def _struct(event: schema.EventType) -> type[msgspec.Struct]:
         if name not in ("v", "type"):
             fields.append((name, Union[tuple(types)] if len(types) > 1 else types[0]))  # type: ignore[arg-type]
     return msgspec.defstruct(event.value, fields, tag_field="type", tag=event.value,
-                             namespace={"type": event.value}, module=__name__)
+                             namespace={"type": event.value}, module=__name__, gc=False)
 
 
 _EVENT = Union[tuple(_struct(event) for event in schema.EventType)]  # type: ignore[valid-type]

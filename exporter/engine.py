@@ -38,13 +38,16 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
+from operator import attrgetter
 from typing import Any
 
+import msgspec
+
 from exporter import derived
-from exporter.accounting import GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger, Rec, rec
+from exporter.accounting import GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger
 from exporter.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
 from exporter.checkpoints import Checkpoints
-from exporter.decode import Event
+from exporter.decode import Event, as_event
 from exporter.histogram import Buckets
 from exporter.restarts import Restarts
 from exporter.snapshot import CheckpointStats, RankSnapshot, Snapshot
@@ -52,11 +55,12 @@ from exporter.snapshot import CheckpointStats, RankSnapshot, Snapshot
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 2  # 2: reorder buffers hold Rec fields, not records
+STATE_VERSION = 3  # 3: reorder buffers hold events (2: tuples of some of their fields)
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
 _CHECKPOINT_EVENTS = {"checkpoint_start", "checkpoint_scheduled", "checkpoint_finalize", "checkpoint_end"}
+_ORDER = attrgetter("mono", "pid", "seq")  # the order records are applied in; unique per record
 
 
 class _Lane:
@@ -70,13 +74,13 @@ class _Lane:
 
     def __init__(self, rank: int) -> None:
         self.ledger = Ledger(rank)
-        self.pending: deque[Rec] = deque()
+        self.pending: deque[Event] = deque()  # sorted by _ORDER
         self.newest = float("-inf")  # mono of the newest record
         self.newest_pid = -1
         self.newest_kind = ""
         self.newest_restart = 0
         self.newest_iter = 0
-        self.applied: Rec | None = None  # the last record applied
+        self.applied: Event | None = None  # the last record applied
         self.steps = 0
         self.step: int | None = None  # of the newest step record
         self.step_mono = float("-inf")
@@ -213,7 +217,7 @@ class Engine:
         else:
             if kind in _CHECKPOINT_EVENTS:
                 self._checkpoints.add(record)
-            self._lane_ingest(lane, rec(record))
+            self._lane_ingest(lane, record)
         if self._restarts.open and (self._newest >= self._next_fold or self._restarts.ended_since_fold):
             lanes = self._lanes
             applied = {r: float("-inf") if lane.applied is None else lane.applied.mono for r, lane in lanes.items()}
@@ -227,24 +231,28 @@ class Engine:
         elif kind == "launcher_exit" and (self._launcher_exit is None or mono > self._launcher_exit):
             self._launcher_exit = mono
 
-    def _lane_ingest(self, lane: _Lane, r: Rec) -> None:
-        if lane.applied is not None and r < lane.applied:
+    def _lane_ingest(self, lane: _Lane, ev: Event) -> None:
+        mono = ev.mono
+        applied = lane.applied
+        if applied is not None and (mono < applied.mono or mono == applied.mono and _ORDER(ev) < _ORDER(applied)):
             self._counts["late"] += 1
             return
         pending = lane.pending
-        if pending and r < pending[-1]:
-            insort(pending, r)
-            self._counts["out_of_order"] += 1
-            return
-        pending.append(r)
-        horizon = r.mono - self.window
+        if pending:
+            last = pending[-1]
+            if mono < last.mono or mono == last.mono and _ORDER(ev) < _ORDER(last):
+                insort(pending, ev, key=_ORDER)
+                self._counts["out_of_order"] += 1
+                return
+        pending.append(ev)
+        horizon = mono - self.window
         if pending[0].mono >= horizon:
             return
         ledger, sink, popleft = lane.ledger, self._restarts, pending.popleft
         while pending and pending[0].mono < horizon:
-            r = popleft()
-            ledger.apply(r, sink)
-        lane.applied = r
+            ev = popleft()
+            ledger.apply(ev, sink)
+        lane.applied = ev
 
     def _live(self) -> dict[int, int]:
         return {rank: lane.newest_pid for rank, lane in self._lanes.items()}
@@ -405,9 +413,9 @@ _LANE_FIELDS = ("newest_pid", "newest_kind", "newest_restart", "newest_iter", "s
 def _lane_state(lane: _Lane) -> dict[str, Any]:
     out = {name: getattr(lane, name) for name in _LANE_FIELDS}
     out.update(pids={str(pid): first for pid, first in lane.pids.items()}, ledger=lane.ledger.to_state(),
-               pending=[list(r) for r in lane.pending],
+               pending=[msgspec.to_builtins(ev) for ev in lane.pending],
                newest=_finite(lane.newest), step_mono=_finite(lane.step_mono), worker_mono=_finite(lane.worker_mono),
-               applied=None if lane.applied is None else list(lane.applied), hist=lane.hist.to_state(),
+               applied=None if lane.applied is None else msgspec.to_builtins(lane.applied), hist=lane.hist.to_state(),
                recent=list(lane.recent))
     return out
 
@@ -418,9 +426,9 @@ def _lane_from_state(rank: int, state: dict[str, Any]) -> _Lane:
         setattr(lane, name, state[name])
     lane.ledger = Ledger.from_state(state["ledger"])
     lane.pids = {int(pid): float(first) for pid, first in state["pids"].items()}
-    lane.pending = deque(sorted(Rec(*r) for r in state["pending"]))
+    lane.pending = deque(sorted(map(as_event, state["pending"]), key=_ORDER))
     lane.newest, lane.step_mono, lane.worker_mono = (_infinite(state[k]) for k in ("newest", "step_mono", "worker_mono"))
-    lane.applied = None if state["applied"] is None else Rec(*state["applied"])
+    lane.applied = None if state["applied"] is None else as_event(state["applied"])
     lane.hist = Buckets.from_state(STEP_BUCKETS, state["hist"])
     lane.recent = deque(state["recent"], maxlen=RECENT_STEPS)
     return lane
