@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ import yaml
 
 from alerts import duration, generate, spec
 from alerts.conventions import Alert
+from servers import free_port, stop, wait_for
 from trainer.demo import run_demo
 
 pytestmark = pytest.mark.slow
@@ -46,24 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "nvrx-e2e"
 PERIOD = "5d"
 PAGE_TIMEOUT_S = 240.0  # the job's start-up alone can take a minute on a loaded machine
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(check: Any, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f}s")
 
 
 def _ready(url: str) -> bool:
@@ -102,18 +84,6 @@ def _serve_webhook() -> tuple[Webhook, ThreadingHTTPServer]:
     hook.port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return hook, server
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM a server this test started, then SIGKILL if it lingers."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @dataclass
@@ -161,8 +131,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     hook, server = _serve_webhook()
     spec_file = _e2e_spec(tmp, hook)
     assert generate.main(["--spec", str(spec_file), "--root", str(tmp)]) == 0  # the real CLI entry point
-    sidecar_ports = {job: _free_port() for job in JOBS}
-    am_port, prom_port = _free_port(), _free_port()
+    sidecar_ports = {job: free_port() for job in JOBS}
+    am_port, prom_port = free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(subprocess.Popen(
@@ -181,13 +151,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb")))
-        _wait_for(lambda: _ready(f"http://127.0.0.1:{am_port}/-/ready"), "Alertmanager ready", 30)
-        _wait_for(lambda: _ready(f"http://127.0.0.1:{prom_port}/-/ready"), "Prometheus ready", 30)
+        wait_for(lambda: _ready(f"http://127.0.0.1:{am_port}/-/ready"), "Alertmanager ready", 30)
+        wait_for(lambda: _ready(f"http://127.0.0.1:{prom_port}/-/ready"), "Prometheus ready", 30)
         yield Stack(tmp, f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}", hook, sidecar_ports,
                     spec.load(spec_file))
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc)
         server.shutdown()
 
 
@@ -273,7 +243,7 @@ def test_a_healthy_run_pages_nothing(stack: Stack) -> None:
         time.sleep(8)  # the last scrapes, evaluations and any notification land
     finally:
         _reap(run_dir / "journal")
-        _stop(sidecar)
+        stop(sidecar)
     burn = _max_burn(stack, "healthy", _page_window(stack))
     print(f"healthy run: {ran:.0f}s, highest {_page_window(stack)} burn rate {burn:.1f}")
     assert 0 < burn < stack.spec.burn_windows[0].factor, f"a healthy run burnt at {burn:.1f}×"
@@ -290,13 +260,13 @@ def test_a_breach_pages_with_the_job_labels_and_a_runbook(stack: Stack) -> None:
     started = time.monotonic()
     demo.start()
     try:
-        _wait_for(lambda: stack.webhook.notifications("/pager", "breach"), "a page for the breach", PAGE_TIMEOUT_S)
+        wait_for(lambda: stack.webhook.notifications("/pager", "breach"), "a page for the breach", PAGE_TIMEOUT_S)
         paged_after = time.monotonic() - started
         # the checkpoint SLOs burn too (warnings); while the page fires, their tickets are held back
-        _wait_for(lambda: stack.tickets_held_back("breach"), "the breach's tickets inhibited by its page", 15)
+        wait_for(lambda: stack.tickets_held_back("breach"), "the breach's tickets inhibited by its page", 15)
     finally:
         _end_run(run_dir / "journal", demo)
-        _stop(sidecar)
+        stop(sidecar)
     notification = stack.webhook.notifications("/pager", "breach")[0]
     assert notification["status"] == "firing"
     assert notification["groupLabels"] == {"namespace": NAMESPACE, "job_name": "breach"}

@@ -31,8 +31,6 @@ import json
 import math
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -52,6 +50,7 @@ from alerts.windows import Severity
 from dashboard_model import Query, legend_labels, load_all, names, queries
 from dashboards import queries as q
 from exporter import catalogue as cat
+from servers import free_port, stop, wait_for
 from trainer.demo import run_demo
 
 pytestmark = pytest.mark.slow
@@ -63,27 +62,9 @@ NAMESPACE, JOB, POD = "nvrx-dash-test", "dash-demo", "dash-demo-0"
 TEST_ALERT = "NvrxDashboardTestRestarted"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 10.0) -> dict:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return json.load(resp)
-
-
-def _wait_for(check, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f}s")
 
 
 @dataclass
@@ -123,24 +104,14 @@ def _start_prometheus(tmp: Path, target: str) -> Prometheus:
         "rule_files": [str(rules), str(_alert_rules(tmp))],
         "scrape_configs": [{"job_name": "nvrx-slo", "honor_labels": True, "static_configs": [{"targets": [target]}]}],
     }))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
         stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb"))
     prom = Prometheus(f"http://127.0.0.1:{port}", proc)
-    _wait_for(lambda: urllib.request.urlopen(f"{prom.url}/-/ready", timeout=1).status == 200, "Prometheus ready", 30)
+    wait_for(lambda: urllib.request.urlopen(f"{prom.url}/-/ready", timeout=1).status == 200, "Prometheus ready", 30)
     return prom
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass(frozen=True)
@@ -178,7 +149,7 @@ def scraped(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboards-prometheus")
     run_dir = tmp / "demo"
     journal = run_dir / "journal"  # run_demo creates it; the sidecar waits for it
-    sidecar_port = _free_port()
+    sidecar_port = free_port()
     prom = _start_prometheus(tmp, f"127.0.0.1:{sidecar_port}")
     try:
         sidecar = subprocess.Popen(
@@ -192,10 +163,10 @@ def scraped(tmp_path_factory):
             time.sleep(4 * SCRAPE_S)  # the final state scraped a few times, the test alert evaluated
             end = time.time()
         finally:
-            _stop(sidecar)
+            stop(sidecar)
         yield Scraped(prom, _first_sample(prom, began, end), end)
     finally:
-        _stop(prom.proc)
+        stop(prom.proc)
 
 
 MODELS = load_all()

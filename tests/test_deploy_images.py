@@ -22,7 +22,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from nvrx_slo import cli
+from servers import free_port
 from test_deploy import OVERLAYS, ROOT, containers, env_of, pod_template, render
 
 IMAGES = ROOT / "deploy" / "images"
@@ -189,12 +189,6 @@ def test_every_sidecar_flag_is_one_its_parser_accepts(rendered, overlay, monkeyp
 
 
 # --- the images' pip lines -------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def get(url: str) -> tuple[int, str]:
     try:
