@@ -3,8 +3,8 @@
 ``schema.decode`` is the contract; it runs at ~120k lines/s on one core here, below the 200k/s
 the sidecar must ingest. This module gets the same answers faster, and hands on *events*: one
 ``msgspec`` struct class per event type, its attributes named like the schema's fields, ``type``
-its event type. The exporter reads records only as events, never as dicts: attribute reads are
-cheaper than key lookups, and a struct is built in C in a fraction of a dict's time and memory.
+its event type. The exporter reads records only as events, never as dicts: turning each struct
+into a dict was about a quarter of the reader's time (``bench/bench_ingest.py``, README).
 
 * ``msgspec`` parses and type-checks a whole batch of lines as one JSON array of event structs
   (one C call instead of thousands of Python checks), built from the schema's own field tables;
@@ -37,8 +37,8 @@ Event = msgspec.Struct
 def _struct(event: schema.EventType) -> type[msgspec.Struct]:
     """The event's fields as a struct: every field required, the schema's types exactly (a
     number is ``int | float``, never ``bool``), tagged by ``type``, which is also a class attribute.
-    Its fields are scalars and strings, so it can be in no reference cycle: untracked by the
-    garbage collector (``gc=False``), a million of them cost no collection time."""
+    Its fields are scalars and strings, so it can be in no reference cycle: the garbage collector
+    need not track it (``gc=False``)."""
     fields: list[tuple[str, Any]] = [("v", Literal[schema.SCHEMA_VERSION])]  # type: ignore[valid-type]
     for name, types in {**schema.COMMON_FIELDS, **schema.PAYLOAD_FIELDS[event]}.items():
         if name not in ("v", "type"):
