@@ -232,7 +232,7 @@ class Engine:
             self._launcher_exit = mono
 
     def _lane_ingest(self, lane: _Lane, ev: Event) -> None:
-        mono = ev.mono
+        mono = ev.mono  # comparisons by mono first: _ORDER's tuples are built only on a tie
         applied = lane.applied
         if applied is not None and (mono < applied.mono or mono == applied.mono and _ORDER(ev) < _ORDER(applied)):
             self._counts["late"] += 1
