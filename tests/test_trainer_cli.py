@@ -51,7 +51,7 @@ def test_training_finishes_when_the_journal_is_unwritable_or_full(tmp_path, tiny
     env = {**os.environ, schema.JOURNAL_DIR_ENV: str(blocker / "journal"), "OMP_NUM_THREADS": "1",
            "TORCH_CPP_LOG_LEVEL": "ERROR"}
     done = _nvrx_slo("ft-launcher", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
-                     "--monitor-interval", "0.5", "--ignore-missing-fault-tol-cfg",
+                     "--monitor-interval", "0.5",
                      "-m", "nvrx_slo", "train", "--steps", "30", "--checkpoint-every", "10",
                      "--checkpoint-dir", str(ckpt), "--journal-dir", str(tiny_tmpfs), env=env, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

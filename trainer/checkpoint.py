@@ -84,7 +84,9 @@ def _warm_up() -> None:
 
 
 def _warm_results_queue(api: Any) -> None:
-    results = api.results_queue_module._get_write_results_queue()
+    if api.get_results_queue is None:
+        return
+    results = api.get_results_queue()
     results.put(MetadataIndex("nvrx-slo warm-up"))
     results.get()
 
@@ -171,7 +173,7 @@ class Checkpointer:
             if self._stale:
                 self._clear_abandoned()
             return
-        self._queue = self._api.AsyncCallsQueue(persistent=True)
+        self._queue = self._api.AsyncCallsQueue(persistent=True, **cpu_shims.queue_kwargs(self._api))
         self._queue.schedule_async_request(self._api.AsyncRequest(_warm_up, (), []))  # finalized with the first save
         cpu_shims.results_queue(self._api)  # here, not in the thread: the manager dies with its creating thread
         self._warming = threading.Thread(target=_warm_results_queue, args=(self._api,), daemon=True,
@@ -243,10 +245,11 @@ class Checkpointer:
         t1 = time.monotonic()
         write, preload, args = writer.get_save_function_and_args()
         args = list(args)
-        if cpu_shims.needed():
-            args[1] = self._stager.stage(args[1], reuse=not self._pending and not self._stale)
+        buckets = nvrx_compat.write_buckets(preload, args)
+        if cpu_shims.needed() and buckets is not None:
+            buckets = args[1] = self._stager.stage(buckets, reuse=not self._pending and not self._stale)
             preload = None
-        size = _payload_bytes(args[1])
+        size = _payload_bytes(buckets or [])
         pending = _Pending(ckpt, step, path, rank)
 
         def finalize() -> None:  # NVRx calls it in the training thread once every rank's write is done
@@ -341,8 +344,11 @@ class Checkpointer:
         if process is not None and process.is_alive():
             process.kill()
             process.join(timeout=10)
+        # With nothing left to finalize and no process, NVRx's own close/__del__ (at garbage
+        # collection) neither waits for the dead worker nor enters a collective.
+        self._queue.async_calls.clear()
         if self._queue.persistent_caller is not None:
-            self._queue.persistent_caller.process = None  # else its __del__ waits for the dead worker
+            self._queue.persistent_caller.process = None
         self._queue = None
         self._worker_stopped()
 
@@ -374,8 +380,9 @@ def _finalize(writer: Any, planned: tuple[Any, Any, Any]) -> str | None:
     try:
         results: Any = writer.retrieve_write_results()
     except Exception as exc:
-        results = f"{type(exc).__name__}: {exc}"[:500]
-    gathered = dist_wrapper.gather_object(results)
+        results = exc
+    failure = nvrx_compat.write_error(results)
+    gathered = dist_wrapper.gather_object(results if failure is None else failure)
     error = None
     if dist_wrapper.is_coordinator:
         failures = [r for r in gathered if isinstance(r, str)]

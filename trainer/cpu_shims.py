@@ -1,6 +1,6 @@
 """Every CPU-only compatibility shim for NVRx, in one place, applied only when CUDA is absent.
 
-NVRx's async checkpointing (checked on 0.4.1) assumes a GPU in three places. On a CPU-only host
+NVRx's async checkpointing assumes a GPU in the places below (0.4.1 to 0.7). On a CPU-only host
 (CI, the demo) these shims make the same code path run with gloo; on a GPU host ``apply`` does
 nothing and NVRx runs unmodified. Nothing is patched on disk: two methods are replaced in memory.
 
@@ -21,9 +21,11 @@ nothing and NVRx runs unmodified. Nothing is patched on disk: two methods are re
    it with its trainer (``PR_SET_PDEATHSIG``), which a SIGKILLed rank could not do itself. The
    signal follows the creating *thread*: call it from the training thread.
 
-And one for ``inprocess.Wrapper``: NVRx versions after 0.4.1 run a GPU/NVLink health check before
-each in-process restart (``restart_health_check``); without a driver it fails and the rank
-terminates instead of restarting. ``wrapper_overrides`` gives those versions a check that passes.
+5. From 0.6 the persistent writer selects a CUDA device at start-up unless the queue is built in
+   ``cpu_shm_mode`` (``queue_kwargs``).
+
+6. From 0.5 ``inprocess.Wrapper`` runs GPU/NVLink health checks before each in-process restart;
+   without a driver they fail and the rank terminates instead of restarting (``fit_wrapper``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from trainer import nvrx_compat
 
 log = logging.getLogger("nvrx_slo.cpu_shims")
 
@@ -130,15 +134,27 @@ class Stager:
         return staged
 
 
-def wrapper_overrides(inprocess: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Extra ``inprocess.Wrapper`` arguments for a CPU-only host (none on GPU hosts or on 0.4.1)."""
-    from trainer import nvrx_compat
+def queue_kwargs(api: SimpleNamespace) -> dict[str, Any]:
+    """Shim 5: ``AsyncCallsQueue`` arguments for a CPU-only host.
 
-    if not needed() or "restart_health_check" in kwargs or not nvrx_compat.wrapper_accepts("restart_health_check"):
-        return {}
+    From 0.6 the persistent writer calls ``torch.cuda.set_device(rank % device_count())`` unless
+    the queue is built with ``cpu_shm_mode=True``; without a GPU it dies at start-up.
+    """
+    if needed() and nvrx_compat.accepts(api.AsyncCallsQueue, "cpu_shm_mode"):
+        return {"cpu_shm_mode": True}
+    return {}
 
-    class NoGpuHealthCheck(inprocess.health_check.HealthCheck):
-        def __call__(self, state: Any) -> Any:
-            return state
 
-    return {"restart_health_check": NoGpuHealthCheck()}
+def fit_wrapper(wrapper: Any) -> Any:
+    """Shim 6: an ``inprocess.Wrapper`` that can restart in-process on a host without a GPU.
+
+    From 0.5 the Wrapper builds ``restart_health_check`` in ``__init__``: the user's
+    ``health_check`` chained with GPU and NVLink (and NIC) checks whenever ``LOCAL_RANK`` is set.
+    Without a driver those fail and the rank terminates instead of restarting. No release takes
+    the check as an argument, so it is replaced on the built Wrapper by the user's own check
+    alone (None runs none). Releases without the attribute are left as they are.
+    """
+    if needed() and hasattr(wrapper, "restart_health_check"):
+        wrapper.restart_health_check = getattr(wrapper, "health_check", None)
+        log.info("nvrx-slo: no CUDA; inprocess.Wrapper restarts without its GPU/NVLink health checks")
+    return wrapper

@@ -55,7 +55,7 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
     for fault in faults:
         train += [_FLAGS[fault.kind], str(fault.step)]
     cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher", "--standalone", "--nproc-per-node", "2",
-           "--max-restarts", "3", "--monitor-interval", "0.5", "--ignore-missing-fault-tol-cfg",
+           "--max-restarts", "3", "--monitor-interval", "0.5",
            *train, *extra_args]
     env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": "demo",
            "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", **(extra_env or {})}

@@ -38,9 +38,8 @@ def wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
     """``inprocess.Wrapper`` keyword arguments: ``kwargs`` with journaling composed into each callback.
 
     Callbacks the caller leaves out keep NVRx's defaults (``AbortTorchDistributed`` for abort,
-    ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest). On a
-    host without CUDA, NVRx versions that run a GPU health check before each restart get one that
-    passes (see ``cpu_shims``).
+    ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest). Build
+    the Wrapper with ``wrapper`` to have it restart on a host without a GPU too.
     """
     ip = nvrx_compat.inprocess()
     if ip is None:
@@ -106,5 +105,13 @@ def wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
             kwargs[name] = ip.Compose(user, callback)
         else:
             kwargs[name] = ip.Compose(callback, user)
-    kwargs.update(cpu_shims.wrapper_overrides(ip, kwargs))
     return kwargs
+
+
+def wrapper(journal: Journal, **kwargs: Any) -> Any:
+    """``inprocess.Wrapper(**wrapper_kwargs(journal, **kwargs))``, able to restart in-process on a
+    host without a GPU (``cpu_shims.fit_wrapper``), or None without ``inprocess``."""
+    ip = nvrx_compat.inprocess()
+    if ip is None:
+        return None
+    return cpu_shims.fit_wrapper(ip.Wrapper(**wrapper_kwargs(journal, **kwargs)))

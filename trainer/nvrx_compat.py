@@ -13,7 +13,9 @@ import importlib
 import importlib.metadata
 import inspect
 import logging
+from collections.abc import Callable, Sequence
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 log = logging.getLogger("nvrx_slo.nvrx")
 
@@ -56,7 +58,9 @@ def async_checkpointing() -> SimpleNamespace | None:
         missing = ", ".join(name for name, value in found.items() if value is None)
         _missing("async checkpointing", f"missing {missing}: saves are synchronous")
         return None
-    return SimpleNamespace(results_queue_module=fs, **found)
+    # the writers' shared result queue: ``_get_write_results_queue`` up to 0.5, public from 0.6
+    get_results_queue = getattr(fs, "get_write_results_queue", None) or getattr(fs, "_get_write_results_queue", None)
+    return SimpleNamespace(results_queue_module=fs, get_results_queue=get_results_queue, **found)
 
 
 @functools.cache
@@ -69,11 +73,47 @@ def inprocess() -> ModuleType | None:
     return module
 
 
-def wrapper_accepts(parameter: str) -> bool:
-    """Whether this NVRx's ``inprocess.Wrapper`` takes ``parameter`` (e.g. ``restart_health_check``,
-    added after 0.4.1)."""
-    module = inprocess()
-    return module is not None and parameter in inspect.signature(module.Wrapper.__init__).parameters
+def accepts(function: Callable[..., Any], parameter: str) -> bool:
+    """Whether ``function`` (an NVRx callable or class) takes a keyword ``parameter`` in this release."""
+    if isinstance(function, type):  # a class's own __init__: NVRx's metaclasses hide it from signature()
+        function = function.__init__
+    try:
+        return parameter in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def write_buckets(preload: Callable[..., Any] | None, args: Sequence[Any]) -> list[Any] | None:
+    """The write buckets of a planned save, built in the calling thread, or None.
+
+    ``FileSystemWriterAsync.get_save_function_and_args()`` returns ``(write, preload, args)``.
+    Up to 0.5 the buckets are ``args[1]``; from 0.6 ``args[1]`` is None and the worker builds them
+    by calling ``preload``, a ``functools.partial`` of ``preload_tensors(data, non_blocking)``.
+    Calling that function here with ``non_blocking=False`` builds the same buckets without a CUDA
+    synchronize. None when neither shape is found (logged once).
+    """
+    if len(args) < 2:  # nothing to write on this rank
+        return []
+    if args[1] is not None:
+        return list(args[1])
+    if isinstance(preload, functools.partial) and len(preload.args) == 2:
+        return list(preload.func(preload.args[0], non_blocking=False))
+    _missing("write buckets in get_save_function_and_args()", "the writer stages its own tensors")
+    return None
+
+
+def write_error(results: Any) -> str | None:
+    """The error in ``FileSystemWriterAsync.retrieve_write_results()``'s answer, or None.
+
+    Up to 0.5 a failed write raises (pass the caught exception); from 0.6 it is returned, wrapped
+    as ``(exception, traceback)``. A list of write results means success.
+    """
+    if isinstance(results, list):
+        return None
+    cause = results[0] if isinstance(results, tuple) and results else results
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"[:500]
+    return f"unexpected write results: {results!r}"[:500]
 
 
 @functools.cache

@@ -33,7 +33,7 @@ from trainer import nvrx_compat
 from trainer.checkpoint import Checkpointer
 from trainer.faults import Fault, FaultInjector
 from trainer.hooks import Hooks
-from trainer.inprocess_callbacks import wrapper_kwargs
+from trainer.inprocess_callbacks import wrapper
 from trainer.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
 from trainer.restore import restore
 
@@ -175,19 +175,19 @@ def _run_inprocess(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer) -> None:
                          else "in-process restart after another rank's fault")
             return state
 
-    wrapper = ip.Wrapper(**wrapper_kwargs(
+    wrapped = wrapper(
         hooks.journal,
         finalize=AbandonSaves(),
         store_kwargs={"port": port, "timeout": timeout},
         soft_timeout=datetime.timedelta(seconds=60), hard_timeout=datetime.timedelta(seconds=90),
         heartbeat_timeout=datetime.timedelta(seconds=30), barrier_timeout=datetime.timedelta(seconds=120),
-    ))
+    )
 
     def incarnation(call_wrapper: Any = None) -> None:
         train(cfg, hooks, ckpt, iteration=call_wrapper.iteration)
 
     incarnation.__annotations__ = {"call_wrapper": ip.CallWrapper}  # NVRx injects by annotation
-    wrapper(incarnation)()
+    wrapped(incarnation)()
 
 
 def main(argv: list[str] | None = None) -> int:
