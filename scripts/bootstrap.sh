@@ -4,7 +4,19 @@
 # before it that depends on torch would otherwise pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+# The trainer needs a Python that NVRx publishes wheels for (3.10-3.12; none for 3.13, Debian 13's python3).
+supported() { "$1" -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 12))' 2>/dev/null; }
+if [ -n "${PYTHON:-}" ]; then
+    supported "$PYTHON" || { echo "bootstrap: PYTHON=$PYTHON is not Python 3.10-3.12 (NVRx has no wheel for it)" >&2; exit 2; }
+    PY=$PYTHON
+else
+    PY=
+    for candidate in python3 python3.11 python3.12 python3.10; do
+        if command -v "$candidate" >/dev/null && supported "$candidate"; then PY=$candidate; break; fi
+    done
+    [ -n "$PY" ] || { echo "bootstrap: no Python 3.10-3.12 found (python3 is $(python3 -V 2>&1)); install one, e.g. apt-get install python3.11, or set PYTHON" >&2; exit 2; }
+    [ "$PY" = python3 ] || echo "bootstrap: python3 is $(python3 -V 2>&1 | cut -d' ' -f2), which NVRx has no wheel for; using $PY"
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=$(sha256sum pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
 if [ "$(cat .venv/.bootstrap-stamp 2>/dev/null)" != "$stamp" ]; then

@@ -273,6 +273,8 @@ def test_the_indexed_job_rendezvous_adds_up(rendered):
     assert job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == int(flag(args, "--nnodes"))
     assert flag(args, "--rdzv-backend") == "c10d" and int(flag(args, "--max-restarts")) > 0
+    (group_rank,) = [e for e in trainer["env"] if e["name"] == "GROUP_RANK"]  # NVRx 0.5 needs the node's rank
+    assert group_rank["valueFrom"]["fieldRef"]["fieldPath"] == INDEX["indexed-job"]
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert template["spec"]["subdomain"] == service["metadata"]["name"]
     selector = service["spec"]["selector"]

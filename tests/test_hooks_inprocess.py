@@ -13,6 +13,7 @@ from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
 
 from trainer import schema
+from trainer import inprocess_callbacks
 from trainer.inprocess_callbacks import wrapper_kwargs
 from trainer.journal import Identity, Journal
 
@@ -101,3 +102,24 @@ def test_a_callback_never_raises_even_when_the_journal_and_the_store_fail(tmp_pa
     else:  # (NVRx's default abort does nothing while torch.distributed is not initialized)
         assert kwargs[name](_state(exc=ValueError("x"))).rank == 1
     assert journal.errors >= 1 and journal.written == 0
+
+
+
+class UserCheck(inprocess.health_check.HealthCheck):
+    def __call__(self, state):
+        return state
+
+
+@pytest.mark.parametrize("user_check", [None, UserCheck()], ids=["no user check", "a user check"])
+def test_a_wrapper_built_on_a_host_without_gpu_keeps_only_the_users_restart_health_check(tmp_path, monkeypatch,
+                                                                                          user_check):
+    """From NVRx 0.5 the Wrapper chains GPU/NVLink/NIC checks into ``restart_health_check`` when
+    LOCAL_RANK is set; without a driver they fail and the rank would terminate instead of restarting."""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    journal = Journal(tmp_path, Identity.from_env({"RANK": "0"}))
+    built = inprocess_callbacks.wrapper(journal, health_check=user_check)
+    assert isinstance(built, inprocess.Wrapper)
+    plain = inprocess.Wrapper(**wrapper_kwargs(journal, health_check=user_check))
+    if hasattr(plain, "restart_health_check"):  # the releases that build one (0.5+)
+        assert plain.restart_health_check is not None, "NVRx chains its GPU checks: the case the fit is for"
+        assert built.restart_health_check is user_check

@@ -48,7 +48,7 @@ def test_training_finishes_when_the_journal_is_unwritable_or_full(tmp_path, tiny
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     ckpt = tmp_path / "ckpt"
-    env = {**os.environ, schema.JOURNAL_DIR_ENV: str(blocker / "journal"), "OMP_NUM_THREADS": "1",
+    env = {**os.environ, schema.JOURNAL_DIR_ENV: str(blocker / "journal"), "OMP_NUM_THREADS": "1", "GROUP_RANK": "0",
            "TORCH_CPP_LOG_LEVEL": "ERROR"}
     done = _nvrx_slo("ft-launcher", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
                      "--monitor-interval", "0.5",

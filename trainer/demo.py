@@ -57,7 +57,9 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
     cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher", "--standalone", "--nproc-per-node", "2",
            "--max-restarts", "3", "--monitor-interval", "0.5",
            *train, *extra_args]
-    env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": "demo",
+    # GROUP_RANK: this standalone launcher is node 0. NVRx 0.5 refuses to rendezvous without an
+    # infrastructure rank (GROUP_RANK or SLURM_PROCID); 0.4.1 ignores it, 0.6+ assigns ranks by it.
+    env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": "demo", "GROUP_RANK": "0",
            "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", **(extra_env or {})}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

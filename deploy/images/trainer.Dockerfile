@@ -1,5 +1,5 @@
-# The reference trainer: a CUDA PyTorch base, NVRx 0.4.1 (the version of NVRx's AWS EKS reference;
-# its cp311 wheel needs glibc >= 2.31, which this Ubuntu 22.04 base has) and the package with the
+# The reference trainer: a CUDA PyTorch base, NVRx 0.4.1 (the version of NVRx's AWS EKS reference, and
+# the newest with a wheel for this Ubuntu 22.04 base: 0.5+ need glibc >= 2.39) and the package with the
 # trainer extra. The base's torch satisfies the extra's range, so pip keeps it.
 # Build from the repository root:
 #   docker build -f deploy/images/trainer.Dockerfile -t nvrx-slo-trainer:0.1.0 .
