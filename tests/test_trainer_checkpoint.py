@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 import time
 
 import pytest
@@ -142,3 +143,28 @@ def test_the_sync_baseline_blocks_for_the_whole_write(tmp_path):
     assert scheduled["mono"] - start["mono"] >= 0.2 and scheduled["bytes"] == 1024
     assert end["ok"] and end["written"] == pytest.approx(scheduled["mono"], abs=1e-3)
     assert (tmp_path / "ckpt" / "step-000005" / METADATA).is_file()
+
+
+def test_closing_after_the_writer_died_raises_at_once_instead_of_waiting_for_it(tmp_path):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal"))
+    ckpt = Checkpointer(hooks, tmp_path / "ckpt", "async", slow_storage_s=5.0)
+    ckpt.start()
+    ckpt.save({"w": torch.ones(10)}, step=3)
+    worker = ckpt._worker()
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(timeout=10)
+    outcome: list[BaseException | None] = []
+
+    def close() -> None:
+        try:
+            ckpt.close()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    closer = threading.Thread(target=close, daemon=True)
+    closer.start()
+    closer.join(timeout=60)
+    assert not closer.is_alive(), "close() waited for a dead writer"
+    assert len(outcome) == 1 and isinstance(outcome[0], CheckpointWorkerDied)
+    assert _spans(hooks, "step-000003")[-1]["ok"] is False

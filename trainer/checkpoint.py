@@ -245,11 +245,13 @@ class Checkpointer:
         t1 = time.monotonic()
         write, preload, args = writer.get_save_function_and_args()
         args = list(args)
-        buckets = nvrx_compat.write_buckets(preload, args)
-        if cpu_shims.needed() and buckets is not None:
-            buckets = args[1] = self._stager.stage(buckets, reuse=not self._pending and not self._stale)
-            preload = None
-        size = _payload_bytes(buckets or [])
+        if cpu_shims.needed():  # on a GPU host the worker builds (0.6+) and preloads the buckets itself
+            buckets = nvrx_compat.write_buckets(preload, args)
+            if buckets is not None:
+                args[1] = self._stager.stage(buckets, reuse=not self._pending and not self._stale)
+                preload = None
+        size = (_payload_bytes(args[1]) if len(args) > 1 and args[1] is not None
+                else sum(t.numel() * t.element_size() for t in _local_tensors(state_dict)))
         pending = _Pending(ckpt, step, path, rank)
 
         def finalize() -> None:  # NVRx calls it in the training thread once every rank's write is done
