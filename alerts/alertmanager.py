@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts import duration
-from alerts.conventions import JOB_LABELS, SEVERITY_LABEL
-from alerts.spec import Spec
-from alerts.windows import Severity
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import JOB_LABELS, SEVERITY_LABEL
+from nvrx_slo.alerts.spec import Spec
+from nvrx_slo.alerts.windows import Severity
 
 PAGER, TICKET = "pager", "ticket"
 CRD_NAME = "nvrx-slo"

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts import duration
-from alerts.conventions import BY_JOB, ON_JOB, SEVERITY_LABEL, Alert, stamp_links
-from alerts.sli import job_rate
-from alerts.spec import Spec
-from alerts.windows import Severity, all_windows
-from exporter import catalogue as cat
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import BY_JOB, ON_JOB, SEVERITY_LABEL, Alert, stamp_links
+from nvrx_slo.alerts.sli import job_rate
+from nvrx_slo.alerts.spec import Spec
+from nvrx_slo.alerts.windows import Severity, all_windows
+from nvrx_slo.exporter import catalogue as cat
 
 Rule = dict[str, Any]
 

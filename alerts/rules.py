@@ -27,14 +27,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts import duration
-from alerts.conventions import (
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import (
     BURN_ALERTS, ERROR_BUDGET_REMAINING, ON_JOB, SLO_LABEL, SEVERITY_LABEL,
     burn_rate_record, error_ratio_record, sli_bad_record, sli_total_record, stamp_links,
 )
-from alerts.sli import Sli
-from alerts.spec import Objective, Spec
-from alerts.windows import BurnWindow, Severity, all_windows
+from nvrx_slo.alerts.sli import Sli
+from nvrx_slo.alerts.spec import Objective, Spec
+from nvrx_slo.alerts.windows import BurnWindow, Severity, all_windows
 
 Rule = dict[str, Any]
 

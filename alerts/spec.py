@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from alerts import duration, windows
-from exporter import catalogue
+from nvrx_slo.alerts import duration, windows
+from nvrx_slo.exporter import catalogue
 
 VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("slo.yaml")

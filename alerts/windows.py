@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from alerts import duration
+from nvrx_slo.alerts import duration
 
 REFERENCE_PERIOD = 30 * 86400
 

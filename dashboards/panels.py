@@ -18,8 +18,8 @@ from typing import Any, Sequence
 import attr
 from grafanalib import core as g
 
-from dashboards import queries as q
-from exporter import catalogue as cat
+from nvrx_slo.dashboards import queries as q
+from nvrx_slo.exporter import catalogue as cat
 
 DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": f"${{{q.VAR_DATASOURCE}}}"}
 TAG = "nvrx-slo"

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from exporter.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
-from exporter.decode import Event
-from exporter.snapshot import RankState
+from nvrx_slo.exporter.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
+from nvrx_slo.exporter.decode import Event
+from nvrx_slo.exporter.snapshot import RankState
 
 IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
 PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]

@@ -16,10 +16,10 @@ from bisect import insort
 from collections.abc import Callable
 from typing import Any
 
-from exporter.catalogue import CHECKPOINT_BUCKETS
-from exporter.decode import Event
-from exporter.histogram import Buckets
-from exporter.snapshot import CheckpointRecord
+from nvrx_slo.exporter.catalogue import CHECKPOINT_BUCKETS
+from nvrx_slo.exporter.decode import Event
+from nvrx_slo.exporter.histogram import Buckets
+from nvrx_slo.exporter.snapshot import CheckpointRecord
 
 RECENT = 32
 MAX_OPEN = 64  # saves waiting for ranks that never report are closed, oldest first, beyond this

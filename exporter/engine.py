@@ -4,7 +4,7 @@ no globals, no clock reads — the caller passes the clock to ``snapshot``.
 Usage (one engine per pod journal)::
 
     engine = Engine()
-    for event in events:                      # exporter.decode's events, any order
+    for event in events:                      # nvrx_slo.exporter.decode's events, any order
         engine.ingest(event)
     snap = engine.snapshot(time.monotonic(), time.time())
     state = engine.to_state()                 # JSON-safe; persist it with the reader's offsets
@@ -43,14 +43,14 @@ from typing import Any
 
 import msgspec
 
-from exporter import derived
-from exporter.accounting import GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger
-from exporter.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
-from exporter.checkpoints import Checkpoints
-from exporter.decode import Event, as_event
-from exporter.histogram import Buckets
-from exporter.restarts import Restarts
-from exporter.snapshot import CheckpointStats, RankSnapshot, Snapshot
+from nvrx_slo.exporter import derived
+from nvrx_slo.exporter.accounting import GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger
+from nvrx_slo.exporter.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
+from nvrx_slo.exporter.checkpoints import Checkpoints
+from nvrx_slo.exporter.decode import Event, as_event
+from nvrx_slo.exporter.histogram import Buckets
+from nvrx_slo.exporter.restarts import Restarts
+from nvrx_slo.exporter.snapshot import CheckpointStats, RankSnapshot, Snapshot
 
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
@@ -180,7 +180,7 @@ class Engine:
         return False
 
     def ingest(self, record: Event) -> None:
-        """Account one journal event (``exporter.decode``)."""
+        """Account one journal event (``nvrx_slo.exporter.decode``)."""
         pid: int = record.pid
         seq: int = record.seq
         seen = self._seen.get(pid)

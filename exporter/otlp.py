@@ -31,11 +31,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.metrics_core import Metric as PromFamily
 
-from exporter import catalogue as cat
-from exporter.catalogue import Kind
-from exporter.collector import LabelSets, families
-from exporter.identity import Identity
-from exporter.live import View
+from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.exporter.catalogue import Kind
+from nvrx_slo.exporter.collector import LabelSets, families
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import View
 
 SCOPE = "nvrx-slo"
 SERVICE_NAME = "nvrx-slo-sidecar"

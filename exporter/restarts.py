@@ -30,9 +30,9 @@ from bisect import bisect_left, insort
 from collections import deque
 from typing import Any
 
-from exporter.catalogue import RESTART_BUCKETS, RestartLevel, RestartPhase
-from exporter.histogram import Buckets
-from exporter.snapshot import RestartRecord, RestartStats
+from nvrx_slo.exporter.catalogue import RESTART_BUCKETS, RestartLevel, RestartPhase
+from nvrx_slo.exporter.histogram import Buckets
+from nvrx_slo.exporter.snapshot import RestartRecord, RestartStats
 
 RECENT = 32  # finished restarts kept for the status page
 LAUNCHER_KEPT = 4096  # ft_launcher events kept for phase boundaries

@@ -9,7 +9,7 @@ Key numbers carry stable ids and a ``data-value`` holding the raw number (second
 tests and scripts read them without parsing display text. Every string from the journal (job,
 pod, checkpoint ids, causes) goes through ``html.escape``.
 
-It renders the same ``exporter.live.View`` as /metrics and OTLP, so the numbers agree by
+It renders the same ``nvrx_slo.exporter.live.View`` as /metrics and OTLP, so the numbers agree by
 construction. The offline report (``exporter/report.py``) reuses ``sections`` and ``page`` around a
 timeline.
 """
@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 
-from exporter.catalogue import RESTART_SLO_SECONDS, Category, RestartLevel, RestartPhase
-from exporter.live import View
-from exporter.snapshot import Histogram, RankState, Snapshot
+from nvrx_slo.exporter.catalogue import RESTART_SLO_SECONDS, Category, RestartLevel, RestartPhase
+from nvrx_slo.exporter.live import View
+from nvrx_slo.exporter.snapshot import Histogram, RankState, Snapshot
 
 REFRESH_S = 5
 MAX_RANK_BARS = 16  # per-rank breakdown bars; beyond this only the job bar is drawn
@@ -302,7 +302,7 @@ def sections(view: View) -> str:
 
 def page(title: str, snap: Snapshot, body: str, *, refresh_s: int | None, links: str) -> str:
     """A whole HTML document with the stylesheet inlined."""
-    css = resources.files("exporter").joinpath("templates/style.css").read_text(encoding="utf-8")
+    css = resources.files("nvrx_slo.exporter").joinpath("templates/style.css").read_text(encoding="utf-8")
     refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
     ident = " · ".join(f"{k} <b>{_e(v)}</b>" for k, v in (("job", snap.job), ("pod", snap.pod), ("node", snap.node)) if v)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snap.now_wall))

@@ -35,10 +35,10 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Union
 
-from exporter.decode import Event, decode_batch
-from exporter.ratelog import BoundedLog
-from trainer import schema
-from trainer.schema import JournalError, RejectReason
+from nvrx_slo.exporter.decode import Event, decode_batch
+from nvrx_slo.exporter.ratelog import BoundedLog
+from nvrx_slo.trainer import schema
+from nvrx_slo.trainer.schema import JournalError, RejectReason
 
 log = logging.getLogger("nvrx_slo.tail")
 

@@ -1,6 +1,6 @@
 """The report's timeline: journal records in, lanes of spans out, drawn as one inline SVG.
 
-Pure: no I/O, no clock. ``TimelineBuilder.add`` takes journal events (``exporter.decode``) one at a time
+Pure: no I/O, no clock. ``TimelineBuilder.add`` takes journal events (``nvrx_slo.exporter.decode``) one at a time
 (the report streams a whole journal through it next to the engine); ``build`` returns a
 ``Timeline``; ``render_svg`` draws it. Restarts are not re-derived here: the engine decides what
 a restart is and when each phase began, and the report hands them in as ``RestartBand``s, so the
@@ -30,8 +30,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.decode import Event
-from trainer.schema import EventType
+from nvrx_slo.exporter.decode import Event
+from nvrx_slo.trainer.schema import EventType
 
 PLOT_WIDTH = 1100  # px of the time axis
 MERGE_PX = 2  # spans of one kind closer than this are drawn as one run
@@ -127,7 +127,7 @@ class TimelineBuilder:
         self._hi = float("-inf")
 
     def add(self, rec: Event) -> None:
-        """Take one journal event (``exporter.decode``)."""
+        """Take one journal event (``nvrx_slo.exporter.decode``)."""
         key = (rec.pod, rec.pid)
         off = self._offsets.setdefault(key, rec.wall - rec.mono)
         t = rec.mono + off

@@ -13,10 +13,10 @@ import sys
 # name -> ("module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("nvrx_slo.demo:main", "run the reference FSDP job with the sidecar and print the SLO report"),
-    "train": ("trainer.reference_job:main", "the reference FSDP training job (run it under ft_launcher or torchrun)"),
-    "ft-launcher": ("trainer.ft_launcher:main", "NVRx ft_launcher, unchanged, with its own events journaled"),
-    "sidecar": ("exporter.sidecar:main", "follow a journal directory and serve /metrics, OTLP and a status page"),
-    "report": ("exporter.report:main", "offline HTML report with a timeline from a journal directory"),
+    "train": ("nvrx_slo.trainer.reference_job:main", "the reference FSDP training job (run it under ft_launcher or torchrun)"),
+    "ft-launcher": ("nvrx_slo.trainer.ft_launcher:main", "NVRx ft_launcher, unchanged, with its own events journaled"),
+    "sidecar": ("nvrx_slo.exporter.sidecar:main", "follow a journal directory and serve /metrics, OTLP and a status page"),
+    "report": ("nvrx_slo.exporter.report:main", "offline HTML report with a timeline from a journal directory"),
     "generate": ("nvrx_slo.generate:main", "write alert rules, dashboards and Kubernetes manifests"),
 }
 

@@ -1,7 +1,7 @@
 """``nvrx-slo demo``: the reference job with the real sidecar beside it, ending in the SLO report.
 
 It spans the rooms, so it lives here rather than in ``trainer/`` (which may not import the
-exporter) or ``exporter/`` (which may not import torch): the job is ``trainer.demo.run_demo``, the
+exporter) or ``exporter/`` (which may not import torch): the job is ``nvrx_slo.trainer.demo.run_demo``, the
 sidecar is the ``nvrx-slo sidecar`` process a pod would run, and what is printed at the end is
 the sidecar's own SLO report (written on SIGTERM, as in a pod) plus an HTML report with a timeline.
 """
@@ -19,8 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from exporter import progress, report
-from trainer import demo as job
+from nvrx_slo.exporter import progress, report
+from nvrx_slo.trainer import demo as job
 
 _SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")
 

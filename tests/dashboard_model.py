@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from dashboards import generate
+from nvrx_slo.dashboards import generate
 
 ROOT = generate.REPO_ROOT
 ROW = "row"

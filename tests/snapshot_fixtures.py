@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from exporter import catalogue as cat
-from exporter.catalogue import Category, RestartLevel, RestartPhase
-from exporter.snapshot import (CheckpointStats, Histogram, RankSnapshot, RankState, RestartRecord, RestartStats,
+from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.exporter.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.exporter.snapshot import (CheckpointStats, Histogram, RankSnapshot, RankState, RestartRecord, RestartStats,
                                Snapshot)
 
 

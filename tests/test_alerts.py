@@ -19,9 +19,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from alerts import duration, generate, spec, windows
-from alerts.conventions import DASHBOARD_OF, Alert, Dashboard
-from exporter import catalogue
+from nvrx_slo.alerts import duration, generate, spec, windows
+from nvrx_slo.alerts.conventions import DASHBOARD_OF, Alert, Dashboard
+from nvrx_slo.exporter import catalogue
 from test_alerts_promtool import SUITES, spec_for, suites
 
 ROOT = Path(__file__).resolve().parents[1]

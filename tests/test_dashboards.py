@@ -21,13 +21,13 @@ import sys
 import pytest
 import yaml
 
-from alerts import conventions, duration
-from alerts import generate as alerts_generate
-from alerts import spec as slo_spec
-from alerts.windows import Severity
+from nvrx_slo.alerts import conventions, duration
+from nvrx_slo.alerts import generate as alerts_generate
+from nvrx_slo.alerts import spec as slo_spec
+from nvrx_slo.alerts.windows import Severity
 from dashboard_model import ROOT, ROW, legend_labels, load_all, names, panels, queries
-from dashboards import generate, queries as q
-from exporter import catalogue as cat
+from nvrx_slo.dashboards import generate, queries as q
+from nvrx_slo.exporter import catalogue as cat
 
 MODELS = load_all()
 SPEC = slo_spec.load()

@@ -91,8 +91,8 @@ def test_the_images_copy_every_package_the_project_ships():
     except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
         import tomli as tomllib
 
-    packages = {p.rstrip("*") for p in tomllib.loads((ROOT / "pyproject.toml").read_text())
-                ["tool"]["setuptools"]["packages"]["find"]["include"]}
+    packages = {"nvrx_slo", *tomllib.loads((ROOT / "pyproject.toml").read_text())
+                ["tool"]["setuptools"]["package-dir"].values()}
     for dockerfile in ("sidecar.Dockerfile", "trainer.Dockerfile"):
         copied = {source for ins, rest in instructions(IMAGES / dockerfile) if ins == "COPY"
                   for source in shlex.split(rest)[:-1]}
@@ -153,7 +153,7 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
     from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
-    from trainer import reference_job
+    from nvrx_slo.trainer import reference_job
 
     _, trainer = containers(pod_template(rendered[overlay]))
     program, name = trainer["command"]
@@ -161,7 +161,7 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
     args = expand(trainer["args"], trainer)
     launcher = get_args_parser().parse_args(args)  # ft_launcher's own parser (exits on a bad flag)
     FaultToleranceConfig.from_args(launcher)  # raises when the launcher would find no FT config
-    assert launcher.module and launcher.training_script == "trainer.reference_job"
+    assert launcher.module and launcher.training_script == "nvrx_slo.trainer.reference_job"
     assert importlib.util.find_spec(launcher.training_script) is not None
     config = reference_job.parse_args(launcher.training_script_args)
     assert str(config.checkpoint_dir) in {m["mountPath"] for m in trainer["volumeMounts"]}
@@ -171,9 +171,9 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_sidecar_flag_is_one_its_parser_accepts(rendered, overlay, monkeypatch):
-    if importlib.util.find_spec("exporter.sidecar") is None:
+    if importlib.util.find_spec("nvrx_slo.exporter.sidecar") is None:
         pytest.skip("exporter/sidecar.py does not exist yet")
-    from exporter import sidecar as sidecar_mod
+    from nvrx_slo.exporter import sidecar as sidecar_mod
 
     sidecar, _ = containers(pod_template(rendered[overlay]))
     name, *args = sidecar["args"]
@@ -214,7 +214,7 @@ def test_the_trainer_image_pip_line_resolves(tmp_path):
 @pytest.mark.slow
 def test_the_sidecar_image_installs_without_torch_and_serves_metrics(rendered, tmp_path):
     """The sidecar Dockerfile's install, replayed in a fresh venv, runs the manifest's sidecar command."""
-    if importlib.util.find_spec("exporter.sidecar") is None:
+    if importlib.util.find_spec("nvrx_slo.exporter.sidecar") is None:
         pytest.skip("exporter/sidecar.py does not exist yet")
     src = build_context(IMAGES / "sidecar.Dockerfile", tmp_path / "context")
     venv = tmp_path / "venv"

@@ -9,10 +9,10 @@ import engine_scenarios as scenarios
 import pytest
 from journal_builder import Pod
 
-from exporter.catalogue import Category, RestartLevel, RestartPhase
-from exporter.decode import as_event
-from exporter.engine import Engine
-from exporter.snapshot import RankState, Snapshot
+from nvrx_slo.exporter.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.exporter.decode import as_event
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.snapshot import RankState, Snapshot
 
 P, L, B, R = Category.PRODUCTIVE, Category.LOST, Category.CHECKPOINT_BLOCKING, Category.CHECKPOINT_RESTORE
 RS, I, D, U = Category.RESTART, Category.INIT, Category.DATA_WAIT, Category.UNATTRIBUTED

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from journal_builder import Pod, Proc
 
-from exporter.catalogue import RestartLevel
-from exporter.decode import as_event
-from exporter.engine import Engine
-from exporter.snapshot import Snapshot
+from nvrx_slo.exporter.catalogue import RestartLevel
+from nvrx_slo.exporter.decode import as_event
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.snapshot import Snapshot
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ACTIONS = ("steps", "steps", "steps", "save", "save_fails", "crash", "inprocess", "pod", "stall")

@@ -12,9 +12,9 @@ import pytest
 from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
 
-from trainer import schema
-from trainer.inprocess_callbacks import wrapper_kwargs
-from trainer.journal import Identity, Journal
+from nvrx_slo.trainer import schema
+from nvrx_slo.trainer.inprocess_callbacks import wrapper_kwargs
+from nvrx_slo.trainer.journal import Identity, Journal
 
 CALLBACKS = ("abort", "finalize", "rank_assignment", "initialize", "completion", "terminate")
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from exporter import catalogue as cat
-from exporter import otlp
-from exporter.collector import families
-from exporter.identity import Identity
-from exporter.live import View
+from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.exporter import otlp
+from nvrx_slo.exporter.collector import families
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import View
 from otlp_receiver import Receiver, metrics_by_name, point_attributes, resource_attributes
 from snapshot_fixtures import snapshot
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer import schema
-from trainer.checkpoint import METADATA
-from trainer.demo import DEFAULT_FAULTS, read_journal
+from nvrx_slo.trainer import schema
+from nvrx_slo.trainer.checkpoint import METADATA
+from nvrx_slo.trainer.demo import DEFAULT_FAULTS, read_journal
 
 pytestmark = pytest.mark.slow
 CRASH, EXCEPTION = DEFAULT_FAULTS

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter import report, timeline
+from nvrx_slo.exporter import report, timeline
 from journal_builder import Pod
-from trainer import schema
+from nvrx_slo.trainer import schema
 
 EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
 

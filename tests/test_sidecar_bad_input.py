@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import SnapshotCollector
-from exporter.decode import Event
-from exporter.engine import Engine
-from exporter.exposition import TextRenderer
-from exporter.identity import Identity
-from exporter.live import Live
-from exporter.tail import JournalTail
+from nvrx_slo.exporter.collector import SnapshotCollector
+from nvrx_slo.exporter.decode import Event
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.exposition import TextRenderer
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.tail import JournalTail
 from journal_builder import Pod
 from prometheus_client import CollectorRegistry
 from sidecar_process import SidecarProcess
 from test_tail import _make_unreadable
-from trainer import schema
+from nvrx_slo.trainer import schema
 
 IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from exporter import slo_report
-from exporter.catalogue import Category
+from nvrx_slo.exporter import slo_report
+from nvrx_slo.exporter.catalogue import Category
 from snapshot_fixtures import rank, snapshot
 
 

@@ -4,9 +4,9 @@ import html
 import re
 import xml.etree.ElementTree as ET
 
-from exporter import timeline
-from exporter.decode import as_event
-from exporter.timeline import RestartBand, TimelineBuilder
+from nvrx_slo.exporter import timeline
+from nvrx_slo.exporter.decode import as_event
+from nvrx_slo.exporter.timeline import RestartBand, TimelineBuilder
 
 WALL0 = 1.7e9
 SVG_NS = "{http://www.w3.org/2000/svg}"

@@ -132,7 +132,7 @@ class Stager:
 
 def wrapper_overrides(inprocess: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Extra ``inprocess.Wrapper`` arguments for a CPU-only host (none on GPU hosts or on 0.4.1)."""
-    from trainer import nvrx_compat
+    from nvrx_slo.trainer import nvrx_compat
 
     if not needed() or "restart_health_check" in kwargs or not nvrx_compat.wrapper_accepts("restart_health_check"):
         return {}

@@ -29,8 +29,8 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
 
-from trainer import schema
-from trainer.schema import EventType
+from nvrx_slo.trainer import schema
+from nvrx_slo.trainer.schema import EventType
 
 log = logging.getLogger("nvrx_slo.journal")
 
