@@ -110,7 +110,7 @@ def test_the_images_run_as_the_non_root_user_the_pods_ask_for(rendered):
 def test_the_sidecar_image_is_slim_and_its_port_is_the_one_scraped(rendered):
     sidecar_file = IMAGES / "sidecar.Dockerfile"
     assert re.fullmatch(r"python:3\.\d+-slim\S*", one(sidecar_file, "FROM"))
-    assert pip_install_args(sidecar_file) == ["--no-cache-dir", SRC]  # the base install: no extras
+    assert pip_install_args(sidecar_file) == ["--no-cache-dir", f"{SRC}[sidecar]"]  # no trainer extra
     assert json.loads(one(sidecar_file, "ENTRYPOINT")) == ["nvrx-slo"]
     for overlay in OVERLAYS:
         sidecar, _ = containers(pod_template(rendered[overlay]))
