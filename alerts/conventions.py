@@ -12,7 +12,7 @@ from enum import Enum
 
 from nvrx_slo.alerts import duration
 from nvrx_slo.alerts.spec import Slo, Spec
-from nvrx_slo.exporter import catalogue
+from nvrx_slo.contracts import catalogue
 
 JOB_LABELS: tuple[str, ...] = catalogue.IDENTITY_LABELS[:2]  # ("namespace", "job_name")
 BY_JOB = f"by ({', '.join(JOB_LABELS)})"

@@ -15,7 +15,7 @@ from nvrx_slo.alerts.conventions import BY_JOB, ON_JOB, SEVERITY_LABEL, Alert, s
 from nvrx_slo.alerts.sli import job_rate
 from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.alerts.windows import Severity, all_windows
-from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
 
 Rule = dict[str, Any]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from nvrx_slo.alerts.conventions import BY_JOB
 from nvrx_slo.alerts.spec import Slo, Spec
-from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
 
 
 @dataclass(frozen=True)

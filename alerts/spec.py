@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from nvrx_slo.alerts import duration, windows
-from nvrx_slo.exporter import catalogue
+from nvrx_slo.contracts import catalogue
 
 VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("slo.yaml")

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.checkpoint import Checkpointer
 from nvrx_slo.trainer.hooks import Hooks
 

@@ -25,7 +25,7 @@ from bench import synthetic_journal  # noqa: E402
 from nvrx_slo.exporter.engine import Engine  # noqa: E402
 from nvrx_slo.exporter.live import Live  # noqa: E402
 from nvrx_slo.exporter.tail import JournalTail  # noqa: E402
-from nvrx_slo.trainer import schema  # noqa: E402
+from nvrx_slo.contracts import schema  # noqa: E402
 
 TARGET = 200_000
 

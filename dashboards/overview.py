@@ -11,7 +11,7 @@ from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.alerts.windows import Severity
 from nvrx_slo.dashboards import panels as p
 from nvrx_slo.dashboards import queries as q
-from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
 
 UID = Dashboard.OVERVIEW.value  # stable: the alerts link to it
 

@@ -19,7 +19,7 @@ import attr
 from grafanalib import core as g
 
 from nvrx_slo.dashboards import queries as q
-from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
 
 DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": f"${{{q.VAR_DATASOURCE}}}"}
 TAG = "nvrx-slo"

@@ -1,6 +1,6 @@
 """PromQL building blocks for the dashboards: selectors bound to the template variables, and the SLO arithmetic.
 
-Every metric name and label comes from ``nvrx_slo.exporter.catalogue``; nothing here spells one by hand,
+Every metric name and label comes from ``nvrx_slo.contracts.catalogue``; nothing here spells one by hand,
 so a renamed metric fails generation (and the tests), not a dashboard in production.
 
 The queries read the exporter's raw series, so the dashboards work before (or without) the
@@ -23,8 +23,8 @@ from enum import Enum
 
 from nvrx_slo.alerts.conventions import SEVERITY_LABEL, SLO_LABEL
 from nvrx_slo.alerts.spec import Slo
-from nvrx_slo.exporter import catalogue as cat
-from nvrx_slo.exporter.catalogue import Metric
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts.catalogue import Metric
 
 # Template variables (dashboard variable name -> the label it filters, and how).
 VAR_DATASOURCE = "datasource"

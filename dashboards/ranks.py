@@ -10,7 +10,7 @@ from nvrx_slo.alerts.conventions import Dashboard
 from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.dashboards import panels as p
 from nvrx_slo.dashboards import queries as q
-from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
 
 UID = Dashboard.RANKS.value  # stable: the alerts link to it
 

@@ -10,7 +10,7 @@ from nvrx_slo.alerts.sli import le_regex
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.dashboards import panels as p
 from nvrx_slo.dashboards import queries as q
-from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
 
 UID = Dashboard.RECOVERY.value  # stable: the alerts link to it
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from nvrx_slo.exporter.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
+from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
 from nvrx_slo.exporter.decode import Event
 from nvrx_slo.exporter.snapshot import RankState
 

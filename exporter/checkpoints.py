@@ -16,7 +16,7 @@ from bisect import insort
 from collections.abc import Callable
 from typing import Any
 
-from nvrx_slo.exporter.catalogue import CHECKPOINT_BUCKETS
+from nvrx_slo.contracts.catalogue import CHECKPOINT_BUCKETS
 from nvrx_slo.exporter.decode import Event
 from nvrx_slo.exporter.histogram import Buckets
 from nvrx_slo.exporter.snapshot import CheckpointRecord

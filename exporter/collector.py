@@ -1,7 +1,7 @@
 """The Prometheus view: a prometheus-client custom collector that renders one ``View`` per scrape.
 
 ``collect()`` builds fresh metric families from a new view every time and increments nothing;
-names, kinds, help, labels and buckets all come from ``nvrx_slo.exporter.catalogue``, and every catalogue
+names, kinds, help, labels and buckets all come from ``nvrx_slo.contracts.catalogue``, and every catalogue
 metric is emitted (a family whose value is not known yet carries no samples).
 
 Cardinality guard (see the catalogue's docstring): per-rank series can be switched off, and a
@@ -24,13 +24,13 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import INF, floatToGoString
 
-from nvrx_slo.exporter import catalogue as cat
-from nvrx_slo.exporter.catalogue import ALL_RANKS, GpuIdleSource, Kind
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts.catalogue import ALL_RANKS, GpuIdleSource, Kind
 from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.live import DUPLICATE, ENGINE_ERROR, LATE, View
 from nvrx_slo.exporter.snapshot import Histogram, RankSnapshot
 from nvrx_slo.exporter.tail import FILE_TRUNCATED, UNREADABLE
-from nvrx_slo.trainer.schema import RejectReason
+from nvrx_slo.contracts.schema import RejectReason
 
 REJECT_REASONS: tuple[str, ...] = (*(r.value for r in RejectReason), UNREADABLE, FILE_TRUNCATED, DUPLICATE, LATE,
                                     ENGINE_ERROR)

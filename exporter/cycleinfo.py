@@ -31,7 +31,7 @@ import orjson
 from nvrx_slo.exporter.decode import Event, as_event
 from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ratelog import BoundedLog
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import schema
 
 log = logging.getLogger("nvrx_slo.cycleinfo")
 

@@ -45,7 +45,7 @@ import msgspec
 
 from nvrx_slo.exporter import derived
 from nvrx_slo.exporter.accounting import GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger
-from nvrx_slo.exporter.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
+from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
 from nvrx_slo.exporter.checkpoints import Checkpoints
 from nvrx_slo.exporter.decode import Event, as_event
 from nvrx_slo.exporter.histogram import Buckets

@@ -31,8 +31,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.metrics_core import Metric as PromFamily
 
-from nvrx_slo.exporter import catalogue as cat
-from nvrx_slo.exporter.catalogue import Kind
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts.catalogue import Kind
 from nvrx_slo.exporter.collector import LabelSets, families
 from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.live import View

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from nvrx_slo.exporter.catalogue import RestartLevel
+from nvrx_slo.contracts.catalogue import RestartLevel
 from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.snapshot import Snapshot

@@ -30,7 +30,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from typing import Any
 
-from nvrx_slo.exporter.catalogue import RESTART_BUCKETS, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import RESTART_BUCKETS, RestartLevel, RestartPhase
 from nvrx_slo.exporter.histogram import Buckets
 from nvrx_slo.exporter.snapshot import RestartRecord, RestartStats
 

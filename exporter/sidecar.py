@@ -46,7 +46,7 @@ from nvrx_slo.exporter.live import Live, View
 from nvrx_slo.exporter.ratelog import BoundedLog
 from nvrx_slo.exporter.server import TEXT, Response, Server
 from nvrx_slo.exporter.tail import JournalTail
-from nvrx_slo.trainer.schema import JOURNAL_DIR_ENV
+from nvrx_slo.contracts.schema import JOURNAL_DIR_ENV
 
 log = logging.getLogger("nvrx_slo.sidecar")
 

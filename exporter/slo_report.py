@@ -8,7 +8,7 @@ page's (``status_page.slo_results``), so the page and the report never disagree.
 
 from __future__ import annotations
 
-from nvrx_slo.exporter.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.snapshot import Histogram, Snapshot
 from nvrx_slo.exporter.status_page import CATEGORY_LABELS, slo_results
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 
-from nvrx_slo.exporter.catalogue import RESTART_SLO_SECONDS, Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import RESTART_SLO_SECONDS, Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.live import View
 from nvrx_slo.exporter.snapshot import Histogram, RankState, Snapshot
 

@@ -1,6 +1,6 @@
 """Follow a journal directory: every rank's file, every restart's, every rotated generation.
 
-The writer (``trainer/journal.py``, naming in ``trainer/schema.py``) appends to one file per
+The writer (``trainer/journal.py``, naming in ``nvrx_slo/contracts/schema.py``) appends to one file per
 process and rotates by *starting a new generation file* and deleting the oldest, never by
 renaming. So a file is identified by its name and inode, and the reader's position in it is a
 byte offset that stays valid for the file's whole life. What this reader guarantees:
@@ -37,8 +37,8 @@ from typing import Any, Union
 
 from nvrx_slo.exporter.decode import Event, decode_batch
 from nvrx_slo.exporter.ratelog import BoundedLog
-from nvrx_slo.trainer import schema
-from nvrx_slo.trainer.schema import JournalError, RejectReason
+from nvrx_slo.contracts import schema
+from nvrx_slo.contracts.schema import JournalError, RejectReason
 
 log = logging.getLogger("nvrx_slo.tail")
 

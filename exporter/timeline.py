@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_slo.exporter.decode import Event
-from nvrx_slo.trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
 
 PLOT_WIDTH = 1100  # px of the time axis
 MERGE_PX = 2  # spans of one kind closer than this are drawn as one run

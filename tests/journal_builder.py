@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvrx_slo.trainer.schema import SCHEMA_VERSION, validate
+from nvrx_slo.contracts.schema import SCHEMA_VERSION, validate
 
 WALL_OFFSET = 1.7e9  # wall = mono + offset unless a test jumps the wall clock
 

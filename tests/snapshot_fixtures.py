@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nvrx_slo.exporter import catalogue as cat
-from nvrx_slo.exporter.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.snapshot import (CheckpointStats, Histogram, RankSnapshot, RankState, RestartRecord, RestartStats,
                                Snapshot)
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from nvrx_slo.alerts import duration, generate, spec, windows
 from nvrx_slo.alerts.conventions import DASHBOARD_OF, Alert, Dashboard
-from nvrx_slo.exporter import catalogue
+from nvrx_slo.contracts import catalogue
 from test_alerts_promtool import SUITES, spec_for, suites
 
 ROOT = Path(__file__).resolve().parents[1]

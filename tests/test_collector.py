@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.exporter.collector import REJECT_REASONS, SnapshotCollector
 from nvrx_slo.exporter.exposition import TextRenderer
 from nvrx_slo.exporter.identity import Identity

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from nvrx_slo.exporter import catalogue
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import catalogue
+from nvrx_slo.contracts import schema
 
 
 def _record(**payload):
@@ -55,6 +55,6 @@ def test_catalogue_names_follow_prometheus_conventions():
 
 
 def test_exporter_side_imports_no_torch():
-    code = "import nvrx_slo.exporter.catalogue, nvrx_slo.trainer.schema, sys; print('torch' in sys.modules)"
+    code = "import nvrx_slo.contracts.catalogue, nvrx_slo.contracts.schema, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

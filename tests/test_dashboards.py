@@ -27,7 +27,7 @@ from nvrx_slo.alerts import spec as slo_spec
 from nvrx_slo.alerts.windows import Severity
 from dashboard_model import ROOT, ROW, legend_labels, load_all, names, panels, queries
 from nvrx_slo.dashboards import generate, queries as q
-from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
 
 MODELS = load_all()
 SPEC = slo_spec.load()
@@ -169,7 +169,7 @@ def test_every_metric_and_label_a_query_names_is_in_the_catalogue_or_recorded_by
     metrics, labels, _ = names(query.expr)
     assert metrics, f"no metric found in {query.expr}"
     unknown = metrics - set(known) - {q.ALERTS}
-    assert not unknown, f"not in exporter/catalogue.py nor recorded by {alerts_generate.RULES}: {sorted(unknown)}"
+    assert not unknown, f"not in nvrx_slo/contracts/catalogue.py nor recorded by {alerts_generate.RULES}: {sorted(unknown)}"
     allowed = set().union(*(known.get(x, ALERTS_LABELS) for x in metrics))
     assert labels | legend_labels(query.legend) <= allowed, f"labels not on {sorted(metrics)}"
 

@@ -49,7 +49,7 @@ from nvrx_slo.alerts.spec import Slo
 from nvrx_slo.alerts.windows import Severity
 from dashboard_model import Query, legend_labels, load_all, names, queries
 from nvrx_slo.dashboards import queries as q
-from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
 from servers import free_port, stop, wait_for
 from nvrx_slo.trainer.demo import run_demo
 

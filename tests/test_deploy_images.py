@@ -5,7 +5,7 @@ No Docker engine runs here, so the images are checked by what can be run without
 * each Dockerfile's COPY lines are replayed into a scratch build context, and its `pip install`
   line is run there — for the sidecar for real, in a fresh venv that then starts
   `nvrx-slo sidecar` with the manifest's own arguments and serves /metrics, with no torch or NVRx
-  installed; for the trainer as a `pip install --dry-run` resolution in the project venv, whose
+  installed and the trainer code deleted; for the trainer as a `pip install --dry-run` resolution in the project venv, whose
   torch stands in for the CUDA base image's (its 2.x satisfies the same ranges);
 * every command and flag a manifest names is parsed by the real parser it reaches (the
   `nvrx-slo` console script, its subcommand table, ft_launcher's argument parser, the reference
@@ -227,6 +227,9 @@ def test_the_sidecar_image_installs_without_torch_and_serves_metrics(rendered, t
                                capture_output=True, text=True, check=True).stdout
     names = {p["name"].lower() for p in json.loads(installed)}
     assert "nvrx-slo" in names and not names & {"torch", "nvidia-resiliency-ext"}
+    package = subprocess.run([venv / "bin" / "python", "-c", "import nvrx_slo; print(nvrx_slo.__path__[0])"],
+                             capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    shutil.rmtree(Path(package) / "trainer")  # the build needs the folder; the sidecar must not
 
     sidecar, _ = containers(pod_template(rendered["indexed-job"]))
     port = free_port()

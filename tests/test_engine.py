@@ -9,7 +9,7 @@ import engine_scenarios as scenarios
 import pytest
 from journal_builder import Pod
 
-from nvrx_slo.exporter.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.decode import as_event
 from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.snapshot import RankState, Snapshot

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from journal_builder import Pod, Proc
 
-from nvrx_slo.exporter.catalogue import RestartLevel
+from nvrx_slo.contracts.catalogue import RestartLevel
 from nvrx_slo.exporter.decode import as_event
 from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.snapshot import Snapshot

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.hooks import Hooks
 
 

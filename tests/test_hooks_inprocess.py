@@ -12,7 +12,7 @@ import pytest
 from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
 
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.inprocess_callbacks import wrapper_kwargs
 from nvrx_slo.trainer.journal import Identity, Journal
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvrx_slo.exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.exporter import otlp
 from nvrx_slo.exporter.collector import families
 from nvrx_slo.exporter.identity import Identity

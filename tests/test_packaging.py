@@ -58,7 +58,7 @@ def test_the_wheel_ships_every_module_under_nvrx_slo_and_nothing_else(wheel):
 
 
 def test_the_editable_install_imports_nvrx_slo_rooms_and_no_generic_names(tmp_path):
-    code = ("import importlib.util, nvrx_slo.trainer.hooks, nvrx_slo.exporter.catalogue, nvrx_slo.alerts.spec, "
+    code = ("import importlib.util, nvrx_slo.trainer.hooks, nvrx_slo.contracts.catalogue, nvrx_slo.alerts.spec, "
             "nvrx_slo.dashboards; print([importlib.util.find_spec(r) is None for r in "
             f"{ROOMS!r}])")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
@@ -67,7 +67,7 @@ def test_the_editable_install_imports_nvrx_slo_rooms_and_no_generic_names(tmp_pa
 
 BASE_VENV_SCRIPT = """
 import importlib.util, json, pathlib, sys
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.hooks import Hooks
 
 slo = Hooks.start(world_size=1, journal_dir=sys.argv[1])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.checkpoint import METADATA
 from nvrx_slo.trainer.demo import DEFAULT_FAULTS, read_journal
 

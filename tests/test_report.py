@@ -18,7 +18,7 @@ import pytest
 
 from nvrx_slo.exporter import report, timeline
 from journal_builder import Pod
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import schema
 
 EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
 

@@ -16,7 +16,7 @@ from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.tail import JournalTail
 from sidecar_process import SidecarProcess, counters, value
 from nvrx_slo.trainer.journal import Identity, Journal
-from nvrx_slo.trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
 
 
 class LiveJob:
@@ -150,7 +150,7 @@ def test_kill_and_restart_midrun_counts_once_and_equals_an_uninterrupted_run(tmp
 
 def _write(journal: Path, records: list[dict], shift: float = 0.0) -> None:
     """Append ``records`` to their files, their monotonic instants moved by ``shift``."""
-    from nvrx_slo.trainer import schema
+    from nvrx_slo.contracts import schema
 
     for r in records:
         moved = {k: v + shift if k in ("mono", "start", "written") else v for k, v in r.items()}

@@ -20,7 +20,7 @@ from journal_builder import Pod
 from prometheus_client import CollectorRegistry
 from sidecar_process import SidecarProcess
 from test_tail import _make_unreadable
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import schema
 
 IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
 

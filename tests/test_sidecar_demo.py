@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sidecar_process import SidecarProcess, counters, value
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import schema
 
 pytestmark = pytest.mark.slow
 

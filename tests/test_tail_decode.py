@@ -9,8 +9,8 @@ from msgspec import to_builtins as as_record  # an event back to the schema's re
 
 from nvrx_slo.exporter.decode import as_event, decode_batch
 from journal_fixtures import record, step
-from nvrx_slo.trainer import schema
-from nvrx_slo.trainer.schema import JournalError
+from nvrx_slo.contracts import schema
+from nvrx_slo.contracts.schema import JournalError
 
 VALID = [step(1, 10.0, 1), record("process_start", 0, 5.0, world_size=2), record("launcher_exit", 3, 9.0, rank=None, code=0),
          record("checkpoint_end", 4, 8.0, ckpt="c1", step=3, ok=True, written=7.5, error=None)]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nvrx_slo.trainer import schema
+from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.checkpoint import METADATA
 
 

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from nvrx_slo.trainer import cpu_shims, nvrx_compat
 from nvrx_slo.trainer.hooks import Hooks
-from nvrx_slo.trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
 
 log = logging.getLogger("nvrx_slo.checkpoint")
 

@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from nvrx_slo.trainer.journal import Journal, open_journal
-from nvrx_slo.trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
 
 log = logging.getLogger("nvrx_slo.hooks")
 

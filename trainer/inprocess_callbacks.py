@@ -27,7 +27,7 @@ from typing import Any
 
 from nvrx_slo.trainer import cpu_shims, nvrx_compat
 from nvrx_slo.trainer.journal import Journal
-from nvrx_slo.trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
 
 
 def _cause(exc: BaseException | None) -> str | None:

@@ -1,4 +1,4 @@
-"""The journal writer: one append-only JSONL file per process, as ``trainer/schema.py`` specifies.
+"""The journal writer: one append-only JSONL file per process, as ``nvrx_slo/contracts/schema.py`` specifies.
 
 Why it looks like this:
 
@@ -29,8 +29,8 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
 
-from nvrx_slo.trainer import schema
-from nvrx_slo.trainer.schema import EventType
+from nvrx_slo.contracts import schema
+from nvrx_slo.contracts.schema import EventType
 
 log = logging.getLogger("nvrx_slo.journal")
 

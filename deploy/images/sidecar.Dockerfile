@@ -5,6 +5,7 @@ FROM python:3.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY pyproject.toml README.md /src/
 COPY nvrx_slo /src/nvrx_slo
+# trainer/ only because the package build maps every room; the sidecar never imports it.
 COPY trainer /src/trainer
 COPY exporter /src/exporter
 COPY alerts /src/alerts
