@@ -16,9 +16,9 @@ import itertools
 import time
 from collections.abc import Iterator
 
+from nvrx_slo.contracts.schema import encode
 from nvrx_slo.exporter.decode import decode_batch
 from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.contracts.schema import encode
 
 
 def journal(ranks: int, steps: int, step_s: float = 1.0) -> Iterator[bytes]:

@@ -8,9 +8,9 @@ from grafanalib import core as g
 from nvrx_slo.alerts.conventions import Dashboard
 from nvrx_slo.alerts.sli import le_regex
 from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import panels as p
 from nvrx_slo.dashboards import queries as q
-from nvrx_slo.contracts import catalogue as cat
 
 UID = Dashboard.RECOVERY.value  # stable: the alerts link to it
 

@@ -28,10 +28,10 @@ from typing import Any
 
 import orjson
 
+from nvrx_slo.contracts import schema
 from nvrx_slo.exporter.decode import Event, as_event
 from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ratelog import BoundedLog
-from nvrx_slo.contracts import schema
 
 log = logging.getLogger("nvrx_slo.cycleinfo")
 

@@ -3,9 +3,9 @@
 The demo runs for minutes with faults injected on purpose; a person watching wants to see the
 crash happen and the job come back. This follows the journal the same way the sidecar does
 (``nvrx_slo.exporter.live.Live``: a ``JournalTail`` into an ``Engine``), so the counts it shows are the
-ones /metrics and the SLO report give. On a terminal it redraws one line in place; anywhere else (CI logs, a pipe) it prints a
-plain line when a checkpoint or restart lands and at most every ``PLAIN_EVERY_S`` otherwise, so
-a log holds a readable history instead of carriage-return noise.
+ones /metrics and the SLO report give. On a terminal it redraws one line in place; anywhere else
+(CI logs, a pipe) it prints a plain line when a checkpoint or restart lands and at most every
+``PLAIN_EVERY_S`` otherwise, so a log holds a readable history instead of carriage-return noise.
 
 Usage::
 

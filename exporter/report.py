@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from nvrx_slo.exporter import status_page, timeline
 from nvrx_slo.contracts.catalogue import RestartPhase
+from nvrx_slo.exporter import status_page, timeline
 from nvrx_slo.exporter.decode import Event
 from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.live import DUPLICATE, LATE, View

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from nvrx_slo.contracts.schema import JOURNAL_DIR_ENV
 from nvrx_slo.exporter import identity as identity_mod
 from nvrx_slo.exporter import nvml, podwatch, slo_report, state_store, status_page
 from nvrx_slo.exporter.collector import SnapshotCollector
@@ -46,7 +47,6 @@ from nvrx_slo.exporter.live import Live, View
 from nvrx_slo.exporter.ratelog import BoundedLog
 from nvrx_slo.exporter.server import TEXT, Response, Server
 from nvrx_slo.exporter.tail import JournalTail
-from nvrx_slo.contracts.schema import JOURNAL_DIR_ENV
 
 log = logging.getLogger("nvrx_slo.sidecar")
 
@@ -97,8 +97,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--state-file", type=Path, default=None,
                    help="where to persist state (default: .nvrx-slo-sidecar-state.json in the journal directory)")
     p.add_argument("--host", default=Config.host, help="address to serve HTTP on (default: %(default)s)")
-    p.add_argument("--port", type=int, default=Config.port, help="port to serve HTTP on (0: any free port) (default: %(default)s)")
-    p.add_argument("--poll-interval", type=float, default=Config.poll_interval_s, help="seconds between journal reads (default: %(default)s)")
+    p.add_argument("--port", type=int, default=Config.port,
+                   help="port to serve HTTP on (0: any free port) (default: %(default)s)")
+    p.add_argument("--poll-interval", type=float, default=Config.poll_interval_s,
+                   help="seconds between journal reads (default: %(default)s)")
     p.add_argument("--state-interval", type=float, default=Config.state_interval_s,
                    help="seconds between state saves (also saved on SIGTERM) (default: %(default)s)")
     p.add_argument("--per-rank", action=argparse.BooleanOptionalAction, default=Config.per_rank,
@@ -107,7 +109,8 @@ def parser() -> argparse.ArgumentParser:
                    help='more ranks than this in one pod: rank="all" series only (default: %(default)s)')
     p.add_argument("--otlp-endpoint", default=None,
                    help="OTLP/HTTP endpoint, e.g. http://otel-collector:4318 (default: no OTLP export)")
-    p.add_argument("--otlp-interval", type=float, default=Config.otlp_interval_s, help="seconds between OTLP exports (default: %(default)s)")
+    p.add_argument("--otlp-interval", type=float, default=Config.otlp_interval_s,
+                   help="seconds between OTLP exports (default: %(default)s)")
     p.add_argument("--podinfo-dir", type=Path, default=None,
                    help="Downward API volume holding a 'labels' file (job name, completion index)")
     p.add_argument("--ft-cycle-info-dir", type=Path, default=None,

@@ -35,7 +35,8 @@ class _Sidecar:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir), "--host", "127.0.0.1",
-             "--port", "0", "--state-file", str(run_dir / "sidecar-state.json"), "--report-file", str(self.report_file)],
+             "--port", "0", "--state-file", str(run_dir / "sidecar-state.json"),
+             "--report-file", str(self.report_file)],
             stdout=subprocess.DEVNULL, stderr=self._log, env=env)
         self.url = self._wait_for_url()
 
@@ -76,11 +77,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nvrx-slo demo", description=__doc__.splitlines()[0])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"demo-{stamp}",
-                        help="a fresh directory for the journal, checkpoints, logs and reports (default: runs/demo-<time>)")
+                        help="a fresh directory for the journal, checkpoints, logs and reports "
+                             "(default: runs/demo-<time>)")
     parser.add_argument("--steps", type=int, default=50, help="training steps (default: 50)")
     args = parser.parse_args(argv)
-    if args.steps <= max(f.step for f in job.DEFAULT_FAULTS):
-        parser.error(f"--steps must be above {max(f.step for f in job.DEFAULT_FAULTS)}, the step of the last injected fault")
+    last_fault = max(f.step for f in job.DEFAULT_FAULTS)
+    if args.steps <= last_fault:
+        parser.error(f"--steps must be above {last_fault}, the step of the last injected fault")
 
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

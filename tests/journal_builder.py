@@ -14,7 +14,7 @@ WALL_OFFSET = 1.7e9  # wall = mono + offset unless a test jumps the wall clock
 class Proc:
     """One process (a rank incarnation or the launcher): stamps common fields and its own seq."""
 
-    pod: "Pod"
+    pod: Pod
     rank: int | None
     pid: int
     restart: int = 0

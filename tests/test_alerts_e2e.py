@@ -37,8 +37,8 @@ import yaml
 
 from nvrx_slo.alerts import duration, generate, spec
 from nvrx_slo.alerts.conventions import Alert
-from servers import free_port, stop, wait_for
 from nvrx_slo.trainer.demo import run_demo
+from servers import free_port, stop, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -103,7 +103,7 @@ def test_each_scrape_builds_fresh_families_from_a_fresh_view_on_an_owned_registr
     registry.register(collector)
     assert collector not in REGISTRY._collector_to_names
     first, second = list(registry.collect()), list(registry.collect())
-    assert all(a is not b for a, b in zip(first, second))
+    assert all(a is not b for a, b in zip(first, second, strict=True))
     assert len(first[0].samples) == 1 and len(second[0].samples) == 2
 
 

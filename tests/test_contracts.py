@@ -5,8 +5,7 @@ import sys
 
 import pytest
 
-from nvrx_slo.contracts import catalogue
-from nvrx_slo.contracts import schema
+from nvrx_slo.contracts import catalogue, schema
 
 
 def _record(**payload):

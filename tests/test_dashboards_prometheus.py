@@ -42,16 +42,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dashboard_model import Query, legend_labels, load_all, names, queries
 from nvrx_slo.alerts import conventions
 from nvrx_slo.alerts import generate as alerts_generate
 from nvrx_slo.alerts import spec as slo_spec
 from nvrx_slo.alerts.spec import Slo
 from nvrx_slo.alerts.windows import Severity
-from dashboard_model import Query, legend_labels, load_all, names, queries
-from nvrx_slo.dashboards import queries as q
 from nvrx_slo.contracts import catalogue as cat
-from servers import free_port, stop, wait_for
+from nvrx_slo.dashboards import queries as q
 from nvrx_slo.trainer.demo import run_demo
+from servers import free_port, stop, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,8 @@ def _alert_rules(tmp: Path) -> Path:
     data.update(evaluation_interval=f"{SCRAPE_S}s")
     spec_file = tmp / "slo.yaml"
     spec_file.write_text(yaml.safe_dump(data))
-    assert alerts_generate.main(["--spec", str(spec_file), "--root", str(tmp / "alerts")]) == 0  # the real CLI entry point
+    # the real CLI entry point
+    assert alerts_generate.main(["--spec", str(spec_file), "--root", str(tmp / "alerts")]) == 0
     return tmp / "alerts" / alerts_generate.RULES
 
 

@@ -5,8 +5,8 @@ No Docker engine runs here, so the images are checked by what can be run without
 * each Dockerfile's COPY lines are replayed into a scratch build context, and its `pip install`
   line is run there — for the sidecar for real, in a fresh venv that then starts
   `nvrx-slo sidecar` with the manifest's own arguments and serves /metrics, with no torch or NVRx
-  installed and the trainer code deleted; for the trainer as a `pip install --dry-run` resolution in the project venv, whose
-  torch stands in for the CUDA base image's (its 2.x satisfies the same ranges);
+  installed and the trainer code deleted; for the trainer as a `pip install --dry-run` resolution in
+  the project venv, whose torch stands in for the CUDA base image's (its 2.x satisfies the same ranges);
 * every command and flag a manifest names is parsed by the real parser it reaches (the
   `nvrx-slo` console script, its subcommand table, ft_launcher's argument parser, the reference
   job's and the sidecar's argument parsers).

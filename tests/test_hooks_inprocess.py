@@ -59,7 +59,8 @@ def test_journal_callbacks_wrap_the_users_own_in_the_order_that_timestamps_the_p
     seen: list = []
     kwargs = wrapper_kwargs(journal, **_user_callbacks(journal, seen), soft_timeout="passed through")
     assert kwargs["soft_timeout"] == "passed through"
-    ctx = inprocess.rank_assignment.RankAssignmentCtx(_state(), Store([InterruptionRecord(1, Interruption.EXCEPTION)]), set())
+    ctx = inprocess.rank_assignment.RankAssignmentCtx(_state(), Store([InterruptionRecord(1, Interruption.EXCEPTION)]),
+                                                      set())
 
     assert kwargs["rank_assignment"](ctx) is ctx  # the initial assignment: no restart, no event
     assert kwargs["abort"](_state()).rank == 1

@@ -11,9 +11,9 @@ from urllib.parse import parse_qs, urlsplit
 from kubernetes import client
 
 from nvrx_slo.exporter import podwatch
+from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.tail import JournalTail
 

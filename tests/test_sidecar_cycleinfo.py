@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import RestartLevel, RestartPhase
 from nvrx_slo.exporter.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.engine import Engine
@@ -16,7 +17,6 @@ from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.tail import JournalTail
 from test_sidecar_bad_input import by_file, story
-from nvrx_slo.contracts import schema
 
 IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
 OFFSET = 1.7e9  # the story's wall - mono

@@ -89,7 +89,8 @@ def test_one_lane_per_rank_and_one_marker_per_checkpoint_with_its_status():
     records.append(rec("checkpoint_start", 3.5, 0, 100, ckpt="pending", step=3, mode="async"))
     tl = build(records)
     assert [lane.rank for lane in tl.lanes] == [0, 1, 2]
-    assert {m.ckpt: m.status for m in tl.checkpoints} == {"ok-ckpt": "ok", "bad-ckpt": "failed", "pending": "unfinished"}
+    assert {m.ckpt: m.status for m in tl.checkpoints} == {"ok-ckpt": "ok", "bad-ckpt": "failed",
+                                                          "pending": "unfinished"}
     ok = next(m for m in tl.checkpoints if m.ckpt == "ok-ckpt")
     assert abs((ok.at + tl.origin_wall) - (WALL0 + 2.6)) < 1e-6  # the instant the write finished
     lane0 = tl.lanes[0]

@@ -15,8 +15,8 @@ import torch.distributed.checkpoint as dcp
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.checkpoint import METADATA, Checkpointer, CheckpointWorkerDied
-from nvrx_slo.trainer.restore import complete_checkpoints, restore
 from nvrx_slo.trainer.hooks import Hooks
+from nvrx_slo.trainer.restore import complete_checkpoints, restore
 
 pytestmark = pytest.mark.slow
 

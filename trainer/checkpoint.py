@@ -33,9 +33,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
+from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer import cpu_shims, nvrx_compat
 from nvrx_slo.trainer.hooks import Hooks
-from nvrx_slo.contracts.schema import EventType
 
 log = logging.getLogger("nvrx_slo.checkpoint")
 

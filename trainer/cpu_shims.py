@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import multiprocessing
 import os
 import signal
 from multiprocessing.managers import SyncManager
-import logging
 from types import SimpleNamespace
 from typing import Any
 

@@ -29,8 +29,8 @@ import time
 from types import TracebackType
 from typing import Any
 
-from nvrx_slo.trainer.journal import Journal, open_journal
 from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer.journal import Journal, open_journal
 
 log = logging.getLogger("nvrx_slo.hooks")
 

@@ -59,9 +59,9 @@ def _encode_payload(payload: dict[str, Any]) -> str:
         elif kind is float:
             if value - value != 0.0:  # nan or ±inf: not JSON
                 raise ValueError(f"journal field {key} must be a finite number, got {value!r}")
-            out += ',"%s":%.6f' % (key, value)
+            out += f',"{key}":{value:.6f}'
         elif kind is int:
-            out += ',"%s":%d' % (key, value)
+            out += f',"{key}":{value:d}'
         elif value is None:
             out += ',"' + key + '":null'
         elif kind is bool:
