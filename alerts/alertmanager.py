@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts import duration
-from alerts.conventions import JOB_LABELS, SEVERITY_LABEL
-from alerts.spec import Spec
-from alerts.windows import Severity
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import JOB_LABELS, SEVERITY_LABEL
+from nvrx_slo.alerts.spec import Spec
+from nvrx_slo.alerts.windows import Severity
 
 PAGER, TICKET = "pager", "ticket"
 CRD_NAME = "nvrx-slo"
@@ -35,7 +35,8 @@ def config(spec: Spec) -> dict[str, Any]:
             "group_interval": duration.format(r.group_interval),
             "repeat_interval": duration.format(r.ticket_repeat_interval),
             "routes": [
-                {"matchers": [_is(Severity.PAGE)], "receiver": PAGER, "repeat_interval": duration.format(r.page_repeat_interval)},
+                {"matchers": [_is(Severity.PAGE)], "receiver": PAGER,
+                 "repeat_interval": duration.format(r.page_repeat_interval)},
                 {"matchers": [_is(Severity.TICKET)], "receiver": TICKET},
             ],
         },
@@ -44,7 +45,8 @@ def config(spec: Spec) -> dict[str, Any]:
             {"name": TICKET, "webhook_configs": [{"url": r.ticket_url, "send_resolved": True}]},
         ],
         "inhibit_rules": [
-            {"source_matchers": [_is(Severity.PAGE)], "target_matchers": [_is(Severity.TICKET)], "equal": list(JOB_LABELS)},
+            {"source_matchers": [_is(Severity.PAGE)], "target_matchers": [_is(Severity.TICKET)],
+             "equal": list(JOB_LABELS)},
         ],
     }
 
@@ -68,7 +70,8 @@ def crd(spec: Spec) -> dict[str, Any]:
                 "groupInterval": duration.format(r.group_interval),
                 "repeatInterval": duration.format(r.ticket_repeat_interval),
                 "routes": [
-                    {"receiver": PAGER, "matchers": [_crd_matcher(Severity.PAGE)], "repeatInterval": duration.format(r.page_repeat_interval)},
+                    {"receiver": PAGER, "matchers": [_crd_matcher(Severity.PAGE)],
+                     "repeatInterval": duration.format(r.page_repeat_interval)},
                     {"receiver": TICKET, "matchers": [_crd_matcher(Severity.TICKET)]},
                 ],
             },
@@ -77,7 +80,8 @@ def crd(spec: Spec) -> dict[str, Any]:
                 {"name": TICKET, "webhookConfigs": [{"url": r.ticket_url, "sendResolved": True}]},
             ],
             "inhibitRules": [
-                {"sourceMatch": [_crd_matcher(Severity.PAGE)], "targetMatch": [_crd_matcher(Severity.TICKET)], "equal": list(JOB_LABELS)},
+                {"sourceMatch": [_crd_matcher(Severity.PAGE)], "targetMatch": [_crd_matcher(Severity.TICKET)],
+                 "equal": list(JOB_LABELS)},
             ],
         },
     }

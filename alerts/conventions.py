@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from alerts import duration
-from alerts.spec import Slo, Spec
-from exporter import catalogue
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.contracts import catalogue
 
 JOB_LABELS: tuple[str, ...] = catalogue.IDENTITY_LABELS[:2]  # ("namespace", "job_name")
 BY_JOB = f"by ({', '.join(JOB_LABELS)})"

@@ -18,7 +18,7 @@ def parse(text: str) -> int:
     match = _PATTERN.fullmatch(text)
     if not text or match is None:
         raise ValueError(f"{text!r} is not a duration like 30d, 6h, 90s or 1h30m (units d, h, m, s)")
-    seconds = sum(int(n) * size for n, (_, size) in zip(match.groups(), UNITS) if n)
+    seconds = sum(int(n) * size for n, (_, size) in zip(match.groups(), UNITS, strict=True) if n)
     if seconds <= 0:
         raise ValueError(f"{text!r} must be longer than zero")
     return seconds

@@ -14,10 +14,10 @@ from typing import Any
 
 import yaml
 
-from alerts import alertmanager, sli
-from alerts.plain import plain_group
-from alerts.rules import slo_group
-from alerts.spec import DEFAULT_PATH, Spec, SpecError, load
+from nvrx_slo.alerts import alertmanager, sli
+from nvrx_slo.alerts.plain import plain_group
+from nvrx_slo.alerts.rules import slo_group
+from nvrx_slo.alerts.spec import DEFAULT_PATH, Spec, SpecError, load
 
 RULES = Path("alerts/generated/rules.yaml")
 ALERTMANAGER = Path("alerts/generated/alertmanager.yaml")

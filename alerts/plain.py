@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts import duration
-from alerts.conventions import BY_JOB, ON_JOB, SEVERITY_LABEL, Alert, stamp_links
-from alerts.sli import job_rate
-from alerts.spec import Spec
-from alerts.windows import Severity, all_windows
-from exporter import catalogue as cat
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import BY_JOB, JOB_LABELS, ON_JOB, SEVERITY_LABEL, Alert, stamp_links
+from nvrx_slo.alerts.sli import job_rate
+from nvrx_slo.alerts.spec import Spec
+from nvrx_slo.alerts.windows import Severity, all_windows
+from nvrx_slo.contracts import catalogue as cat
 
 Rule = dict[str, Any]
 
@@ -23,6 +23,7 @@ JOB = "{{ $labels.namespace }}/{{ $labels.job_name }}"
 POD_RANK = JOB + " pod {{ $labels.pod }} rank {{ $labels.rank }}"
 BY_RANK = f"by ({', '.join(cat.IDENTITY_LABELS + (cat.RANK_LABEL,))})"
 BY_POD = f"by ({', '.join(cat.IDENTITY_LABELS)})"
+BY_JOB_SOURCE = f"by ({', '.join((*JOB_LABELS, 'source'))})"
 SCRAPE_TARGET = "on (job, instance)"  # the labels Prometheus gives every series of one scrape
 
 
@@ -61,26 +62,30 @@ def plain_alerts(spec: Spec) -> list[Rule]:
             f"(alerts after {duration.format(a.stalled_after)}).",
         ),
         _alert(
-            Alert.CHECKPOINT_STALE, f"{_since(cat.CKPT_LAST_SUCCESS)}\n> {a.checkpoint_stale_after}", 0, Severity.TICKET,
+            Alert.CHECKPOINT_STALE, f"{_since(cat.CKPT_LAST_SUCCESS)}\n> {a.checkpoint_stale_after}", 0,
+            Severity.TICKET,
             "A training job has no recent durable checkpoint.",
             f"{JOB}'s latest durable checkpoint is {{{{ $value | humanizeDuration }}}} old "
             f"(alerts after {duration.format(a.checkpoint_stale_after)}); a fault now loses all work since.",
         ),
         _alert(
-            Alert.CHECKPOINT_WORKER_DEAD, f"min {BY_RANK} ({cat.CKPT_WORKER_UP.name}) == 0", a.worker_dead_for, Severity.PAGE,
+            Alert.CHECKPOINT_WORKER_DEAD, f"min {BY_RANK} ({cat.CKPT_WORKER_UP.name}) == 0", a.worker_dead_for,
+            Severity.PAGE,
             "NVRx's async checkpoint worker is dead.",
             f"{POD_RANK}: the persistent async checkpoint worker is dead; the next save will hang the training loop.",
         ),
         _alert(
             Alert.RESTART_STORM,
-            f"sum {BY_JOB} (increase({cat.RESTARTS.name}[{duration.format(a.restart_storm_within)}]))\n>= {a.restart_storm_restarts}",
+            f"sum {BY_JOB} (increase({cat.RESTARTS.name}[{duration.format(a.restart_storm_within)}]))\n"
+            f">= {a.restart_storm_restarts}",
             0, Severity.TICKET,
             "A training job is restarting over and over.",
             f"{JOB} restarted {{{{ $value | printf \"%.0f\" }}}} times in the last "
             f"{duration.format(a.restart_storm_within)} (alerts at {a.restart_storm_restarts}).",
         ),
         _alert(
-            Alert.RESTART_BUDGET_LOW, f"min {BY_POD} ({cat.LAUNCHER_RESTARTS_REMAINING.name}) <= {a.restart_budget_remaining}",
+            Alert.RESTART_BUDGET_LOW,
+            f"min {BY_POD} ({cat.LAUNCHER_RESTARTS_REMAINING.name}) <= {a.restart_budget_remaining}",
             0, Severity.TICKET,
             "ft_launcher is about to run out of restarts.",
             f"{JOB} pod {{{{ $labels.pod }}}}: ft_launcher has {{{{ $value }}}} restarts left (--max-restarts); "
@@ -104,7 +109,7 @@ def plain_alerts(spec: Spec) -> list[Rule]:
         ),
         _alert(
             Alert.ACCELERATOR_IDLE,
-            f"{_share_of_wall(cat.GPU_IDLE.name, a.idle_over, f'by ({cat.IDENTITY_LABELS[0]}, {cat.IDENTITY_LABELS[1]}, source)')}\n> {a.idle_ratio:g}",
+            f"{_share_of_wall(cat.GPU_IDLE.name, a.idle_over, BY_JOB_SOURCE)}\n> {a.idle_ratio:g}",
             a.idle_for, Severity.TICKET,
             "A training job's accelerators are idle much of the time.",
             f"{JOB}: accelerators idle {{{{ $value | humanizePercentage }}}} of wall time over the last "
@@ -129,4 +134,5 @@ def plain_alerts(spec: Spec) -> list[Rule]:
 
 
 def plain_group(spec: Spec) -> dict[str, Any]:
-    return {"name": "nvrx-slo-alerts", "interval": duration.format(spec.evaluation_interval), "rules": plain_alerts(spec)}
+    return {"name": "nvrx-slo-alerts", "interval": duration.format(spec.evaluation_interval),
+            "rules": plain_alerts(spec)}

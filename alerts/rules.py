@@ -27,14 +27,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts import duration
-from alerts.conventions import (
-    BURN_ALERTS, ERROR_BUDGET_REMAINING, ON_JOB, SLO_LABEL, SEVERITY_LABEL,
-    burn_rate_record, error_ratio_record, sli_bad_record, sli_total_record, stamp_links,
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import (
+    BURN_ALERTS,
+    ERROR_BUDGET_REMAINING,
+    ON_JOB,
+    SEVERITY_LABEL,
+    SLO_LABEL,
+    burn_rate_record,
+    error_ratio_record,
+    sli_bad_record,
+    sli_total_record,
+    stamp_links,
 )
-from alerts.sli import Sli
-from alerts.spec import Objective, Spec
-from alerts.windows import BurnWindow, Severity, all_windows
+from nvrx_slo.alerts.sli import Sli
+from nvrx_slo.alerts.spec import Objective, Spec
+from nvrx_slo.alerts.windows import BurnWindow, Severity, all_windows
 
 Rule = dict[str, Any]
 
@@ -71,8 +79,10 @@ def recording_rules(sli: Sli, objective: Objective, spec: Spec) -> list[Rule]:
             _record(error_ratio_record(w), _ratio(sli.bad(duration.format(w)), sli.total(duration.format(w))), sli)
             for w in spans[1:]
         ]
-        rules.append(_record(error_ratio_record(period), _ratio(f"sum_over_time({bad}[{p}])", f"sum_over_time({total}[{p}])"), sli))
-    rules += [_record(burn_rate_record(w), f"{error_ratio_record(w)}{mine} / {objective.budget:g}", sli) for w in (*spans, period)]
+        rules.append(_record(error_ratio_record(period),
+                             _ratio(f"sum_over_time({bad}[{p}])", f"sum_over_time({total}[{p}])"), sli))
+    rules += [_record(burn_rate_record(w), f"{error_ratio_record(w)}{mine} / {objective.budget:g}",
+                      sli) for w in (*spans, period)]
     rules.append(_record(ERROR_BUDGET_REMAINING, f"1 - {burn_rate_record(period)}{mine}", sli))
     return rules
 

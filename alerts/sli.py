@@ -11,7 +11,7 @@ across pods and ranks. Two kinds:
 * **event** SLIs count restarts (recovery) or checkpoint seconds (overlap); a window without
   events has no ratio rather than a ratio of zero, since nothing was measured.
 
-Only time SLIs get the young-job rule (see ``alerts.rules``): their denominator is the whole window
+Only time SLIs get the young-job rule (see ``nvrx_slo.alerts.rules``): their denominator is the whole window
 at the most ranks the window saw, so time before the job existed counts as healthy.
 """
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alerts.conventions import BY_JOB
-from alerts.spec import Slo, Spec
-from exporter import catalogue as cat
+from nvrx_slo.alerts.conventions import BY_JOB
+from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.contracts import catalogue as cat
 
 
 @dataclass(frozen=True)

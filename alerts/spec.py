@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from alerts import duration, windows
-from exporter import catalogue
+from nvrx_slo.alerts import duration, windows
+from nvrx_slo.contracts import catalogue
 
 VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("slo.yaml")
@@ -167,7 +167,8 @@ def _restart_bucket(s: _Section, key: str) -> float:
 
 
 def _plain(s: _Section) -> PlainAlerts:
-    stalled, stale, dead = s.section("training_stalled"), s.section("checkpoint_stale"), s.section("checkpoint_worker_dead")
+    stalled, stale = s.section("training_stalled"), s.section("checkpoint_stale")
+    dead = s.section("checkpoint_worker_dead")
     storm, budget, down = s.section("restart_storm"), s.section("restart_budget_low"), s.section("exporter_down")
     no_data, idle = s.section("sli_no_data"), s.section("accelerator_idle")
     straggler, unattributed = s.section("straggler"), s.section("unattributed")

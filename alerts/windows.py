@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from alerts import duration
+from nvrx_slo.alerts import duration
 
 REFERENCE_PERIOD = 30 * 86400
 
@@ -58,7 +58,7 @@ def scaled_policy(period: int, min_window: int) -> tuple[BurnWindow, ...]:
         BurnWindow(w.severity, scale(w.long, period, min_window), scale(w.short, period, min_window), w.factor)
         for w in POLICY
     )
-    for original, pair in zip(POLICY, pairs):
+    for original, pair in zip(POLICY, pairs, strict=True):
         if pair.short >= pair.long:
             raise ValueError(
                 f"for a period of {duration.format(period)} the {duration.format(original.long)} window becomes "

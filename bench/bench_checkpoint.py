@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer import schema
-from trainer.checkpoint import Checkpointer
-from trainer.hooks import Hooks
+from nvrx_slo.contracts import schema
+from nvrx_slo.trainer.checkpoint import Checkpointer
+from nvrx_slo.trainer.hooks import Hooks
 
 
 def _blocking(journal_file: Path) -> dict[str, float]:

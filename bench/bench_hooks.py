@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from trainer.hooks import Hooks
-from trainer.journal import Identity, Journal
-from trainer.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
-from trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer.hooks import Hooks
+from nvrx_slo.trainer.journal import Identity, Journal
+from nvrx_slo.trainer.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
 
 
 def _median_us(fn, n: int) -> float:

@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import synthetic_journal  # noqa: E402
-from exporter.engine import Engine  # noqa: E402
-from exporter.live import Live  # noqa: E402
-from exporter.tail import JournalTail  # noqa: E402
-from trainer import schema  # noqa: E402
+from nvrx_slo.contracts import schema  # noqa: E402
+from nvrx_slo.exporter.engine import Engine  # noqa: E402
+from nvrx_slo.exporter.live import Live  # noqa: E402
+from nvrx_slo.exporter.tail import JournalTail  # noqa: E402
 
 TARGET = 200_000
 

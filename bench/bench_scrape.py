@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from bench import synthetic_journal  # noqa: E402
-from exporter.collector import LabelSets, SnapshotCollector, families  # noqa: E402
-from exporter.engine import Engine  # noqa: E402
-from exporter.exposition import TextRenderer  # noqa: E402
-from exporter.identity import Identity  # noqa: E402
-from exporter.live import Live  # noqa: E402
-from exporter.tail import JournalTail  # noqa: E402
+from nvrx_slo.exporter.collector import LabelSets, SnapshotCollector, families  # noqa: E402
+from nvrx_slo.exporter.engine import Engine  # noqa: E402
+from nvrx_slo.exporter.exposition import TextRenderer  # noqa: E402
+from nvrx_slo.exporter.identity import Identity  # noqa: E402
+from nvrx_slo.exporter.live import Live  # noqa: E402
+from nvrx_slo.exporter.tail import JournalTail  # noqa: E402
 from sidecar_process import SidecarProcess  # noqa: E402
 
 TARGET_MS = 100.0

@@ -10,7 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
-from trainer import schema
+from nvrx_slo.contracts import schema
 
 WALL_OFFSET = 1.7e9
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from alerts import duration
-from alerts.conventions import Dashboard
-from alerts.spec import Slo, Spec
-from dashboards import panels as p
-from dashboards import queries as q
-from exporter import catalogue as cat
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import Dashboard
+from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.dashboards import panels as p
+from nvrx_slo.dashboards import queries as q
 
 UID = Dashboard.CHECKPOINTING.value  # stable: the alerts link to it
 
@@ -27,7 +27,8 @@ def _summary(spec: Spec) -> list[object]:
     blocking_max, overlap_min = _limits(spec)
     return [
         p.stat("Blocking share of wall", f"checkpoint_blocking / wall rank-seconds since job start. Objective ≤ "
-               f"{blocking_max:.0%}.", [p.Query(q.badput_ratio(None, _BLOCKING))], p.RATIO, steps=((None, p.GREEN), (blocking_max, p.RED)), decimals=2, w=4),
+               f"{blocking_max:.0%}.", [p.Query(q.badput_ratio(None, _BLOCKING))], p.RATIO,
+               steps=((None, p.GREEN), (blocking_max, p.RED)), decimals=2, w=4),
         p.stat("Overlap", f"background / (blocking + background) over all saves so far, per pod. Objective ≥ "
                f"{overlap_min:.0%}.", [p.Query(q.series(cat.CKPT_OVERLAP), "{{pod}}")], p.RATIO,
                steps=((None, p.RED), (overlap_min, p.GREEN)), decimals=1, w=4),
@@ -41,7 +42,8 @@ def _summary(spec: Spec) -> list[object]:
                steps=((None, p.GREEN), (1.0, p.RED)), w=4),
         p.stat("Write throughput", "Bytes written per second of background writing since job start "
                "(durable bytes / background seconds), all pods: the storage speed a save sees.",
-               [p.Query(f"{q.by((), q.series(cat.CKPT_BYTES))} / ({q.by((), q.series(cat.CKPT_BACKGROUND, '_sum'))} > 0)")],
+               [p.Query(f"{q.by((), q.series(cat.CKPT_BYTES))} / "
+                        f"({q.by((), q.series(cat.CKPT_BACKGROUND, '_sum'))} > 0)")],
                p.BYTES_PER_SECOND, w=4),
     ]
 

@@ -23,8 +23,8 @@ import yaml
 from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
-from alerts.spec import DEFAULT_PATH, Spec, SpecError, load
-from dashboards import checkpointing, overview, ranks, recovery
+from nvrx_slo.alerts.spec import DEFAULT_PATH, Spec, SpecError, load
+from nvrx_slo.dashboards import checkpointing, overview, ranks, recovery
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 JSON_DIR = Path("dashboards/generated")

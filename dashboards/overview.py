@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from alerts import duration
-from alerts.conventions import ERROR_BUDGET_REMAINING, Dashboard, burn_rate_record
-from alerts.spec import Slo, Spec
-from alerts.windows import Severity
-from dashboards import panels as p
-from dashboards import queries as q
-from exporter import catalogue as cat
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import ERROR_BUDGET_REMAINING, Dashboard, burn_rate_record
+from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.alerts.windows import Severity
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.dashboards import panels as p
+from nvrx_slo.dashboards import queries as q
 
 UID = Dashboard.OVERVIEW.value  # stable: the alerts link to it
 
@@ -61,7 +61,8 @@ def _efficiency(spec: Spec) -> list[object]:
                          name=", ".join(burn_rate_record(s) for w in pages for s in (w.long, w.short))),
                      [p.Query(q.slo_record(burn_rate_record(s), Slo.EFFICIENCY), duration.format(s))
                       for w in pages for s in (w.long, w.short)],
-                     p.COUNT, steps=((None, p.GREEN), *((w.factor, p.RED) for w in sorted(pages, key=lambda w: w.factor)))),
+                     p.COUNT, steps=((None, p.GREEN),
+                                     *((w.factor, p.RED) for w in sorted(pages, key=lambda w: w.factor)))),
     ]
 
 

@@ -12,14 +12,15 @@ load; the dashboard modules never touch it directly. Conventions applied here, o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import attr
 from grafanalib import core as g
 
-from dashboards import queries as q
-from exporter import catalogue as cat
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.dashboards import queries as q
 
 DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": f"${{{q.VAR_DATASOURCE}}}"}
 TAG = "nvrx-slo"
@@ -110,7 +111,8 @@ def heatmap(title: str, description: str, query: Query, unit: str, *, w: int = 1
     """Series as rows (``tsbuckets``: the legend names the row), colour = value, e.g. one row per rank."""
     return g.Heatmap(
         title=title, description=description, dataSource=DATASOURCE, targets=_targets([query]),
-        gridPos=_grid(w, h), thresholds=thresholds((None, BLUE)), dataFormat="tsbuckets", yBucketBound="middle", hideZeroBuckets=False,
+        gridPos=_grid(w, h), thresholds=thresholds((None, BLUE)), dataFormat="tsbuckets", yBucketBound="middle",
+        hideZeroBuckets=False,
         color=g.HeatmapColor(mode="scheme", colorScheme="interpolateOranges", exponent=0.5),
         tooltip=g.Tooltip(shared=False), yAxis=g.YAxis(format=COUNT, decimals=0),
         # Cell unit in fieldConfig, options left empty: Grafana migrates a panel with empty options
@@ -148,7 +150,8 @@ def annotation(name: str, expr: str, colour: str, title: str, tags: tuple[str, .
 
 def _variables() -> list[g.Template]:
     def label_values(label: str, matchers: str) -> str:
-        return f"label_values({cat.WALL.name}{{{matchers}}}, {label})" if matchers else f"label_values({cat.WALL.name}, {label})"
+        selector = f"{cat.WALL.name}{{{matchers}}}" if matchers else cat.WALL.name
+        return f"label_values({selector}, {label})"
 
     ns = f'{q.NAMESPACE_LABEL}="${q.VAR_NAMESPACE}"'
     job = f'{ns}, {q.JOB_LABEL}="${q.VAR_JOB}"'

@@ -1,6 +1,6 @@
 """PromQL building blocks for the dashboards: selectors bound to the template variables, and the SLO arithmetic.
 
-Every metric name and label comes from ``exporter.catalogue``; nothing here spells one by hand,
+Every metric name and label comes from ``nvrx_slo.contracts.catalogue``; nothing here spells one by hand,
 so a renamed metric fails generation (and the tests), not a dashboard in production.
 
 The queries read the exporter's raw series, so the dashboards work before (or without) the
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from enum import Enum
 
-from alerts.conventions import SEVERITY_LABEL, SLO_LABEL
-from alerts.spec import Slo
-from exporter import catalogue as cat
-from exporter.catalogue import Metric
+from nvrx_slo.alerts.conventions import SEVERITY_LABEL, SLO_LABEL
+from nvrx_slo.alerts.spec import Slo
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts.catalogue import Metric
 
 # Template variables (dashboard variable name -> the label it filters, and how).
 VAR_DATASOURCE = "datasource"
@@ -173,7 +173,7 @@ def badput_ratio(window: str | None, categories: tuple[cat.Category, ...] = cat.
 def slo_record(name: str, slo: Slo) -> str:
     """One SLO's series of a recording rule the generated alert rules define, for the selected job.
 
-    ``name`` comes from ``alerts.conventions`` (e.g. ``burn_rate_record(3600)``), so a panel shows the
+    ``name`` comes from ``nvrx_slo.alerts.conventions`` (e.g. ``burn_rate_record(3600)``), so a panel shows the
     very number an alert fires on. The rules record per job (namespace, job_name), so the pod
     variable does not apply; the series exist only where the generated rules are installed.
     """

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from alerts import duration
-from alerts.conventions import Dashboard
-from alerts.spec import Spec
-from dashboards import panels as p
-from dashboards import queries as q
-from exporter import catalogue as cat
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import Dashboard
+from nvrx_slo.alerts.spec import Spec
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.dashboards import panels as p
+from nvrx_slo.dashboards import queries as q
 
 UID = Dashboard.RANKS.value  # stable: the alerts link to it
 

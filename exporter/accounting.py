@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from exporter.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
-from exporter.decode import Event
-from exporter.snapshot import RankState
+from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
+from nvrx_slo.exporter.decode import Event
+from nvrx_slo.exporter.snapshot import RankState
 
 IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
 PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]
@@ -103,7 +103,7 @@ class Ledger:
         """Steps ≤ ``keep_upto`` become productive; the rest become lost if ``drop_rest``."""
         keep_steps: list[int] = []
         keep_work: list[float] = []
-        for step, work in zip(self.pool_steps, self.pool_work):
+        for step, work in zip(self.pool_steps, self.pool_work, strict=True):
             if keep_upto is not None and step <= keep_upto:
                 self.seconds[PRODUCTIVE] += work
             elif drop_rest:
@@ -228,7 +228,8 @@ class Ledger:
         the next save, or is counted lost with its partner."""
         steps, work = self.pool_steps, self.pool_work
         odd = len(steps) % 2
-        self.pool_steps = [max(steps[i], steps[i + 1]) for i in range(0, len(steps) - odd, 2)] + steps[len(steps) - odd:]
+        self.pool_steps = [max(steps[i],
+                               steps[i + 1]) for i in range(0, len(steps) - odd, 2)] + steps[len(steps) - odd:]
         self.pool_work = [work[i] + work[i + 1] for i in range(0, len(work) - odd, 2)] + work[len(work) - odd:]
 
     # --- copies and state ----------------------------------------------------------------------

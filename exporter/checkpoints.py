@@ -16,10 +16,10 @@ from bisect import insort
 from collections.abc import Callable
 from typing import Any
 
-from exporter.catalogue import CHECKPOINT_BUCKETS
-from exporter.decode import Event
-from exporter.histogram import Buckets
-from exporter.snapshot import CheckpointRecord
+from nvrx_slo.contracts.catalogue import CHECKPOINT_BUCKETS
+from nvrx_slo.exporter.decode import Event
+from nvrx_slo.exporter.histogram import Buckets
+from nvrx_slo.exporter.snapshot import CheckpointRecord
 
 RECENT = 32
 MAX_OPEN = 64  # saves waiting for ranks that never report are closed, oldest first, beyond this
@@ -196,7 +196,8 @@ class Checkpoints:
                 record, durable = self.record(key, parts, live), False
             open_records.append((_began(parts), key, record))
             failures += record.ok is False
-            in_flight += record.ok is None and any(p[END] is None and live.get(r) == pid for (r, pid), p in parts.items())
+            in_flight += record.ok is None and any(p[END] is None and live.get(r) == pid for (r, pid),
+                                                   p in parts.items())
             if record.ok is True:
                 written = max(p[WRITTEN] for p in parts.values() if p[OK])
                 if durable:
@@ -227,7 +228,8 @@ class Checkpoints:
         out.open = {ckpt: {_key(k): list(p) for k, p in parts.items()} for ckpt, parts in state["open"].items()}
         out.blocking = Buckets.from_state(CHECKPOINT_BUCKETS, state["blocking"])
         out.background = Buckets.from_state(CHECKPOINT_BUCKETS, state["background"])
-        out.saves, out.failures, out.bytes_total = int(state["saves"]), int(state["failures"]), int(state["bytes_total"])
+        out.saves, out.failures = int(state["saves"]), int(state["failures"])
+        out.bytes_total = int(state["bytes_total"])
         out.last_written, out.last_wall, out.last_step = state["last"]
         out.first_written = state["first_written"]
         out.due = float("inf") if state["due"] is None else float(state["due"])

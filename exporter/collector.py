@@ -1,7 +1,7 @@
 """The Prometheus view: a prometheus-client custom collector that renders one ``View`` per scrape.
 
 ``collect()`` builds fresh metric families from a new view every time and increments nothing;
-names, kinds, help, labels and buckets all come from ``exporter.catalogue``, and every catalogue
+names, kinds, help, labels and buckets all come from ``nvrx_slo.contracts.catalogue``, and every catalogue
 metric is emitted (a family whose value is not known yet carries no samples).
 
 Cardinality guard (see the catalogue's docstring): per-rank series can be switched off, and a
@@ -24,13 +24,13 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import INF, floatToGoString
 
-from exporter import catalogue as cat
-from exporter.catalogue import ALL_RANKS, GpuIdleSource, Kind
-from exporter.identity import Identity
-from exporter.live import DUPLICATE, ENGINE_ERROR, LATE, View
-from exporter.snapshot import Histogram, RankSnapshot
-from exporter.tail import FILE_TRUNCATED, UNREADABLE
-from trainer.schema import RejectReason
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts.catalogue import ALL_RANKS, GpuIdleSource, Kind
+from nvrx_slo.contracts.schema import RejectReason
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import DUPLICATE, ENGINE_ERROR, LATE, View
+from nvrx_slo.exporter.snapshot import Histogram, RankSnapshot
+from nvrx_slo.exporter.tail import FILE_TRUNCATED, UNREADABLE
 
 REJECT_REASONS: tuple[str, ...] = (*(r.value for r in RejectReason), UNREADABLE, FILE_TRUNCATED, DUPLICATE, LATE,
                                     ENGINE_ERROR)
@@ -106,7 +106,7 @@ def _add_histogram(family: Metric, labels: LabelSets, items: _Items, hist: Histo
     name, samples = family.name, family.samples
     bucket = name + "_bucket"
     samples += [_sample(bucket, bucket_labels, count)
-                for bucket_labels, count in zip(labels.buckets(items, hist.bounds), hist.counts)]
+                for bucket_labels, count in zip(labels.buckets(items, hist.bounds), hist.counts, strict=True)]
     own = labels.get(items)
     samples.append(_sample(name + "_sum", own, hist.sum))
     samples.append(_sample(name + "_count", own, hist.count))
@@ -158,7 +158,8 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     def per_rank_values(metric: cat.Metric, values: Sequence[float | None], extra: _Items = ()) -> None:
         samples, name = out[metric.name].samples, metric.name
         if split:
-            samples += [_sample(name, labels, value) for labels, value in zip(lab.ranks(rank_items, extra), values)
+            samples += [_sample(name, labels,
+                                value) for labels, value in zip(lab.ranks(rank_items, extra), values, strict=True)
                         if value is not None]
             return
         known = [v for v in values if v is not None]
@@ -175,7 +176,7 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
 
     per_rank_values(cat.WALL, field(lambda r: r.wall_s))
     for category in cat.SETTLED_CATEGORIES:
-        per_rank_values(cat.TIME, field(lambda r: r.seconds.get(category, 0.0)), (("category", category.value),))
+        per_rank_values(cat.TIME, field(lambda r, c=category: r.seconds.get(c, 0.0)), (("category", category.value),))
     per_rank_values(cat.UNPROTECTED_WORK, field(lambda r: r.unprotected_s))
     per_rank_values(cat.STEPS, field(lambda r: r.steps))
     per_rank_values(cat.TRAINING_STEP, field(lambda r: r.step))
@@ -183,7 +184,7 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     if ranks:
         step_family = out[cat.STEP_DURATION.name]
         if split:
-            for items, r in zip(rank_items, ranks):
+            for items, r in zip(rank_items, ranks, strict=True):
                 _add_histogram(step_family, lab, items, r.step_duration)
         else:
             _add_histogram(step_family, lab, rank_items[0], _sum_histograms([r.step_duration for r in ranks]))
@@ -216,7 +217,8 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
 
     per_rank_values(cat.GPU_IDLE, field(lambda r: r.gpu_idle_s), (("source", GpuIdleSource.STEP_PHASES.value),))
     if view.gpu_idle_nvml:
-        by_rank = dict(zip(sorted(r.rank for r in ranks), (view.gpu_idle_nvml.get(i) for i in range(len(ranks)))))
+        by_rank = dict(zip(sorted(r.rank for r in ranks), (view.gpu_idle_nvml.get(i) for i in range(len(ranks))),
+                           strict=True))
         per_rank_values(cat.GPU_IDLE, [by_rank.get(r.rank) for r in ranks], (("source", GpuIdleSource.NVML.value),))
 
     single(cat.EXPORTER_EVENTS, snap.events_accepted)

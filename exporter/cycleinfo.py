@@ -28,10 +28,10 @@ from typing import Any
 
 import orjson
 
-from exporter.decode import Event, as_event
-from exporter.identity import Identity
-from exporter.ratelog import BoundedLog
-from trainer import schema
+from nvrx_slo.contracts import schema
+from nvrx_slo.exporter.decode import Event, as_event
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.cycleinfo")
 

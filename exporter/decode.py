@@ -27,8 +27,8 @@ from typing import Any, Literal, Union
 import msgspec
 import orjson
 
-from trainer import schema
-from trainer.schema import JournalError, RejectReason
+from nvrx_slo.contracts import schema
+from nvrx_slo.contracts.schema import JournalError, RejectReason
 
 Event = msgspec.Struct
 """A decoded journal record: an instance of the struct class of its event type (see ``_struct``)."""

@@ -4,7 +4,7 @@ no globals, no clock reads — the caller passes the clock to ``snapshot``.
 Usage (one engine per pod journal)::
 
     engine = Engine()
-    for event in events:                      # exporter.decode's events, any order
+    for event in events:                      # nvrx_slo.exporter.decode's events, any order
         engine.ingest(event)
     snap = engine.snapshot(time.monotonic(), time.time())
     state = engine.to_state()                 # JSON-safe; persist it with the reader's offsets
@@ -43,14 +43,14 @@ from typing import Any
 
 import msgspec
 
-from exporter import derived
-from exporter.accounting import GAP, BLOCKING, INIT, LOST, PRODUCTIVE, Ledger
-from exporter.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
-from exporter.checkpoints import Checkpoints
-from exporter.decode import Event, as_event
-from exporter.histogram import Buckets
-from exporter.restarts import Restarts
-from exporter.snapshot import CheckpointStats, RankSnapshot, Snapshot
+from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
+from nvrx_slo.exporter import derived
+from nvrx_slo.exporter.accounting import BLOCKING, GAP, INIT, LOST, PRODUCTIVE, Ledger
+from nvrx_slo.exporter.checkpoints import Checkpoints
+from nvrx_slo.exporter.decode import Event, as_event
+from nvrx_slo.exporter.histogram import Buckets
+from nvrx_slo.exporter.restarts import Restarts
+from nvrx_slo.exporter.snapshot import CheckpointStats, RankSnapshot, Snapshot
 
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
@@ -180,7 +180,7 @@ class Engine:
         return False
 
     def ingest(self, record: Event) -> None:
-        """Account one journal event (``exporter.decode``)."""
+        """Account one journal event (``nvrx_slo.exporter.decode``)."""
         pid: int = record.pid
         seq: int = record.seq
         seen = self._seen.get(pid)
@@ -347,7 +347,7 @@ class Engine:
                 unprotected += tail
         idle = sum(seconds) - seconds[PRODUCTIVE] - seconds[LOST]
         return RankSnapshot(
-            rank=led.rank, wall_s=end - origin, seconds=dict(zip(SETTLED_CATEGORIES, seconds)),
+            rank=led.rank, wall_s=end - origin, seconds=dict(zip(SETTLED_CATEGORIES, seconds, strict=True)),
             unprotected_s=unprotected, steps=lane.steps, step=lane.step, last_step_wall=lane.step_wall,
             step_duration=lane.hist.frozen(), worker_alive=lane.worker_alive(), skew_ratio=skew, gpu_idle_s=idle,
             state=led.state, pid=lane.newest_pid, restart=lane.newest_restart, iter=lane.newest_iter)
@@ -427,7 +427,8 @@ def _lane_from_state(rank: int, state: dict[str, Any]) -> _Lane:
     lane.ledger = Ledger.from_state(state["ledger"])
     lane.pids = {int(pid): float(first) for pid, first in state["pids"].items()}
     lane.pending = deque(sorted(map(as_event, state["pending"]), key=_ORDER))
-    lane.newest, lane.step_mono, lane.worker_mono = (_infinite(state[k]) for k in ("newest", "step_mono", "worker_mono"))
+    lane.newest, lane.step_mono, lane.worker_mono = (_infinite(state[k]) for k in ("newest", "step_mono",
+                                                                                   "worker_mono"))
     lane.applied = None if state["applied"] is None else as_event(state["applied"])
     lane.hist = Buckets.from_state(STEP_BUCKETS, state["hist"])
     lane.recent = deque(state["recent"], maxlen=RECENT_STEPS)

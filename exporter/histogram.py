@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from exporter.snapshot import Histogram
+from nvrx_slo.exporter.snapshot import Histogram
 
 
 class Buckets:

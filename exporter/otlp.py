@@ -22,20 +22,27 @@ from urllib.parse import urlsplit
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (AggregationTemporality, HistogramDataPoint, MetricExporter,
-                                              MetricExportResult, MetricsData, PeriodicExportingMetricReader,
-                                              ResourceMetrics, ScopeMetrics)
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    HistogramDataPoint,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+    ResourceMetrics,
+    ScopeMetrics,
+)
 from opentelemetry.sdk.metrics.export import Histogram as OtelHistogram
 from opentelemetry.sdk.metrics.export import Metric as OtelMetric
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.metrics_core import Metric as PromFamily
 
-from exporter import catalogue as cat
-from exporter.catalogue import Kind
-from exporter.collector import LabelSets, families
-from exporter.identity import Identity
-from exporter.live import View
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts.catalogue import Kind
+from nvrx_slo.exporter.collector import LabelSets, families
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import View
 
 SCOPE = "nvrx-slo"
 SERVICE_NAME = "nvrx-slo-sidecar"
@@ -77,7 +84,8 @@ class OtlpView:
                 return None
             fams = families(view, self._identity, per_rank=self._per_rank, max_ranks=self._max_ranks,
                             labels=self._labels)
-            self._cached = (now, {m.name: f for m, f in zip(cat.CATALOGUE, fams)}, view.snapshot.job_start_wall)
+            self._cached = (now, {m.name: f for m, f in zip(cat.CATALOGUE, fams, strict=True)},
+                            view.snapshot.job_start_wall)
         return self._cached[1], self._cached[2]
 
     def register(self, meter: Meter) -> None:
@@ -119,7 +127,7 @@ def _histogram(metric: cat.Metric, family: PromFamily, start_ns: int, now_ns: in
     points = []
     for key, point in series.items():
         cumulative: Sequence[float] = point["cumulative"]  # type: ignore[assignment]
-        counts = [int(c - p) for c, p in zip(cumulative, [0.0, *cumulative[:-1]])]
+        counts = [int(c - p) for c, p in zip(cumulative, [0.0, *cumulative[:-1]], strict=True)]
         points.append(HistogramDataPoint(
             attributes=dict(key), start_time_unix_nano=start_ns, time_unix_nano=now_ns, count=int(point["count"]),
             sum=float(point["sum"]), bucket_counts=counts, explicit_bounds=list(metric.buckets),

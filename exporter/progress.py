@@ -2,10 +2,10 @@
 
 The demo runs for minutes with faults injected on purpose; a person watching wants to see the
 crash happen and the job come back. This follows the journal the same way the sidecar does
-(``exporter.live.Live``: a ``JournalTail`` into an ``Engine``), so the counts it shows are the
-ones /metrics and the SLO report give. On a terminal it redraws one line in place; anywhere else (CI logs, a pipe) it prints a
-plain line when a checkpoint or restart lands and at most every ``PLAIN_EVERY_S`` otherwise, so
-a log holds a readable history instead of carriage-return noise.
+(``nvrx_slo.exporter.live.Live``: a ``JournalTail`` into an ``Engine``), so the counts it shows are the
+ones /metrics and the SLO report give. On a terminal it redraws one line in place; anywhere else
+(CI logs, a pipe) it prints a plain line when a checkpoint or restart lands and at most every
+``PLAIN_EVERY_S`` otherwise, so a log holds a readable history instead of carriage-return noise.
 
 Usage::
 
@@ -24,11 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from exporter.catalogue import RestartLevel
-from exporter.engine import Engine
-from exporter.live import Live
-from exporter.snapshot import Snapshot
-from exporter.tail import JournalTail
+from nvrx_slo.contracts.catalogue import RestartLevel
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.snapshot import Snapshot
+from nvrx_slo.exporter.tail import JournalTail
 
 log = logging.getLogger("nvrx_slo.progress")
 

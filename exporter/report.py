@@ -25,14 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-from exporter import status_page, timeline
-from exporter.catalogue import RestartPhase
-from exporter.decode import Event
-from exporter.engine import Engine
-from exporter.live import DUPLICATE, LATE, View
-from exporter.snapshot import RestartRecord, Snapshot
-from exporter.tail import JournalTail
-from exporter.timeline import RestartBand, TimelineBuilder
+from nvrx_slo.contracts.catalogue import RestartPhase
+from nvrx_slo.exporter import status_page, timeline
+from nvrx_slo.exporter.decode import Event
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.live import DUPLICATE, LATE, View
+from nvrx_slo.exporter.snapshot import RestartRecord, Snapshot
+from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.timeline import RestartBand, TimelineBuilder
 
 SNAPSHOT_EVERY = 2000
 

@@ -30,9 +30,9 @@ from bisect import bisect_left, insort
 from collections import deque
 from typing import Any
 
-from exporter.catalogue import RESTART_BUCKETS, RestartLevel, RestartPhase
-from exporter.histogram import Buckets
-from exporter.snapshot import RestartRecord, RestartStats
+from nvrx_slo.contracts.catalogue import RESTART_BUCKETS, RestartLevel, RestartPhase
+from nvrx_slo.exporter.histogram import Buckets
+from nvrx_slo.exporter.snapshot import RestartRecord, RestartStats
 
 RECENT = 32  # finished restarts kept for the status page
 LAUNCHER_KEPT = 4096  # ft_launcher events kept for phase boundaries
@@ -60,7 +60,8 @@ class _Open:
 
     def copy(self) -> _Open:
         out = _Open(self.level)
-        out.faults, out.ends, out.marks, out.causes = dict(self.faults), dict(self.ends), dict(self.marks), dict(self.causes)
+        out.faults, out.ends = dict(self.faults), dict(self.ends)
+        out.marks, out.causes = dict(self.marks), dict(self.causes)
         return out
 
     def done(self) -> bool:
@@ -147,7 +148,8 @@ class Restarts:
             phases[phase] = at - prev
             prev = at
         cause = next((rec.causes[r] for r in order if r in rec.causes), None)  # the faulting rank's first
-        return RestartRecord(rec.level, cause, fault_wall, None if end is None else end - fault, phases, len(rec.faults))
+        return RestartRecord(rec.level, cause, fault_wall, None if end is None else end - fault, phases,
+                             len(rec.faults))
 
     def _observe(self, record: RestartRecord, duration: dict[RestartLevel, Buckets],
                  phases: dict[tuple[RestartLevel, RestartPhase], Buckets]) -> None:
@@ -241,7 +243,8 @@ class Restarts:
         for key, value in state["phases"].items():
             level, phase = key.split("/")
             out.phases[(RestartLevel(level), RestartPhase(phase))] = Buckets.from_state(RESTART_BUCKETS, value)
-        out.recent = deque((RestartRecord(RestartLevel(lv), cause, fw, d, {RestartPhase(p): s for p, s in ph.items()}, n)
+        out.recent = deque((RestartRecord(RestartLevel(lv), cause, fw, d, {RestartPhase(p): s for p, s in ph.items()},
+                                          n)
                             for lv, cause, fw, d, ph, n in state["recent"]), maxlen=RECENT)
         out.launcher = [(float(m), str(k)) for m, k in state["launcher"]]
         out.ended_since_fold = bool(state["ended_since_fold"])

@@ -1,20 +1,20 @@
 """``nvrx-slo sidecar``: follow a pod's journal directory and serve what it means.
 
 Runs beside the training container (a native sidecar sharing the journal ``emptyDir``). It reads
-every journal file into the accounting engine (``exporter.live``), persists engine state and read
-offsets together (``exporter.state_store``; every ``--state-interval`` seconds and on SIGTERM),
+every journal file into the accounting engine (``nvrx_slo.exporter.live``), persists engine state and read
+offsets together (``nvrx_slo.exporter.state_store``; every ``--state-interval`` seconds and on SIGTERM),
 and serves one state through every view:
 
-* ``/metrics`` — Prometheus text (``exporter.collector``); 503 until the state is loaded and the
+* ``/metrics`` — Prometheus text (``nvrx_slo.exporter.collector``); 503 until the state is loaded and the
   journal read to its end once, so a restarted sidecar never shows counters lower than before.
 * ``/healthz`` — the process is alive; ``/readyz`` — journal directory readable and caught up.
-* ``/`` — the status page (``exporter.status_page``).
-* OTLP/HTTP to ``--otlp-endpoint`` when one is given (``exporter.otlp``).
+* ``/`` — the status page (``nvrx_slo.exporter.status_page``).
+* OTLP/HTTP to ``--otlp-endpoint`` when one is given (``nvrx_slo.exporter.otlp``).
 
-Side inputs: NVML accelerator idle time when GPUs are visible (``exporter.nvml``), container
-restarts from the Kubernetes API inside a cluster (``exporter.podwatch``), each off with one log
+Side inputs: NVML accelerator idle time when GPUs are visible (``nvrx_slo.exporter.nvml``), container
+restarts from the Kubernetes API inside a cluster (``nvrx_slo.exporter.podwatch``), each off with one log
 line where it cannot work; and, with ``--ft-cycle-info-dir``, the cycle-info files of NVRx versions
-that write them (``exporter.cycleinfo``). SIGTERM (or SIGINT) saves the state, writes ``--report-file``
+that write them (``nvrx_slo.exporter.cycleinfo``). SIGTERM (or SIGINT) saves the state, writes ``--report-file``
 (the text SLO report) if asked, sends a last OTLP export and exits 0.
 """
 
@@ -36,17 +36,17 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from exporter import identity as identity_mod
-from exporter import nvml, podwatch, slo_report, state_store, status_page
-from exporter.collector import SnapshotCollector
-from exporter.cycleinfo import CycleInfoReader
-from exporter.engine import Engine
-from exporter.exposition import CONTENT_TYPE, TextRenderer
-from exporter.live import Live, View
-from exporter.ratelog import BoundedLog
-from exporter.server import TEXT, Response, Server
-from exporter.tail import JournalTail
-from trainer.schema import JOURNAL_DIR_ENV
+from nvrx_slo.contracts.schema import JOURNAL_DIR_ENV
+from nvrx_slo.exporter import identity as identity_mod
+from nvrx_slo.exporter import nvml, podwatch, slo_report, state_store, status_page
+from nvrx_slo.exporter.collector import SnapshotCollector
+from nvrx_slo.exporter.cycleinfo import CycleInfoReader
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.exposition import CONTENT_TYPE, TextRenderer
+from nvrx_slo.exporter.live import Live, View
+from nvrx_slo.exporter.ratelog import BoundedLog
+from nvrx_slo.exporter.server import TEXT, Response, Server
+from nvrx_slo.exporter.tail import JournalTail
 
 log = logging.getLogger("nvrx_slo.sidecar")
 
@@ -97,8 +97,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--state-file", type=Path, default=None,
                    help="where to persist state (default: .nvrx-slo-sidecar-state.json in the journal directory)")
     p.add_argument("--host", default=Config.host, help="address to serve HTTP on (default: %(default)s)")
-    p.add_argument("--port", type=int, default=Config.port, help="port to serve HTTP on (0: any free port) (default: %(default)s)")
-    p.add_argument("--poll-interval", type=float, default=Config.poll_interval_s, help="seconds between journal reads (default: %(default)s)")
+    p.add_argument("--port", type=int, default=Config.port,
+                   help="port to serve HTTP on (0: any free port) (default: %(default)s)")
+    p.add_argument("--poll-interval", type=float, default=Config.poll_interval_s,
+                   help="seconds between journal reads (default: %(default)s)")
     p.add_argument("--state-interval", type=float, default=Config.state_interval_s,
                    help="seconds between state saves (also saved on SIGTERM) (default: %(default)s)")
     p.add_argument("--per-rank", action=argparse.BooleanOptionalAction, default=Config.per_rank,
@@ -107,7 +109,8 @@ def parser() -> argparse.ArgumentParser:
                    help='more ranks than this in one pod: rank="all" series only (default: %(default)s)')
     p.add_argument("--otlp-endpoint", default=None,
                    help="OTLP/HTTP endpoint, e.g. http://otel-collector:4318 (default: no OTLP export)")
-    p.add_argument("--otlp-interval", type=float, default=Config.otlp_interval_s, help="seconds between OTLP exports (default: %(default)s)")
+    p.add_argument("--otlp-interval", type=float, default=Config.otlp_interval_s,
+                   help="seconds between OTLP exports (default: %(default)s)")
     p.add_argument("--podinfo-dir", type=Path, default=None,
                    help="Downward API volume holding a 'labels' file (job name, completion index)")
     p.add_argument("--ft-cycle-info-dir", type=Path, default=None,
@@ -208,7 +211,7 @@ class Sidecar:
         watcher = podwatch.start(self.identity, self.live.observe_containers)
         provider = None
         if self.config.otlp_endpoint:
-            from exporter import otlp  # only then: opentelemetry costs ~9 MB and 0.2 s to import
+            from nvrx_slo.exporter import otlp  # only then: opentelemetry costs ~9 MB and 0.2 s to import
 
             provider = otlp.start(self.view, self.identity, endpoint=self.config.otlp_endpoint,
                                   interval_s=self.config.otlp_interval_s, per_rank=self.config.per_rank,

@@ -8,9 +8,9 @@ page's (``status_page.slo_results``), so the page and the report never disagree.
 
 from __future__ import annotations
 
-from exporter.catalogue import Category, RestartLevel, RestartPhase
-from exporter.snapshot import Histogram, Snapshot
-from exporter.status_page import CATEGORY_LABELS, slo_results
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.exporter.snapshot import Histogram, Snapshot
+from nvrx_slo.exporter.status_page import CATEGORY_LABELS, slo_results
 
 
 def _pct(part: float, whole: float) -> str:

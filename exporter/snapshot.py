@@ -2,7 +2,7 @@
 
 ``Engine.snapshot(now_mono, now_wall)`` returns a ``Snapshot``; the Prometheus collector, the OTLP
 instruments, the status page and the offline report all render one, and none of them computes
-anything the engine could get wrong twice. Names and units follow ``exporter.catalogue``:
+anything the engine could get wrong twice. Names and units follow ``nvrx_slo.contracts.catalogue``:
 seconds, rank-seconds for time accounting, Unix seconds for ``*_wall`` timestamps.
 
 The invariant every snapshot keeps, per rank and therefore in sum:
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from exporter.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ Key numbers carry stable ids and a ``data-value`` holding the raw number (second
 tests and scripts read them without parsing display text. Every string from the journal (job,
 pod, checkpoint ids, causes) goes through ``html.escape``.
 
-It renders the same ``exporter.live.View`` as /metrics and OTLP, so the numbers agree by
+It renders the same ``nvrx_slo.exporter.live.View`` as /metrics and OTLP, so the numbers agree by
 construction. The offline report (``exporter/report.py``) reuses ``sections`` and ``page`` around a
 timeline.
 """
@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 
-from exporter.catalogue import RESTART_SLO_SECONDS, Category, RestartLevel, RestartPhase
-from exporter.live import View
-from exporter.snapshot import Histogram, RankState, Snapshot
+from nvrx_slo.contracts.catalogue import RESTART_SLO_SECONDS, Category, RestartLevel, RestartPhase
+from nvrx_slo.exporter.live import View
+from nvrx_slo.exporter.snapshot import Histogram, RankState, Snapshot
 
 REFRESH_S = 5
 MAX_RANK_BARS = 16  # per-rank breakdown bars; beyond this only the job bar is drawn
@@ -108,7 +108,7 @@ def slo_results(snap: Snapshot) -> list[SloResult]:
     """The default SLOs judged on this snapshot (whole job so far, not a burn-rate window)."""
     eff = snap.efficiency
     durations = list(snap.restarts.duration.values())
-    merged = Histogram(durations[0].bounds, tuple(map(sum, zip(*(h.counts for h in durations)))),
+    merged = Histogram(durations[0].bounds, tuple(map(sum, zip(*(h.counts for h in durations), strict=True))),
                        sum(h.sum for h in durations), sum(h.count for h in durations)) if durations else None
     fast = _share_within(merged, RESTART_SLO_SECONDS) if merged else None
     ck = snap.checkpoints
@@ -122,7 +122,8 @@ def slo_results(snap: Snapshot) -> list[SloResult]:
         SloResult("checkpoint_blocking", "checkpoint blocking", f"blocking ≤ {_pct(BLOCKING_MAX, 0)} of wall",
                   ck.blocking_fraction, _pct(ck.blocking_fraction, 3),
                   None if ck.blocking_fraction is None else ck.blocking_fraction <= BLOCKING_MAX),
-        SloResult("checkpoint_overlap", "checkpoint overlap", f"background / (blocking + background) ≥ {_pct(OVERLAP_MIN, 0)}",
+        SloResult("checkpoint_overlap", "checkpoint overlap",
+                  f"background / (blocking + background) ≥ {_pct(OVERLAP_MIN, 0)}",
                   ck.overlap_ratio, _pct(ck.overlap_ratio, 1),
                   None if ck.overlap_ratio is None else ck.overlap_ratio >= OVERLAP_MIN),
     ]
@@ -163,7 +164,8 @@ def _time_section(snap: Snapshot) -> str:
     rows = []
     for cat, value in parts.items():
         share = value / wall if wall > 0 else None
-        rows.append(f'<tr data-category="{cat.value}"><td><span class="swatch c-{cat.value}"></span>{_e(CATEGORY_LABELS[cat])}</td>'
+        rows.append(f'<tr data-category="{cat.value}">'
+                    f'<td><span class="swatch c-{cat.value}"></span>{_e(CATEGORY_LABELS[cat])}</td>'
                     f'<td class="num">{_num(f"seconds-{cat.value}", value, _secs(value))}</td>'
                     f'<td class="num">{_num(f"share-{cat.value}", share, _pct(share))}</td></tr>')
     rows.append(f'<tr><th>wall (rank-seconds)</th><th class="num">{_num("wall-seconds", wall, _secs(wall))}</th>'
@@ -171,7 +173,8 @@ def _time_section(snap: Snapshot) -> str:
     return (f'<section class="card wide"><h2>Where the time went</h2>'
             f'<svg class="breakdown" viewBox="0 0 1000 {height}" width="100%" role="img" '
             f'aria-label="time by category">{"".join(bars)}</svg>'
-            f'<table class="split"><tr><th>category</th><th class="num">rank-seconds</th><th class="num">share of wall</th></tr>'
+            f'<table class="split"><tr><th>category</th><th class="num">rank-seconds</th>'
+            f'<th class="num">share of wall</th></tr>'
             f'{"".join(rows)}</table></section>')
 
 
@@ -187,8 +190,10 @@ def _headline(snap: Snapshot) -> str:
             f'<div class="sub">SLO ≥ {_pct(EFFICIENCY_TARGET, 0)} {_verdict(ok)} · predicted (ETTR) '
             f'{_num("predicted-efficiency", snap.predicted_efficiency, _pct(snap.predicted_efficiency))}</div>'
             f'<table><tr><td>ranks</td><td class="num">{_num("ranks", len(snap.ranks), str(len(snap.ranks)))}</td></tr>'
-            f'<tr><td>latest step</td><td class="num">{_num("step", step, "—" if step is None else str(step))}</td></tr>'
-            f'<tr><td>steps run (all ranks, rolled back included)</td><td class="num">{_num("steps-total", steps, str(steps))}</td></tr>'
+            f'<tr><td>latest step</td>'
+            f'<td class="num">{_num("step", step, "—" if step is None else str(step))}</td></tr>'
+            f'<tr><td>steps run (all ranks, rolled back included)</td>'
+            f'<td class="num">{_num("steps-total", steps, str(steps))}</td></tr>'
             f'<tr><td>restarts</td><td class="num">{_num("restarts-total", restarts, str(restarts))}</td></tr>'
             f'<tr><td>job started</td><td class="num">{_when(snap.job_start_wall, snap.now_wall)}</td></tr>'
             f'<tr><td>state</td><td class="num">{"finished" if snap.finished else "running"}</td></tr>'
@@ -212,9 +217,12 @@ def _checkpoint_section(snap: Snapshot) -> str:
     worker = "—" if not workers else "alive" if all(workers) else f"DEAD on {workers.count(False)} rank(s)"
     head = (f'<table><tr><td>durable saves</td><td class="num">{_num("checkpoint-saves", ck.saves, str(ck.saves))}</td>'
             f'<td>failed</td><td class="num">{_num("checkpoint-failures", ck.failures, str(ck.failures))}</td>'
-            f'<td>in flight</td><td class="num">{_num("checkpoint-in-flight", ck.in_flight, str(ck.in_flight))}</td></tr>'
-            f'<tr><td>overlap</td><td class="num">{_num("checkpoint-overlap", ck.overlap_ratio, _pct(ck.overlap_ratio, 1))}</td>'
-            f'<td>blocking share</td><td class="num">{_num("checkpoint-blocking-fraction", ck.blocking_fraction, _pct(ck.blocking_fraction, 3))}</td>'
+            f'<td>in flight</td>'
+            f'<td class="num">{_num("checkpoint-in-flight", ck.in_flight, str(ck.in_flight))}</td></tr>'
+            f'<tr><td>overlap</td>'
+            f'<td class="num">{_num("checkpoint-overlap", ck.overlap_ratio, _pct(ck.overlap_ratio, 1))}</td>'
+            f'<td>blocking share</td><td class="num">'
+            f'{_num("checkpoint-blocking-fraction", ck.blocking_fraction, _pct(ck.blocking_fraction, 3))}</td>'
             f'<td>age</td><td class="num">{_num("checkpoint-age", ck.age_s, _secs(ck.age_s))}</td></tr>'
             f'<tr><td>interval</td><td class="num">{_secs(ck.interval_s)}</td>'
             f'<td>Young/Daly optimum</td><td class="num">{_secs(ck.optimal_interval_s)}</td>'
@@ -223,24 +231,27 @@ def _checkpoint_section(snap: Snapshot) -> str:
     for c in reversed(ck.recent[-10:]):
         blk, bg = c.blocking_s or 0.0, c.background_s or 0.0
         total = blk + bg
-        bar = (f'<div class="bar" title="blocking vs background"><span class="blk" style="width:{100 * blk / total:.1f}%"></span>'
+        bar = (f'<div class="bar" title="blocking vs background">'
+               f'<span class="blk" style="width:{100 * blk / total:.1f}%"></span>'
                f'<span class="bg" style="width:{100 * bg / total:.1f}%"></span></div>') if total > 0 else ""
         status = "unfinished" if c.ok is None else "durable" if c.ok else "FAILED"
         rows.append(f'<tr data-ckpt="{_e(c.ckpt)}"><td class="cause">{_e(c.ckpt)}</td><td class="num">{c.step}</td>'
-                    f"<td>{_e(c.mode)}</td><td class=\"num\">{_secs(c.blocking_s)}</td><td class=\"num\">{_secs(c.background_s)}</td>"
+                    f'<td>{_e(c.mode)}</td><td class="num">{_secs(c.blocking_s)}</td>'
+                    f'<td class="num">{_secs(c.background_s)}</td>'
                     f'<td>{bar}</td><td class="{"na" if c.ok is None else "pass" if c.ok else "fail"}">{status}</td>'
                     f"<td>{_when(c.written_wall, snap.now_wall)}</td></tr>")
     table = (f'<table><tr><th>checkpoint</th><th class="num">step</th><th>mode</th><th class="num">blocking</th>'
              f'<th class="num">background</th><th><span class="swatch c-checkpoint_blocking"></span>blocking vs '
-             f'<span class="swatch" style="background:var(--background)"></span>background</th><th>status</th><th>written</th></tr>'
+             f'<span class="swatch" style="background:var(--background)"></span>background</th>'
+             f'<th>status</th><th>written</th></tr>'
              f'{"".join(rows)}</table>') if rows else '<p class="sub">No checkpoint yet.</p>'
     return f'<section class="card wide"><h2>Checkpoints</h2>{head}<h2>Latest saves</h2>{table}</section>'
 
 
 def _restart_section(snap: Snapshot) -> str:
     rs = snap.restarts
-    counts = " · ".join(f'{lvl.value} {_num(f"restarts-{lvl.value}", rs.counts.get(lvl, 0), str(rs.counts.get(lvl, 0)))}'
-                        for lvl in RestartLevel)
+    counts = " · ".join(f'{lvl.value} {_num(f"restarts-{lvl.value}", n, str(n))}'
+                        for lvl, n in ((lvl, rs.counts.get(lvl, 0)) for lvl in RestartLevel))
     rows = []
     for r in reversed(rs.recent[-10:]):
         total = sum(r.phases.values())
@@ -249,8 +260,9 @@ def _restart_section(snap: Snapshot) -> str:
                        for p in RestartPhase if p in r.phases and total > 0)
         detail = ", ".join(f"{p.value} {_secs(r.phases[p])}" for p in RestartPhase if p in r.phases)
         slow = r.duration_s is not None and r.duration_s >= RESTART_SLO_SECONDS
-        rows.append(f'<tr data-level="{_e(r.level.value)}"><td>{_when(r.fault_wall, snap.now_wall)}</td><td>{_e(r.level.value)}</td>'
-                    f'<td class="num {"fail" if slow else ""}">{"in progress" if r.duration_s is None else _secs(r.duration_s)}</td>'
+        took = "in progress" if r.duration_s is None else _secs(r.duration_s)
+        rows.append(f'<tr data-level="{_e(r.level.value)}"><td>{_when(r.fault_wall, snap.now_wall)}</td>'
+                    f'<td>{_e(r.level.value)}</td><td class="num {"fail" if slow else ""}">{took}</td>'
                     f'<td><div class="bar">{segs}</div><span class="sub">{_e(detail)}</span></td>'
                     f'<td class="cause">{_e(r.cause or "—")}</td></tr>')
     table = ('<table><tr><th>fault</th><th>level</th><th class="num">back in</th><th>phases</th><th>cause</th></tr>'
@@ -270,12 +282,14 @@ def _ranks_section(snap: Snapshot) -> str:
                     f'<td class="num">{"—" if r.step is None else r.step}</td><td class="num">{_pct(eff)}</td>'
                     f'<td class="num">{_secs(r.unprotected_s)}</td>'
                     f'<td class="num">{"—" if r.skew_ratio is None else f"{r.skew_ratio:.2f}"}</td>'
-                    f"<td>{worker}</td><td class=\"num\">{_secs(r.gpu_idle_s)}</td><td class=\"num\">{r.restart}/{r.iter}</td><td>{_when(r.last_step_wall, snap.now_wall)}</td></tr>")
+                    f'<td>{worker}</td><td class="num">{_secs(r.gpu_idle_s)}</td>'
+                    f'<td class="num">{r.restart}/{r.iter}</td><td>{_when(r.last_step_wall, snap.now_wall)}</td></tr>')
     more = (f'<p class="sub">{len(snap.ranks) - MAX_RANK_ROWS} more ranks not listed.</p>'
             if len(snap.ranks) > MAX_RANK_ROWS else "")
     return ('<section class="card wide"><h2>Ranks</h2><table><tr><th>rank</th><th>state</th><th class="num">step</th>'
             '<th class="num">efficiency</th><th class="num">unprotected</th><th class="num">step-time skew</th>'
-            '<th>ckpt worker</th><th class="num">accel. idle</th><th class="num">restart/iter</th><th>last step</th></tr>'
+            '<th>ckpt worker</th><th class="num">accel. idle</th><th class="num">restart/iter</th>'
+            '<th>last step</th></tr>'
             f'{"".join(rows)}</table>{more}</section>')
 
 
@@ -285,7 +299,8 @@ def _exporter_section(view: View) -> str:
     pod = ", ".join(f"{c} ({r}) {n}" for (c, r), n in sorted(view.pod_restarts.items())) or "none seen"
     snap = view.snapshot
     return (f'<section class="card wide"><h2>Exporter</h2><table>'
-            f'<tr><td>journal events accepted</td><td class="num">{_num("events-accepted", snap.events_accepted, str(snap.events_accepted))}</td></tr>'
+            f'<tr><td>journal events accepted</td>'
+            f'<td class="num">{_num("events-accepted", snap.events_accepted, str(snap.events_accepted))}</td></tr>'
             f'<tr><td>journal lines rejected</td><td class="num {"fail" if rejected else ""}">'
             f'{_num("rejected", rejected, str(rejected))}</td><td>{_e(reasons)}</td></tr>'
             f'<tr><td>journal lag</td><td class="num">{_secs(snap.journal_lag_s)}</td></tr>'
@@ -302,9 +317,10 @@ def sections(view: View) -> str:
 
 def page(title: str, snap: Snapshot, body: str, *, refresh_s: int | None, links: str) -> str:
     """A whole HTML document with the stylesheet inlined."""
-    css = resources.files("exporter").joinpath("templates/style.css").read_text(encoding="utf-8")
+    css = resources.files("nvrx_slo.exporter").joinpath("templates/style.css").read_text(encoding="utf-8")
     refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
-    ident = " · ".join(f"{k} <b>{_e(v)}</b>" for k, v in (("job", snap.job), ("pod", snap.pod), ("node", snap.node)) if v)
+    ident = " · ".join(f"{k} <b>{_e(v)}</b>" for k,
+                       v in (("job", snap.job), ("pod", snap.pod), ("node", snap.node)) if v)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snap.now_wall))
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}'

@@ -1,6 +1,6 @@
 """Follow a journal directory: every rank's file, every restart's, every rotated generation.
 
-The writer (``trainer/journal.py``, naming in ``trainer/schema.py``) appends to one file per
+The writer (``trainer/journal.py``, naming in ``nvrx_slo/contracts/schema.py``) appends to one file per
 process and rotates by *starting a new generation file* and deleting the oldest, never by
 renaming. So a file is identified by its name and inode, and the reader's position in it is a
 byte offset that stays valid for the file's whole life. What this reader guarantees:
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
-from exporter.decode import Event, decode_batch
-from exporter.ratelog import BoundedLog
-from trainer import schema
-from trainer.schema import JournalError, RejectReason
+from nvrx_slo.contracts import schema
+from nvrx_slo.contracts.schema import JournalError, RejectReason
+from nvrx_slo.exporter.decode import Event, decode_batch
+from nvrx_slo.exporter.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.tail")
 
@@ -48,13 +48,14 @@ FILE_TRUNCATED = "file_truncated"  # a file shrank under its read offset (writer
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage: rejected, skipped to its newline
 ROUND_BYTES = 2 << 20  # read per round across all files: a round's lines, decoded, take ~4x this
 MIN_CHUNK = 2 << 10  # with many files the round budget wins: 1024 files x 2 KB = 2 MB read per round
+_NO_GUARD = nullcontext()  # poll's default guard: nullcontext is reusable and re-entrant
 
 Ingest = Callable[[list[Event]], None]
 """Takes accepted events, in merged order."""
 
 # One line read and not yet handed on: (merge key, offset just past the line, event | (file, rejection) | None).
 # The key is the running maximum of ``mono`` in its file, so a file's lines keep their order.
-_Item = tuple[float, int, Union[Event, tuple[str, JournalError], None]]
+_Item = tuple[float, int, Event | tuple[str, JournalError] | None]
 
 
 def order_key(name: str) -> tuple[str, int, str]:
@@ -117,7 +118,7 @@ class JournalTail:
     # --- reading -----------------------------------------------------------------------------
 
     def poll(self, ingest: Ingest, stop: Callable[[], bool] = lambda: False,
-             guard: AbstractContextManager[Any] = nullcontext()) -> int:
+             guard: AbstractContextManager[Any] = _NO_GUARD) -> int:
         """Hand every complete new line's event to ``ingest``, merged by time; returns lines handed on.
 
         ``stop()`` is checked between rounds; the state is consistent whenever ``poll`` returns.
@@ -245,7 +246,7 @@ class JournalTail:
             nonempty = [i for i, line in enumerate(lines) if line]
             lines = [lines[i] for i in nonempty]
         key, items = src.key, src.items
-        for i, item in zip(nonempty, decode_batch(lines)):
+        for i, item in zip(nonempty, decode_batch(lines), strict=True):
             if type(item) is JournalError:
                 items.append((key, start + ends[i] + i + 1, (name, item)))
             else:

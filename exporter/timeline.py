@@ -1,6 +1,6 @@
 """The report's timeline: journal records in, lanes of spans out, drawn as one inline SVG.
 
-Pure: no I/O, no clock. ``TimelineBuilder.add`` takes journal events (``exporter.decode``) one at a time
+Pure: no I/O, no clock. ``TimelineBuilder.add`` takes journal events (``nvrx_slo.exporter.decode``) one at a time
 (the report streams a whole journal through it next to the engine); ``build`` returns a
 ``Timeline``; ``render_svg`` draws it. Restarts are not re-derived here: the engine decides what
 a restart is and when each phase began, and the report hands them in as ``RestartBand``s, so the
@@ -30,8 +30,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.decode import Event
-from trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.exporter.decode import Event
 
 PLOT_WIDTH = 1100  # px of the time axis
 MERGE_PX = 2  # spans of one kind closer than this are drawn as one run
@@ -120,14 +120,15 @@ class TimelineBuilder:
         self._ranks: dict[int, _RankData] = defaultdict(_RankData)
         self._ckpt_started: dict[tuple[int, str], float] = {}  # (rank, ckpt) -> blocking start
         self._ckpt_scheduled: dict[tuple[int, str], float] = {}  # (rank, ckpt) -> background start
-        self._ckpts: dict[tuple[str, int, int], dict[str, Any]] = {}  # attempt -> {"step", "first", "written", "failed"}
+        # attempt -> {"step", "first", "written", "failed"}
+        self._ckpts: dict[tuple[str, int, int], dict[str, Any]] = {}
         self._latest: dict[str, tuple[str, int, int]] = {}  # ckpt id -> its latest attempt
         self._started: dict[tuple[str, int], float] = {}  # (pod, pid) -> process start, until its first step
         self._lo = float("inf")
         self._hi = float("-inf")
 
     def add(self, rec: Event) -> None:
-        """Take one journal event (``exporter.decode``)."""
+        """Take one journal event (``nvrx_slo.exporter.decode``)."""
         key = (rec.pod, rec.pid)
         off = self._offsets.setdefault(key, rec.wall - rec.mono)
         t = rec.mono + off
@@ -171,7 +172,8 @@ class TimelineBuilder:
             written = rec.written + off
             # an async save may end after an in-process restart: it belongs to the latest attempt
             attempt = self._latest.setdefault(ckpt, (ckpt, rec.restart, rec.iter))
-            entry = self._ckpts.setdefault(attempt, {"step": rec.step, "first": written, "written": None, "failed": False})
+            entry = self._ckpts.setdefault(attempt,
+                                           {"step": rec.step, "first": written, "written": None, "failed": False})
             if rec.ok:
                 entry["written"] = max(entry["written"] or written, written)
             else:
@@ -179,7 +181,8 @@ class TimelineBuilder:
             start = self._ckpt_scheduled.pop((rank, ckpt), None)
             if start is not None:
                 state = "written" if rec.ok else f"failed: {rec.error}"
-                data.spans.append((BACKGROUND, start, written, f"{ckpt}: {state} in {written - start:.3f} s background"))
+                data.spans.append((BACKGROUND, start, written,
+                                   f"{ckpt}: {state} in {written - start:.3f} s background"))
 
     def build(self, restarts: list[RestartBand] | tuple[RestartBand, ...] = ()) -> Timeline:
         """Finish: mark lost steps, merge spans to the pixel, cap lanes and markers."""
@@ -343,7 +346,8 @@ def render_svg(tl: Timeline) -> str:
         out.append(f'<path class="tl-restart-mark" d="M{x(s)},36 l-4,-6 h8 z"/></g>')
     for m in tl.checkpoints:
         cx = x(m.at)
-        state = {"ok": "durable", "failed": "FAILED", "unfinished": "never finished (still writing, or its process died)"}
+        state = {"ok": "durable", "failed": "FAILED",
+                 "unfinished": "never finished (still writing, or its process died)"}
         title = f"{m.ckpt} (step {m.step}, restart {m.incarnation[0]}, iteration {m.incarnation[1]}): {state[m.status]}"
         out.append(f'<path class="tl-ckpt tl-ckpt-{m.status}" data-kind="checkpoint" data-ckpt="{_e(m.ckpt)}"'
                    f' d="M{cx},20 l5,6 l-5,6 l-5,-6 z"><title>{_e(title)}</title></path>')
@@ -380,10 +384,12 @@ def _fmt_seconds(t: float) -> str:
 
 def legend_html() -> str:
     """A legend for the span kinds and restart phases, as HTML (classes match the SVG's)."""
-    items = [f'<span class="tl-key"><svg width="14" height="10"><rect class="tl-{k}" width="14" height="10"/></svg>{_e(v)}</span>'
-             for k, v in KIND_LABELS.items()]
-    items += [f'<span class="tl-key"><svg width="14" height="10"><rect class="tl-phase tl-phase-{p}" width="14" height="10"/></svg>restart: {p}</span>'
-              for p in PHASE_CLASSES]
+    def key(classes: str, label: str) -> str:
+        return (f'<span class="tl-key"><svg width="14" height="10"><rect class="{classes}" width="14" height="10"/>'
+                f'</svg>{label}</span>')
+
+    items = [key(f"tl-{k}", _e(v)) for k, v in KIND_LABELS.items()]
+    items += [key(f"tl-phase tl-phase-{p}", f"restart: {p}") for p in PHASE_CLASSES]
     items += [f'<span class="tl-key"><svg width="12" height="12"><path class="tl-ckpt tl-ckpt-{status}" '
               f'd="M6,0 l5,6 l-5,6 l-5,-6 z"/></svg>checkpoint {text}</span>'
               for status, text in (("ok", "durable"), ("failed", "failed"), ("unfinished", "never finished"))]

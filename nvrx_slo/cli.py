@@ -1,8 +1,9 @@
 """The `nvrx-slo` command: a thin dispatcher to each room's own entry point.
 
-Subcommands are imported lazily so that the sidecar image (no torch, no NVRx) can run
-`nvrx-slo sidecar` while `nvrx-slo demo` lives in the trainer room. Each entry point is a
-`main(argv: list[str]) -> int` that parses its own arguments with argparse.
+Subcommands are imported lazily so that each runs with only its own extras installed (the sidecar
+image has no torch, a training image no prometheus-client); a missing extra is named, not a
+traceback. Each entry point is a `main(argv: list[str]) -> int` that parses its own arguments
+with argparse.
 """
 
 from __future__ import annotations
@@ -10,20 +11,25 @@ from __future__ import annotations
 import importlib
 import sys
 
-# name -> ("module:function", one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("nvrx_slo.demo:main", "run the reference FSDP job with the sidecar and print the SLO report"),
-    "train": ("trainer.reference_job:main", "the reference FSDP training job (run it under ft_launcher or torchrun)"),
-    "ft-launcher": ("trainer.ft_launcher:main", "NVRx ft_launcher, unchanged, with its own events journaled"),
-    "sidecar": ("exporter.sidecar:main", "follow a journal directory and serve /metrics, OTLP and a status page"),
-    "report": ("exporter.report:main", "offline HTML report with a timeline from a journal directory"),
-    "generate": ("nvrx_slo.generate:main", "write alert rules, dashboards and Kubernetes manifests"),
+# name -> ("module:function", the extras it needs, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "demo": ("nvrx_slo.demo:main", "trainer,sidecar",
+             "run the reference FSDP job with the sidecar and print the SLO report"),
+    "train": ("nvrx_slo.trainer.reference_job:main", "trainer",
+              "the reference FSDP training job (run it under ft_launcher or torchrun)"),
+    "ft-launcher": ("nvrx_slo.trainer.ft_launcher:main", "trainer",
+                    "NVRx ft_launcher, unchanged, with its own events journaled"),
+    "sidecar": ("nvrx_slo.exporter.sidecar:main", "sidecar",
+                "follow a journal directory and serve /metrics, OTLP and a status page"),
+    "report": ("nvrx_slo.exporter.report:main", "sidecar",
+               "offline HTML report with a timeline from a journal directory"),
+    "generate": ("nvrx_slo.generate:main", "generate", "write alert rules, dashboards and Kubernetes manifests"),
 }
 
 
 def _usage() -> str:
     lines = ["usage: nvrx-slo COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<12} {help_}" for name, (_, _, help_) in COMMANDS.items()]
     lines += ["", "Run `nvrx-slo COMMAND --help` for a command's options."]
     return "\n".join(lines)
 
@@ -37,6 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"nvrx-slo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module_name, func_name = COMMANDS[name][0].split(":")
-    func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(rest) or 0)
+    entry, extras, _ = COMMANDS[name]
+    module_name, func_name = entry.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] == "nvrx_slo":
+            raise
+        print(f"nvrx-slo {name}: needs the {extras!r} extra (no module {exc.name!r}): "
+              f"pip install 'nvrx-slo[{extras}]'", file=sys.stderr)
+        return 2
+    return int(getattr(module, func_name)(rest) or 0)

@@ -1,7 +1,7 @@
 """``nvrx-slo demo``: the reference job with the real sidecar beside it, ending in the SLO report.
 
 It spans the rooms, so it lives here rather than in ``trainer/`` (which may not import the
-exporter) or ``exporter/`` (which may not import torch): the job is ``trainer.demo.run_demo``, the
+exporter) or ``exporter/`` (which may not import torch): the job is ``nvrx_slo.trainer.demo.run_demo``, the
 sidecar is the ``nvrx-slo sidecar`` process a pod would run, and what is printed at the end is
 the sidecar's own SLO report (written on SIGTERM, as in a pod) plus an HTML report with a timeline.
 """
@@ -19,8 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from exporter import progress, report
-from trainer import demo as job
+from nvrx_slo.exporter import progress, report
+from nvrx_slo.trainer import demo as job
 
 _SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")
 
@@ -35,7 +35,8 @@ class _Sidecar:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir), "--host", "127.0.0.1",
-             "--port", "0", "--state-file", str(run_dir / "sidecar-state.json"), "--report-file", str(self.report_file)],
+             "--port", "0", "--state-file", str(run_dir / "sidecar-state.json"),
+             "--report-file", str(self.report_file)],
             stdout=subprocess.DEVNULL, stderr=self._log, env=env)
         self.url = self._wait_for_url()
 
@@ -76,11 +77,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nvrx-slo demo", description=__doc__.splitlines()[0])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"demo-{stamp}",
-                        help="a fresh directory for the journal, checkpoints, logs and reports (default: runs/demo-<time>)")
+                        help="a fresh directory for the journal, checkpoints, logs and reports "
+                             "(default: runs/demo-<time>)")
     parser.add_argument("--steps", type=int, default=50, help="training steps (default: 50)")
     args = parser.parse_args(argv)
-    if args.steps <= max(f.step for f in job.DEFAULT_FAULTS):
-        parser.error(f"--steps must be above {max(f.step for f in job.DEFAULT_FAULTS)}, the step of the last injected fault")
+    last_fault = max(f.step for f in job.DEFAULT_FAULTS)
+    if args.steps <= last_fault:
+        parser.error(f"--steps must be above {last_fault}, the step of the last injected fault")
 
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,8 @@ import argparse
 import importlib
 
 GENERATORS: dict[str, str] = {
-    "alerts": "alerts.generate:main",
-    "dashboards": "dashboards.generate:main",
+    "alerts": "nvrx_slo.alerts.generate:main",
+    "dashboards": "nvrx_slo.dashboards.generate:main",
 }
 
 

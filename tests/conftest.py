@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from trainer.demo import DemoResult
+from nvrx_slo.trainer.demo import DemoResult
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from dashboards import generate
+from nvrx_slo.dashboards import generate
 
 ROOT = generate.REPO_ROOT
 ROW = "row"
@@ -60,7 +60,7 @@ def queries(models: dict[str, dict]) -> list[Query]:
             if v["type"] == "query":
                 match = _LABEL_VALUES.match(v["query"])
                 assert match, f"{uid}: variable {v['name']}: not label_values(selector, label): {v['query']}"
-                out.append(Query(uid, f"variable {v['name']}", match.group(1), "{{%s}}" % match.group(2)))
+                out.append(Query(uid, f"variable {v['name']}", match.group(1), "{{" + match.group(2) + "}}"))
     return out
 
 

@@ -93,12 +93,12 @@ def inprocess_restart() -> Pod:
         p.save_end()
     t = _steps(ranks, 3, 4, t + 0.1)  # -> 5.1
     ranks[0].ev("fault_injected", 7.2, kind="exception", step=5)
-    for p, d in zip(ranks, (0.0, 0.05)):
+    for p, d in zip(ranks, (0.0, 0.05), strict=True):
         p.ev("inprocess_abort", 8.2 + d)
-    for p, d in zip(ranks, (0.0, 0.1)):
+    for p, d in zip(ranks, (0.0, 0.1), strict=True):
         p.ev("inprocess_finalize", 8.5 + d, cause="RuntimeError: injected")
         p.ev("inprocess_rank_assignment", 9.0 + d, cause="rank 0: EXCEPTION")
-    for p, d in zip(ranks, (0.0, 0.05)):
+    for p, d in zip(ranks, (0.0, 0.05), strict=True):
         p.iter = 1
         p.ev("inprocess_initialize", 9.3 + d)
         p.restore(2, 9.4, 9.8)

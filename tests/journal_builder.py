@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.schema import SCHEMA_VERSION, validate
+from nvrx_slo.contracts.schema import SCHEMA_VERSION, validate
 
 WALL_OFFSET = 1.7e9  # wall = mono + offset unless a test jumps the wall clock
 
@@ -14,7 +14,7 @@ WALL_OFFSET = 1.7e9  # wall = mono + offset unless a test jumps the wall clock
 class Proc:
     """One process (a rank incarnation or the launcher): stamps common fields and its own seq."""
 
-    pod: "Pod"
+    pod: Pod
     rank: int | None
     pid: int
     restart: int = 0

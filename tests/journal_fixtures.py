@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer import schema
+from nvrx_slo.contracts import schema
 
 BASE = {"v": 1, "job": "job-a", "pod": "pod-0", "node": "node-0", "local_rank": 0, "restart": 0, "iter": 0}
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from exporter import catalogue as cat
-from exporter.catalogue import Category, RestartLevel, RestartPhase
-from exporter.snapshot import (CheckpointStats, Histogram, RankSnapshot, RankState, RestartRecord, RestartStats,
-                               Snapshot)
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.exporter.snapshot import (
+    CheckpointStats,
+    Histogram,
+    RankSnapshot,
+    RankState,
+    RestartRecord,
+    RestartStats,
+    Snapshot,
+)
 
 
 def histogram(bounds: tuple[float, ...], observations: list[float]) -> Histogram:

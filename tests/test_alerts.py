@@ -19,9 +19,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from alerts import duration, generate, spec, windows
-from alerts.conventions import DASHBOARD_OF, Alert, Dashboard
-from exporter import catalogue
+from nvrx_slo.alerts import duration, generate, spec, windows
+from nvrx_slo.alerts.conventions import DASHBOARD_OF, Alert, Dashboard
+from nvrx_slo.contracts import catalogue
 from test_alerts_promtool import SUITES, spec_for, suites
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +94,8 @@ _DELETE = object()
     ("objectives.efficiency.page", "yes", "objectives.efficiency.page: must be true or false, got 'yes'"),
     ("objectives.efficency", {"target": 0.9, "page": True}, "objectives.efficency: unknown key"),
     ("objectives.checkpoint_overlap", _DELETE, "objectives.checkpoint_overlap: missing"),
-    ("objectives.recovery.threshold", "7s", "objectives.recovery.threshold: must be a bucket bound of nvrx_restart_duration_seconds"),
+    ("objectives.recovery.threshold", "7s",
+     "objectives.recovery.threshold: must be a bucket bound of nvrx_restart_duration_seconds"),
     ("alerts.restart_storm.restarts", 0, "alerts.restart_storm.restarts: must be a whole number ≥ 1, got 0"),
     ("alerts.straggler.skew", 0.9, "alerts.straggler.skew: must be a number greater than 1, got 0.9"),
     ("alerts.training_stalled.after", 600, "alerts.training_stalled.after: '600' is not a duration"),
@@ -138,7 +139,7 @@ def test_the_30_day_policy_is_the_workbook_table() -> None:
 
 def test_windows_scale_with_the_period_and_keep_the_budget_shares() -> None:
     for period in (3600, 7 * 86400, 28 * 86400):
-        for reference, pair in zip(windows.POLICY, windows.scaled_policy(period, 1)):
+        for reference, pair in zip(windows.POLICY, windows.scaled_policy(period, 1), strict=True):
             share = pair.factor * pair.long / period
             assert share == pytest.approx(reference.factor * reference.long / windows.REFERENCE_PERIOD, rel=0.01)
 
@@ -175,19 +176,22 @@ def test_promtool_accepts_every_rule_file(tmp_path: Path) -> None:
 
 def test_amtool_accepts_the_alertmanager_config() -> None:
     result = subprocess.run(
-        [_tool("amtool"), "check-config", str(ROOT / generate.ALERTMANAGER)], capture_output=True, text=True, timeout=60,
+        [_tool("amtool"), "check-config",
+         str(ROOT / generate.ALERTMANAGER)], capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_prometheus_rule_wraps_the_same_groups_with_the_release_label(rendered: dict[Path, str], rule_file: dict) -> None:
+def test_the_prometheus_rule_wraps_the_same_groups_with_the_release_label(rendered: dict[Path, str],
+                                                                          rule_file: dict) -> None:
     wrapper = yaml.safe_load(rendered[generate.PROMETHEUS_RULE])
     assert (wrapper["apiVersion"], wrapper["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
     assert wrapper["metadata"]["labels"]["release"] == spec.load().release
     assert wrapper["spec"]["groups"] == rule_file["groups"]
 
 
-def test_alertmanager_routes_by_severity_groups_by_job_and_inhibits_tickets_during_a_page(rendered: dict[Path, str]) -> None:
+def test_alertmanager_routes_by_severity_groups_by_job_and_inhibits_tickets_during_a_page(
+        rendered: dict[Path, str]) -> None:
     config = yaml.safe_load(rendered[generate.ALERTMANAGER])
     route = config["route"]
     assert route["group_by"] == ["namespace", "job_name"]
@@ -259,7 +263,8 @@ def test_every_alert_carries_severity_and_the_four_annotations(alerting_rules: l
 
 
 def test_dashboard_uids_are_the_agreed_ones() -> None:
-    assert {d.value for d in Dashboard} == {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery", "nvrx-slo-ranks"}
+    assert {d.value for d in Dashboard} == {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery",
+                                            "nvrx-slo-ranks"}
 
 
 _NVRX_NAME = re.compile(r"\bnvrx_[a-z_]+\b")

@@ -1,6 +1,6 @@
 """End to end on loopback: a real job breaches its SLO and a page reaches a webhook.
 
-The chain, all real: the demo job (``trainer.demo.run_demo``: the reference FSDP job on 2 CPU
+The chain, all real: the demo job (``nvrx_slo.trainer.demo.run_demo``: the reference FSDP job on 2 CPU
 ranks under ft_launcher and ``inprocess.Wrapper``, journaling through the trainer hooks) →
 ``nvrx-slo sidecar`` (/metrics) → Prometheus 2.42 (static scrape, 1 s scrape
 and evaluation) with the rules ``nvrx-slo generate alerts`` writes for this test's spec →
@@ -35,10 +35,10 @@ from typing import Any
 import pytest
 import yaml
 
-from alerts import duration, generate, spec
-from alerts.conventions import Alert
+from nvrx_slo.alerts import duration, generate, spec
+from nvrx_slo.alerts.conventions import Alert
+from nvrx_slo.trainer.demo import run_demo
 from servers import free_port, stop, wait_for
-from trainer.demo import run_demo
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import generate, spec
+from nvrx_slo.alerts import generate, spec
 
 SUITES = Path(__file__).parent / "promtool"
 OVERRIDES = "overrides.yaml"

@@ -9,11 +9,11 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import catalogue as cat
-from exporter.collector import REJECT_REASONS, SnapshotCollector
-from exporter.exposition import TextRenderer
-from exporter.identity import Identity
-from exporter.live import View
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.exporter.collector import REJECT_REASONS, SnapshotCollector
+from nvrx_slo.exporter.exposition import TextRenderer
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import View
 from snapshot_fixtures import snapshot
 
 IDENT = Identity(namespace="train", pod="pod-0", node="node-0", job_name="llm")
@@ -103,7 +103,7 @@ def test_each_scrape_builds_fresh_families_from_a_fresh_view_on_an_owned_registr
     registry.register(collector)
     assert collector not in REGISTRY._collector_to_names
     first, second = list(registry.collect()), list(registry.collect())
-    assert all(a is not b for a, b in zip(first, second))
+    assert all(a is not b for a, b in zip(first, second, strict=True))
     assert len(first[0].samples) == 1 and len(second[0].samples) == 2
 
 

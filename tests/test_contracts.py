@@ -5,8 +5,7 @@ import sys
 
 import pytest
 
-from exporter import catalogue
-from trainer import schema
+from nvrx_slo.contracts import catalogue, schema
 
 
 def _record(**payload):
@@ -55,6 +54,6 @@ def test_catalogue_names_follow_prometheus_conventions():
 
 
 def test_exporter_side_imports_no_torch():
-    code = "import exporter.catalogue, trainer.schema, sys; print('torch' in sys.modules)"
+    code = "import nvrx_slo.contracts.catalogue, nvrx_slo.contracts.schema, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

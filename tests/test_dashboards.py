@@ -5,9 +5,10 @@ What a Grafana import needs and what our conventions promise: the dashboard mode
 panel ids, panels that do not overlap on the 24-column grid, every panel, target, annotation and
 variable bound to the ``$datasource`` variable, a description and a unit on every panel, links
 between the four dashboards, the SLO line drawn; every metric and label a query names exists in
-the exporter's catalogue or is recorded by the generated alert rules; the burn-rate and error-budget
-panels read exactly the recorded series the efficiency page alert fires on; the committed files equal a fresh ``nvrx-slo generate dashboards``; the
-ConfigMaps carry kube-prometheus-stack's label, stay under 256 KiB and pass the Kubernetes schema.
+the metric catalogue or is recorded by the generated alert rules; the burn-rate and error-budget
+panels read exactly the recorded series the efficiency page alert fires on; the committed files equal
+a fresh ``nvrx-slo generate dashboards``; the ConfigMaps carry kube-prometheus-stack's label, stay
+under 256 KiB and pass the Kubernetes schema.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import sys
 import pytest
 import yaml
 
-from alerts import conventions, duration
-from alerts import generate as alerts_generate
-from alerts import spec as slo_spec
-from alerts.windows import Severity
 from dashboard_model import ROOT, ROW, legend_labels, load_all, names, panels, queries
-from dashboards import generate, queries as q
-from exporter import catalogue as cat
+from nvrx_slo.alerts import conventions, duration
+from nvrx_slo.alerts import generate as alerts_generate
+from nvrx_slo.alerts import spec as slo_spec
+from nvrx_slo.alerts.windows import Severity
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.dashboards import generate
+from nvrx_slo.dashboards import queries as q
 
 MODELS = load_all()
 SPEC = slo_spec.load()
@@ -169,7 +171,7 @@ def test_every_metric_and_label_a_query_names_is_in_the_catalogue_or_recorded_by
     metrics, labels, _ = names(query.expr)
     assert metrics, f"no metric found in {query.expr}"
     unknown = metrics - set(known) - {q.ALERTS}
-    assert not unknown, f"not in exporter/catalogue.py nor recorded by {alerts_generate.RULES}: {sorted(unknown)}"
+    assert not unknown, f"not in the catalogue nor recorded by {alerts_generate.RULES}: {sorted(unknown)}"
     allowed = set().union(*(known.get(x, ALERTS_LABELS) for x in metrics))
     assert labels | legend_labels(query.legend) <= allowed, f"labels not on {sorted(metrics)}"
 
@@ -206,7 +208,8 @@ def test_the_burn_rate_panels_read_the_recorded_series_the_page_alert_fires_on()
     assert names(stat["expr"])[0] == {conventions.burn_rate_record(fastest)} and mine in stat["expr"]
     budget, = _overview_targets("Error budget remaining")
     assert names(budget["expr"])[0] == {conventions.ERROR_BUDGET_REMAINING} and mine in budget["expr"]
-    recorded = {(r["record"], r["labels"][conventions.SLO_LABEL]) for g in RULES["groups"] for r in g["rules"] if "record" in r}
+    recorded = {(r["record"],
+                 r["labels"][conventions.SLO_LABEL]) for g in RULES["groups"] for r in g["rules"] if "record" in r}
     assert {(m, slo_spec.Slo.EFFICIENCY.value) for m in (*read, conventions.ERROR_BUDGET_REMAINING)} <= recorded
 
 
@@ -226,7 +229,8 @@ def test_committed_files_equal_a_fresh_generation(tmp_path):
     fresh = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
     assert fresh == set(generate.render(SPEC))
     for rel in fresh:
-        assert (ROOT / rel).read_bytes() == (tmp_path / rel).read_bytes(), f"{rel} is stale: run `nvrx-slo generate dashboards`"
+        stale = f"{rel} is stale: run `nvrx-slo generate dashboards`"
+        assert (ROOT / rel).read_bytes() == (tmp_path / rel).read_bytes(), stale
     committed = {p.relative_to(ROOT) for p in (ROOT / generate.JSON_DIR).iterdir()}
     assert committed == {rel for rel in fresh if rel.parent == generate.JSON_DIR}
 

@@ -4,7 +4,7 @@ No Grafana server installs here, so nothing renders the panels; instead each Pro
 (panel targets, annotations, the template variables' selectors) is sent to Debian's Prometheus
 2.42 the way Grafana would send it, and must be accepted and return data.
 
-The run: the real demo (``trainer.demo.run_demo``: the reference job on 2 CPU ranks under
+The run: the real demo (``nvrx_slo.trainer.demo.run_demo``: the reference job on 2 CPU ranks under
 ft_launcher, a crash, an in-process restart and several checkpoints) with the real sidecar
 (``nvrx-slo sidecar``) beside it, scraped every second by Prometheus on 127.0.0.1 while the job
 runs (rates need two samples).
@@ -42,16 +42,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import conventions
-from alerts import generate as alerts_generate
-from alerts import spec as slo_spec
-from alerts.spec import Slo
-from alerts.windows import Severity
 from dashboard_model import Query, legend_labels, load_all, names, queries
-from dashboards import queries as q
-from exporter import catalogue as cat
+from nvrx_slo.alerts import conventions
+from nvrx_slo.alerts import generate as alerts_generate
+from nvrx_slo.alerts import spec as slo_spec
+from nvrx_slo.alerts.spec import Slo
+from nvrx_slo.alerts.windows import Severity
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.dashboards import queries as q
+from nvrx_slo.trainer.demo import run_demo
 from servers import free_port, stop, wait_for
-from trainer.demo import run_demo
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,8 @@ def _alert_rules(tmp: Path) -> Path:
     data.update(evaluation_interval=f"{SCRAPE_S}s")
     spec_file = tmp / "slo.yaml"
     spec_file.write_text(yaml.safe_dump(data))
-    assert alerts_generate.main(["--spec", str(spec_file), "--root", str(tmp / "alerts")]) == 0  # the real CLI entry point
+    # the real CLI entry point
+    assert alerts_generate.main(["--spec", str(spec_file), "--root", str(tmp / "alerts")]) == 0
     return tmp / "alerts" / alerts_generate.RULES
 
 

@@ -1,14 +1,14 @@
 """The README's first command, end to end: the job, the real sidecar beside it, the SLO report.
 
 The printed report is the sidecar's own (written on SIGTERM, as in a pod); it is checked against
-what the journal itself says happened, read independently by ``trainer.demo.summarize``.
+what the journal itself says happened, read independently by ``nvrx_slo.trainer.demo.summarize``.
 """
 
 from __future__ import annotations
 
 import re
 
-from trainer.demo import read_journal, summarize
+from nvrx_slo.trainer.demo import read_journal, summarize
 
 
 def _restart_latencies(report: str) -> dict[str, float]:
@@ -24,7 +24,8 @@ def test_the_demo_prints_an_slo_report_consistent_with_the_journal(demo_command)
     # The badput breakdown plus productive sums to 100% of wall.
     total = re.search(r"^\s+total\s+([\d.]+) s\s+([\d.]+)%$", out, re.M)
     assert total and float(total.group(2)) == 100.0
-    rows = re.findall(r"^  (\S.*?)\s{2,}([\d.]+) s\s+([\d.]+)%$", out.split("Where the time went")[1].split("Checkpoints:")[0], re.M)
+    rows = re.findall(r"^  (\S.*?)\s{2,}([\d.]+) s\s+([\d.]+)%$",
+                      out.split("Where the time went")[1].split("Checkpoints:")[0], re.M)
     parts = {label: float(secs) for label, secs, _ in rows if label != "total"}
     assert abs(sum(parts.values()) - float(total.group(1))) < 0.05 * len(parts)
     efficiency = float(re.search(r"Efficiency \(productive / wall\): ([\d.]+)%", out).group(1))

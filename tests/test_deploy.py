@@ -233,8 +233,10 @@ def test_only_the_sidecar_gets_api_credentials_and_they_only_read_pods(rendered,
     role = only(objects, "Role")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     binding = only(objects, "RoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": NAMESPACE}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"],
+                                    "namespace": NAMESPACE}]
 
 
 def test_both_workloads_run_the_same_pod_but_for_what_their_controller_dictates(rendered):

@@ -5,8 +5,8 @@ No Docker engine runs here, so the images are checked by what can be run without
 * each Dockerfile's COPY lines are replayed into a scratch build context, and its `pip install`
   line is run there — for the sidecar for real, in a fresh venv that then starts
   `nvrx-slo sidecar` with the manifest's own arguments and serves /metrics, with no torch or NVRx
-  installed; for the trainer as a `pip install --dry-run` resolution in the project venv, whose
-  torch stands in for the CUDA base image's (its 2.x satisfies the same ranges);
+  installed and the trainer code deleted; for the trainer as a `pip install --dry-run` resolution in
+  the project venv, whose torch stands in for the CUDA base image's (its 2.x satisfies the same ranges);
 * every command and flag a manifest names is parsed by the real parser it reaches (the
   `nvrx-slo` console script, its subcommand table, ft_launcher's argument parser, the reference
   job's and the sidecar's argument parsers).
@@ -91,8 +91,8 @@ def test_the_images_copy_every_package_the_project_ships():
     except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
         import tomli as tomllib
 
-    packages = {p.rstrip("*") for p in tomllib.loads((ROOT / "pyproject.toml").read_text())
-                ["tool"]["setuptools"]["packages"]["find"]["include"]}
+    packages = {"nvrx_slo", *tomllib.loads((ROOT / "pyproject.toml").read_text())
+                ["tool"]["setuptools"]["package-dir"].values()}
     for dockerfile in ("sidecar.Dockerfile", "trainer.Dockerfile"):
         copied = {source for ins, rest in instructions(IMAGES / dockerfile) if ins == "COPY"
                   for source in shlex.split(rest)[:-1]}
@@ -110,7 +110,7 @@ def test_the_images_run_as_the_non_root_user_the_pods_ask_for(rendered):
 def test_the_sidecar_image_is_slim_and_its_port_is_the_one_scraped(rendered):
     sidecar_file = IMAGES / "sidecar.Dockerfile"
     assert re.fullmatch(r"python:3\.\d+-slim\S*", one(sidecar_file, "FROM"))
-    assert pip_install_args(sidecar_file) == ["--no-cache-dir", SRC]  # the base install: no extras
+    assert pip_install_args(sidecar_file) == ["--no-cache-dir", f"{SRC}[sidecar]"]  # no trainer extra
     assert json.loads(one(sidecar_file, "ENTRYPOINT")) == ["nvrx-slo"]
     for overlay in OVERLAYS:
         sidecar, _ = containers(pod_template(rendered[overlay]))
@@ -153,7 +153,7 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
     from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
-    from trainer import reference_job
+    from nvrx_slo.trainer import reference_job
 
     _, trainer = containers(pod_template(rendered[overlay]))
     program, name = trainer["command"]
@@ -161,7 +161,7 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
     args = expand(trainer["args"], trainer)
     launcher = get_args_parser().parse_args(args)  # ft_launcher's own parser (exits on a bad flag)
     FaultToleranceConfig.from_args(launcher)  # raises when the launcher would find no FT config
-    assert launcher.module and launcher.training_script == "trainer.reference_job"
+    assert launcher.module and launcher.training_script == "nvrx_slo.trainer.reference_job"
     assert importlib.util.find_spec(launcher.training_script) is not None
     config = reference_job.parse_args(launcher.training_script_args)
     assert str(config.checkpoint_dir) in {m["mountPath"] for m in trainer["volumeMounts"]}
@@ -171,9 +171,9 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_sidecar_flag_is_one_its_parser_accepts(rendered, overlay, monkeypatch):
-    if importlib.util.find_spec("exporter.sidecar") is None:
+    if importlib.util.find_spec("nvrx_slo.exporter.sidecar") is None:
         pytest.skip("exporter/sidecar.py does not exist yet")
-    from exporter import sidecar as sidecar_mod
+    from nvrx_slo.exporter import sidecar as sidecar_mod
 
     sidecar, _ = containers(pod_template(rendered[overlay]))
     name, *args = sidecar["args"]
@@ -214,7 +214,7 @@ def test_the_trainer_image_pip_line_resolves(tmp_path):
 @pytest.mark.slow
 def test_the_sidecar_image_installs_without_torch_and_serves_metrics(rendered, tmp_path):
     """The sidecar Dockerfile's install, replayed in a fresh venv, runs the manifest's sidecar command."""
-    if importlib.util.find_spec("exporter.sidecar") is None:
+    if importlib.util.find_spec("nvrx_slo.exporter.sidecar") is None:
         pytest.skip("exporter/sidecar.py does not exist yet")
     src = build_context(IMAGES / "sidecar.Dockerfile", tmp_path / "context")
     venv = tmp_path / "venv"
@@ -227,6 +227,9 @@ def test_the_sidecar_image_installs_without_torch_and_serves_metrics(rendered, t
                                capture_output=True, text=True, check=True).stdout
     names = {p["name"].lower() for p in json.loads(installed)}
     assert "nvrx-slo" in names and not names & {"torch", "nvidia-resiliency-ext"}
+    package = subprocess.run([venv / "bin" / "python", "-c", "import nvrx_slo; print(nvrx_slo.__path__[0])"],
+                             capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    shutil.rmtree(Path(package) / "trainer")  # the build needs the folder; the sidecar must not
 
     sidecar, _ = containers(pod_template(rendered["indexed-job"]))
     port = free_port()

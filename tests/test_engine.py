@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 import random
 
-import engine_scenarios as scenarios
 import pytest
-from journal_builder import Pod
 
-from exporter.catalogue import Category, RestartLevel, RestartPhase
-from exporter.decode import as_event
-from exporter.engine import Engine
-from exporter.snapshot import RankState, Snapshot
+import engine_scenarios as scenarios
+from journal_builder import Pod
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.exporter.decode import as_event
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.snapshot import RankState, Snapshot
 
 P, L, B, R = Category.PRODUCTIVE, Category.LOST, Category.CHECKPOINT_BLOCKING, Category.CHECKPOINT_RESTORE
-RS, I, D, U = Category.RESTART, Category.INIT, Category.DATA_WAIT, Category.UNATTRIBUTED
+RS, IN, D, U = Category.RESTART, Category.INIT, Category.DATA_WAIT, Category.UNATTRIBUTED
 
 
 def run(pod: Pod, now: float, window: float = 0.5, records: list | None = None) -> Snapshot:
@@ -35,23 +35,23 @@ def check_invariant(snap: Snapshot) -> None:
 ACCOUNTING = [
     ("a healthy run's steps are productive up to the durable save and unprotected after it; wall stops at the exit",
      scenarios.healthy, 100.0,
-     {0: {P: 4.5, D: 1.0, B: 0.2, I: 3.0, U: 1.0, L: 0, R: 0, RS: 0}}, {0: 4.5, 1: 4.5}),
+     {0: {P: 4.5, D: 1.0, B: 0.2, IN: 3.0, U: 1.0, L: 0, R: 0, RS: 0}}, {0: 4.5, 1: 4.5}),
     ("a crash loses the steps after the restored checkpoint; each rank's restart runs from its own fault "
      "to its first step, minus the restore",
      scenarios.crash_with_rollback, 100.0,
-     {0: {P: 7.1, L: 3.0, B: 0.2, R: 0.5, RS: 2.4, I: 2.0, U: 1.6},
-      1: {P: 7.0, L: 3.0, B: 0.2, R: 0.5, RS: 2.7, I: 2.0, U: 1.4}}, {0: 0.0, 1: 0.0}),
+     {0: {P: 7.1, L: 3.0, B: 0.2, R: 0.5, RS: 2.4, IN: 2.0, U: 1.6},
+      1: {P: 7.0, L: 3.0, B: 0.2, R: 0.5, RS: 2.7, IN: 2.0, U: 1.4}}, {0: 0.0, 1: 0.0}),
     ("an in-process restart loses the steps after the restored checkpoint; a rank without an injected "
      "fault is restarting from its last step",
      scenarios.inprocess_restart, 100.0,
-     {0: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 2.4, I: 1.0, U: 2.6},
-      1: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 4.5, I: 1.0, U: 0.5}}, {0: 3.0, 1: 3.0}),
+     {0: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 2.4, IN: 1.0, U: 2.6},
+      1: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 4.5, IN: 1.0, U: 0.5}}, {0: 3.0, 1: 3.0}),
     ("a failed save protects nothing: its steps stay unprotected, the open tail too",
      scenarios.failed_save, 10.0,
-     {0: {P: 0.0, B: 0.1, I: 1.0}}, {0: 8.9}),
+     {0: {P: 0.0, B: 0.1, IN: 1.0}}, {0: 8.9}),
     ("a pod restart (new launcher, restart count from 0) accounts the dead time as restart",
      scenarios.pod_restart, 30.0,
-     {0: {P: 2.0, L: 1.0, B: 0.1, R: 0.5, RS: 17.9, I: 2.0}}, {0: 6.5}),
+     {0: {P: 2.0, L: 1.0, B: 0.1, R: 0.5, RS: 17.9, IN: 2.0}}, {0: 6.5}),
 ]
 
 
@@ -243,7 +243,7 @@ def test_a_record_older_than_the_window_is_late_counted_and_not_accounted():
     snap = run(pod, 11.0, window=1.0, records=[start, step2, step3, step1])  # step 2 applied when 3 came
     assert snap.late == 1
     assert snap.ranks[0].steps == 3  # a step is a step, even if its time could not be placed
-    assert snap.ranks[0].seconds[I] == pytest.approx(2.0)  # 0 -> 2: no first step seen before step 2
+    assert snap.ranks[0].seconds[IN] == pytest.approx(2.0)  # 0 -> 2: no first step seen before step 2
     check_invariant(snap)
 
 

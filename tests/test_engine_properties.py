@@ -8,16 +8,17 @@ import json
 import math
 import random
 from enum import Enum
+from itertools import pairwise
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from journal_builder import Pod, Proc
 
-from exporter.catalogue import RestartLevel
-from exporter.decode import as_event
-from exporter.engine import Engine
-from exporter.snapshot import Snapshot
+from journal_builder import Pod, Proc
+from nvrx_slo.contracts.catalogue import RestartLevel
+from nvrx_slo.exporter.decode import as_event
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.snapshot import Snapshot
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ACTIONS = ("steps", "steps", "steps", "save", "save_fails", "crash", "inprocess", "pod", "stall")
@@ -138,7 +139,7 @@ def assert_close(a: Any, b: Any, path: str = "snapshot") -> None:
             assert_close(a[k], b[k], f"{path}[{k!r}]")
     elif isinstance(a, (list, tuple)) and not isinstance(a, Enum):
         assert len(a) == len(b), f"{path}: {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_close(x, y, f"{path}[{i}]")
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
@@ -164,7 +165,8 @@ def counters(snap: Snapshot) -> list[tuple[str, float]]:
     rs = snap.restarts
     out += [(f"restarts.{lv.value}", n) for lv, n in rs.counts.items()]
     out += [(f"restart_s.{lv.value}_le{i}", n) for lv, h in rs.duration.items() for i, n in enumerate(h.counts)]
-    out += [(f"phase.{lv.value}.{ph.value}_le{i}", n) for (lv, ph), h in rs.phases.items() for i, n in enumerate(h.counts)]
+    out += [(f"phase.{lv.value}.{ph.value}_le{i}", n) for (lv, ph), h in rs.phases.items() for i,
+            n in enumerate(h.counts)]
     return out
 
 
@@ -176,7 +178,7 @@ def check_invariant(snap: Snapshot) -> None:
 
 
 def check_monotone(snapshots: list[Snapshot]) -> None:
-    for before, after in zip(snapshots, snapshots[1:]):
+    for before, after in pairwise(snapshots):
         old = dict(counters(before))
         for name, value in counters(after):
             if name in old:

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from trainer import schema
-from trainer.hooks import Hooks
+from nvrx_slo.contracts import schema
+from nvrx_slo.trainer.hooks import Hooks
 
 
 def _records(directory):

@@ -12,10 +12,10 @@ import pytest
 from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
 
-from trainer import schema
-from trainer import inprocess_callbacks
-from trainer.inprocess_callbacks import wrapper_kwargs
-from trainer.journal import Identity, Journal
+from nvrx_slo.contracts import schema
+from nvrx_slo.trainer import inprocess_callbacks
+from nvrx_slo.trainer.inprocess_callbacks import wrapper_kwargs
+from nvrx_slo.trainer.journal import Identity, Journal
 
 CALLBACKS = ("abort", "finalize", "rank_assignment", "initialize", "completion", "terminate")
 
@@ -60,7 +60,8 @@ def test_journal_callbacks_wrap_the_users_own_in_the_order_that_timestamps_the_p
     seen: list = []
     kwargs = wrapper_kwargs(journal, **_user_callbacks(journal, seen), soft_timeout="passed through")
     assert kwargs["soft_timeout"] == "passed through"
-    ctx = inprocess.rank_assignment.RankAssignmentCtx(_state(), Store([InterruptionRecord(1, Interruption.EXCEPTION)]), set())
+    ctx = inprocess.rank_assignment.RankAssignmentCtx(_state(), Store([InterruptionRecord(1, Interruption.EXCEPTION)]),
+                                                      set())
 
     assert kwargs["rank_assignment"](ctx) is ctx  # the initial assignment: no restart, no event
     assert kwargs["abort"](_state()).rank == 1
@@ -102,7 +103,6 @@ def test_a_callback_never_raises_even_when_the_journal_and_the_store_fail(tmp_pa
     else:  # (NVRx's default abort does nothing while torch.distributed is not initialized)
         assert kwargs[name](_state(exc=ValueError("x"))).rank == 1
     assert journal.errors >= 1 and journal.written == 0
-
 
 
 class UserCheck(inprocess.health_check.HealthCheck):

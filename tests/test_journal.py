@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer import schema
-from trainer.hooks import Hooks
-from trainer.journal import Identity, Journal, open_journal
-from trainer.schema import EventType
+from nvrx_slo.contracts import schema
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer.hooks import Hooks
+from nvrx_slo.trainer.journal import Identity, Journal, open_journal
 
 ENV = {"NVRX_SLO_JOB": "llm", "POD_NAME": "llm-0", "NODE_NAME": "n1", "RANK": "3", "LOCAL_RANK": "1",
        "TORCHELASTIC_RESTART_COUNT": "2", "HOSTNAME": "ignored-when-pod-name-set"}

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from exporter import nvml
+from nvrx_slo.exporter import nvml
 
 
 class FakeNvml:

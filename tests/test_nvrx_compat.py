@@ -12,7 +12,7 @@ import traceback
 
 import pytest
 
-from trainer import nvrx_compat
+from nvrx_slo.trainer import nvrx_compat
 
 
 def test_the_installed_nvrx_has_every_feature_the_hooks_use():

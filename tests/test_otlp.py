@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from exporter import catalogue as cat
-from exporter import otlp
-from exporter.collector import families
-from exporter.identity import Identity
-from exporter.live import View
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.exporter import otlp
+from nvrx_slo.exporter.collector import families
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import View
 from otlp_receiver import Receiver, metrics_by_name, point_attributes, resource_attributes
 from snapshot_fixtures import snapshot
 
@@ -32,7 +32,7 @@ def test_export_carries_k8s_identity_and_every_catalogue_metric():
         "k8s.job.completion_index": 1}
     assert got["resource"]["service.name"] == "nvrx-slo-sidecar"
     prometheus_side = families(View(snapshot(2), {"malformed": 4}, {}, {}), IDENT, per_rank=True, max_ranks=64)
-    with_samples = {otlp.otel_name(m) for m, f in zip(cat.CATALOGUE, prometheus_side) if f.samples}
+    with_samples = {otlp.otel_name(m) for m, f in zip(cat.CATALOGUE, prometheus_side, strict=True) if f.samples}
     assert set(got["metrics"]) == with_samples  # the same metrics as /metrics, each with data
     [remaining] = got["metrics"][cat.LAUNCHER_RESTARTS_REMAINING.name].gauge.data_points
     assert (remaining.WhichOneof("value"), remaining.as_int) == ("as_int", 2)

@@ -10,12 +10,12 @@ from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client
 
-from exporter import podwatch
-from exporter.identity import Identity
-from exporter.live import Live
-from exporter.engine import Engine
-from exporter.podwatch import ContainerStatus, restart_deltas
-from exporter.tail import JournalTail
+from nvrx_slo.exporter import podwatch
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.podwatch import ContainerStatus, restart_deltas
+from nvrx_slo.exporter.tail import JournalTail
 
 IDENT = Identity(namespace="train", pod="llm-0", node="n", job_name="llm")
 

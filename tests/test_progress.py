@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 import time
 
-from exporter.engine import REORDER_WINDOW_S
-from exporter.progress import PLAIN_EVERY_S, Progress
 from journal_builder import WALL_OFFSET
+from nvrx_slo.exporter.engine import REORDER_WINDOW_S
+from nvrx_slo.exporter.progress import PLAIN_EVERY_S, Progress
+from nvrx_slo.trainer.hooks import Hooks
 from test_report import story, write_journal
-from trainer.hooks import Hooks
 
 
 class Terminal(io.StringIO):

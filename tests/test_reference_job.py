@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer import schema
-from trainer.checkpoint import METADATA
-from trainer.demo import DEFAULT_FAULTS, read_journal
+from nvrx_slo.contracts import schema
+from nvrx_slo.trainer.checkpoint import METADATA
+from nvrx_slo.trainer.demo import DEFAULT_FAULTS, read_journal
 
 pytestmark = pytest.mark.slow
 CRASH, EXCEPTION = DEFAULT_FAULTS
@@ -90,13 +90,15 @@ def test_the_exception_is_an_in_process_restart_through_every_wrapper_callback(r
     (fault,) = _of(records, "fault_injected", kind="exception")
     assert fault["step"] == EXCEPTION.step and fault["iter"] == 0
     for rank in (0, 1):
-        mine = [r for r in records if r["rank"] == rank and r["mono"] >= fault["mono"] and r["type"].startswith("inprocess_")]
+        mine = [r for r in records
+                if r["rank"] == rank and r["mono"] >= fault["mono"] and r["type"].startswith("inprocess_")]
         assert [r["type"] for r in mine[:4]] == ["inprocess_abort", "inprocess_finalize", "inprocess_rank_assignment",
                                                  "inprocess_initialize"]
         assert [r["iter"] for r in mine[:4]] == [0, 0, 0, 1]
         assert "EXCEPTION" in mine[2]["cause"]
         assert mine[-1]["type"] == "inprocess_completion"
-    cause = next(r["cause"] for r in _of(records, "inprocess_finalize", rank=fault["rank"]) if r["mono"] > fault["mono"])
+    cause = next(r["cause"] for r in _of(records, "inprocess_finalize",
+                                         rank=fault["rank"]) if r["mono"] > fault["mono"])
     assert cause.startswith("InjectedFault")
     assert {r["pid"] for r in _of(records, "step", iter=1)} == {r["pid"] for r in _of(records, "step", iter=0,
                                                                                         restart=fault["restart"])}

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter import report, timeline
 from journal_builder import Pod
-from trainer import schema
+from nvrx_slo.contracts import schema
+from nvrx_slo.exporter import report, timeline
 
 EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
 
@@ -87,7 +87,8 @@ def write_journal(pod: Pod, directory: Path, evil: bool = True) -> dict[str, int
         (directory / schema.journal_file_name("pod-0", rank, pid)).write_bytes(b"".join(lines))
     return {
         "ranks": len({r["rank"] for r in pod.records if r["rank"] is not None}),
-        "checkpoints": len({(r["ckpt"], r["restart"], r["iter"]) for r in pod.records if r["type"] == "checkpoint_start"}),
+        "checkpoints": len({(r["ckpt"], r["restart"],
+                             r["iter"]) for r in pod.records if r["type"] == "checkpoint_start"}),
         "restarts": len({(r["restart"], r["iter"]) for r in pod.records if r["rank"] is not None}) - 1,
     }
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from exporter.decode import Event
-from exporter.tail import JournalTail
+from nvrx_slo.exporter.decode import Event
+from nvrx_slo.exporter.tail import JournalTail
 from test_report import assert_inert
 from test_status_page_browser import ARTIFACTS, dump_dom, screenshot
 

@@ -7,16 +7,17 @@ import signal
 import subprocess
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
-from exporter.engine import Engine
-from exporter.live import Live
-from exporter.tail import JournalTail
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.trainer.journal import Identity, Journal
 from sidecar_process import SidecarProcess, counters, value
-from trainer.journal import Identity, Journal
-from trainer.schema import EventType
 
 
 class LiveJob:
@@ -124,7 +125,7 @@ def test_kill_and_restart_midrun_counts_once_and_equals_an_uninterrupted_run(tmp
         assert steady.stop()[0] == 0
 
     # counters never went backwards, across the SIGKILL too
-    for before, after in zip(seen, seen[1:]):
+    for before, after in pairwise(seen):
         for key, v in counters(before).items():
             assert counters(after).get(key, v) >= v, key
     # the resumed sidecar ends exactly where one that never died does (the job has finished: wall stopped)
@@ -150,7 +151,7 @@ def test_kill_and_restart_midrun_counts_once_and_equals_an_uninterrupted_run(tmp
 
 def _write(journal: Path, records: list[dict], shift: float = 0.0) -> None:
     """Append ``records`` to their files, their monotonic instants moved by ``shift``."""
-    from trainer import schema
+    from nvrx_slo.contracts import schema
 
     for r in records:
         moved = {k: v + shift if k in ("mono", "start", "written") else v for k, v in r.items()}
@@ -164,7 +165,7 @@ def _ends(records: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def _check_went_on(scrapes: list[dict]) -> None:
-    for before, after in zip(scrapes, scrapes[1:]):
+    for before, after in pairwise(scrapes):
         for key, v in counters(before).items():
             assert counters(after)[key] >= v, key
     for r in ("0", "1"):

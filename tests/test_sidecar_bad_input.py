@@ -7,20 +7,20 @@ import os
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import SnapshotCollector
-from exporter.decode import Event
-from exporter.engine import Engine
-from exporter.exposition import TextRenderer
-from exporter.identity import Identity
-from exporter.live import Live
-from exporter.tail import JournalTail
 from journal_builder import Pod
-from prometheus_client import CollectorRegistry
+from nvrx_slo.contracts import schema
+from nvrx_slo.exporter.collector import SnapshotCollector
+from nvrx_slo.exporter.decode import Event
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.exposition import TextRenderer
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.tail import JournalTail
 from sidecar_process import SidecarProcess
 from test_tail import _make_unreadable
-from trainer import schema
 
 IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
 
@@ -184,8 +184,8 @@ def test_a_missing_journal_directory_is_not_ready_until_it_appears(tmp_path):
 def test_an_unusable_state_file_means_a_rebuild_from_the_journal(tmp_path):
     write_clean(tmp_path / "journal")
     state = tmp_path / "state.json"
-    state.write_text('{"format": 1, "journal_dir": "%s", "engine": {"nonsense": 1}, "tail": {}}'
-                     % (tmp_path / "journal").resolve())
+    journal_dir = (tmp_path / "journal").resolve()
+    state.write_text(f'{{"format": 1, "journal_dir": "{journal_dir}", "engine": {{"nonsense": 1}}, "tail": {{}}}}')
     with SidecarProcess(tmp_path / "journal", state, tmp_path / "log") as proc:
         proc.wait_ready()
         got = proc.scrape()

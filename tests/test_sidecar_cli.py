@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from exporter import sidecar
+from nvrx_slo.exporter import sidecar
 
 # The whole surface, frozen: a new flag is a deliberate change to this list (and the README).
 FLAGS = ["--help", "--journal-dir", "--state-file", "--host", "--port", "--poll-interval", "--state-interval",
@@ -60,7 +60,7 @@ def test_the_installed_command_shows_help_and_rejects_a_wrong_flag():
 
 
 def test_the_sidecar_never_imports_torch_or_nvrx():
-    code = ("import sys, exporter.sidecar; "
+    code = ("import sys, nvrx_slo.exporter.sidecar; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'nvidia_resiliency_ext')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

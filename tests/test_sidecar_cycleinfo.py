@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.catalogue import RestartLevel, RestartPhase
-from exporter.cycleinfo import CycleInfoReader
-from exporter.engine import Engine
-from exporter.identity import Identity
-from exporter.live import Live
-from exporter.tail import JournalTail
+from nvrx_slo.contracts import schema
+from nvrx_slo.contracts.catalogue import RestartLevel, RestartPhase
+from nvrx_slo.exporter.cycleinfo import CycleInfoReader
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.tail import JournalTail
 from test_sidecar_bad_input import by_file, story
-from trainer import schema
 
 IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
 OFFSET = 1.7e9  # the story's wall - mono

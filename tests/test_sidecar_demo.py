@@ -8,12 +8,13 @@ import signal
 import subprocess
 import time
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
+from nvrx_slo.contracts import schema
 from sidecar_process import SidecarProcess, counters, value
-from trainer import schema
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,7 @@ class Facts:
         incarnations = sorted({(r["restart"], r["iter"]) for r in ranks})
         self.restarts: dict[str, int] = {"injob": 0, "inprocess": 0}
         self.latency: dict[str, list[float] | None] = {"injob": [], "inprocess": []}
-        for before, (restart, it) in zip(incarnations, incarnations[1:]):
+        for before, (restart, it) in pairwise(incarnations):
             level = "inprocess" if restart == before[0] else "injob"
             self.restarts[level] += 1
             latencies = self.latency[level]
@@ -185,7 +186,7 @@ def test_replayed_live_with_a_sigkill_midway_it_ends_as_an_uninterrupted_sidecar
     assert counters(final) == counters(uninterrupted)
     # fed live in slices or read at once: the same totals (up to rounding: the replay's clock is moved)
     assert counters(final) == pytest.approx(counters(scraped[0]), rel=1e-9, abs=1e-9)
-    for before, after in zip(seen, seen[1:]):
+    for before, after in pairwise(seen):
         for key, v in counters(before).items():
             assert counters(after).get(key, v) >= v, key
 

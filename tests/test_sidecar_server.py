@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import http.client
 
-from exporter.server import TEXT, Server
+from nvrx_slo.exporter.server import TEXT, Server
 
 
 def test_routes_errors_and_head(caplog):

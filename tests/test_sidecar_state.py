@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from exporter import state_store
+from nvrx_slo.exporter import state_store
 
 
 def test_round_trip_and_journal_binding(tmp_path):

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import re
 
-from exporter import slo_report
-from exporter.catalogue import Category
+from nvrx_slo.contracts.catalogue import Category
+from nvrx_slo.exporter import slo_report
 from snapshot_fixtures import rank, snapshot
 
 
 def shares(text: str) -> dict[str, float]:
     section = text.split("Where the time went")[1].split("\n\n")[0]
-    return {m.group(1).strip(): float(m.group(2)) for m in re.finditer(r"^  (.+?)\s+[\d.]+ s\s+([\d.]+)%$", section, re.M)}
+    return {m.group(1).strip(): float(m.group(2)) for m in re.finditer(r"^  (.+?)\s+[\d.]+ s\s+([\d.]+)%$", section,
+                                                                       re.M)}
 
 
 def test_the_breakdown_sums_to_100_percent_with_productive():

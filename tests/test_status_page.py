@@ -8,15 +8,15 @@ import html
 
 import pytest
 
-from exporter import catalogue as cat
-from exporter import status_page
-from exporter.engine import Engine
-from exporter.live import Live, View
-from exporter.snapshot import RestartStats
-from exporter.tail import JournalTail
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts import schema
+from nvrx_slo.exporter import status_page
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.live import Live, View
+from nvrx_slo.exporter.snapshot import RestartStats
+from nvrx_slo.exporter.tail import JournalTail
 from snapshot_fixtures import histogram, snapshot
 from test_report import EVIL, assert_inert, story, write_journal
-from trainer import schema
 
 
 def test_a_hostile_journal_gives_an_escaped_inert_page_with_the_right_numbers(tmp_path):

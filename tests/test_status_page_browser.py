@@ -63,7 +63,8 @@ def test_the_live_page_shows_what_metrics_says(demo_run, tmp_path):
     for (name, labels), _ in samples.items():
         if name == "nvrx_time_seconds_total":
             category = dict(labels)["category"]
-            assert num[f"seconds-{category}"] == pytest.approx(total(samples, name, category=category), rel=1e-9, abs=1e-9)
+            assert num[f"seconds-{category}"] == pytest.approx(total(samples, name, category=category), rel=1e-9,
+                                                               abs=1e-9)
     assert num["seconds-unprotected"] == pytest.approx(total(samples, "nvrx_unprotected_work_seconds"), abs=1e-9)
     assert num["efficiency"] == pytest.approx(total(samples, "nvrx_time_seconds_total", category="productive") / wall)
     for level in ("inprocess", "injob", "pod"):

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter import tail as tail_mod
-from exporter.decode import Event
-from exporter.tail import JournalTail, order_key
 from journal_fixtures import file_name, record, step, write
-from trainer.journal import Identity, Journal
-from trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.exporter import tail as tail_mod
+from nvrx_slo.exporter.decode import Event
+from nvrx_slo.exporter.tail import JournalTail, order_key
+from nvrx_slo.trainer.journal import Identity, Journal
 
 
 class Sink:

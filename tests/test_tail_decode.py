@@ -7,12 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec import to_builtins as as_record  # an event back to the schema's record
 
-from exporter.decode import as_event, decode_batch
 from journal_fixtures import record, step
-from trainer import schema
-from trainer.schema import JournalError
+from nvrx_slo.contracts import schema
+from nvrx_slo.contracts.schema import JournalError
+from nvrx_slo.exporter.decode import as_event, decode_batch
 
-VALID = [step(1, 10.0, 1), record("process_start", 0, 5.0, world_size=2), record("launcher_exit", 3, 9.0, rank=None, code=0),
+VALID = [step(1, 10.0,
+              1), record("process_start", 0, 5.0, world_size=2), record("launcher_exit", 3, 9.0, rank=None, code=0),
          record("checkpoint_end", 4, 8.0, ckpt="c1", step=3, ok=True, written=7.5, error=None)]
 
 values = st.one_of(st.none(), st.booleans(), st.integers(-2**53, 2**53), st.text(max_size=5),
@@ -46,7 +47,8 @@ def contract(line: bytes) -> object:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(lines(), st.sampled_from([b'{"v":1,"type":[]}', b"[1]", b"1,2", b'{"a":1},{"b":2}', b"nul", b"{}", b'"x"'])),
+@given(st.lists(st.one_of(lines(), st.sampled_from([b'{"v":1,"type":[]}', b"[1]", b"1,2", b'{"a":1},{"b":2}', b"nul",
+                                                    b"{}", b'"x"'])),
                 min_size=1, max_size=8))
 def test_batch_decoding_matches_the_schema_line_by_line(batch):
     got = [item.reason if isinstance(item, JournalError) else as_record(item) for item in decode_batch(batch)]

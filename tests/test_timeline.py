@@ -4,9 +4,9 @@ import html
 import re
 import xml.etree.ElementTree as ET
 
-from exporter import timeline
-from exporter.decode import as_event
-from exporter.timeline import RestartBand, TimelineBuilder
+from nvrx_slo.exporter import timeline
+from nvrx_slo.exporter.decode import as_event
+from nvrx_slo.exporter.timeline import RestartBand, TimelineBuilder
 
 WALL0 = 1.7e9
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -89,7 +89,8 @@ def test_one_lane_per_rank_and_one_marker_per_checkpoint_with_its_status():
     records.append(rec("checkpoint_start", 3.5, 0, 100, ckpt="pending", step=3, mode="async"))
     tl = build(records)
     assert [lane.rank for lane in tl.lanes] == [0, 1, 2]
-    assert {m.ckpt: m.status for m in tl.checkpoints} == {"ok-ckpt": "ok", "bad-ckpt": "failed", "pending": "unfinished"}
+    assert {m.ckpt: m.status for m in tl.checkpoints} == {"ok-ckpt": "ok", "bad-ckpt": "failed",
+                                                          "pending": "unfinished"}
     ok = next(m for m in tl.checkpoints if m.ckpt == "ok-ckpt")
     assert abs((ok.at + tl.origin_wall) - (WALL0 + 2.6)) < 1e-6  # the instant the write finished
     lane0 = tl.lanes[0]

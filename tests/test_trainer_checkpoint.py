@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from trainer import schema
-from trainer.checkpoint import METADATA, Checkpointer, CheckpointWorkerDied
-from trainer.restore import complete_checkpoints, restore
-from trainer.hooks import Hooks
+from nvrx_slo.contracts import schema
+from nvrx_slo.trainer.checkpoint import METADATA, Checkpointer, CheckpointWorkerDied
+from nvrx_slo.trainer.hooks import Hooks
+from nvrx_slo.trainer.restore import complete_checkpoints, restore
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from trainer import schema
-from trainer.checkpoint import METADATA
+from nvrx_slo.contracts import schema
+from nvrx_slo.trainer.checkpoint import METADATA
 
 
 def _nvrx_slo(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

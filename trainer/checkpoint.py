@@ -33,9 +33,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
-from trainer import cpu_shims, nvrx_compat
-from trainer.hooks import Hooks
-from trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer import cpu_shims, nvrx_compat
+from nvrx_slo.trainer.hooks import Hooks
 
 log = logging.getLogger("nvrx_slo.checkpoint")
 

@@ -32,18 +32,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import multiprocessing
 import os
 import signal
 from multiprocessing.managers import SyncManager
-import logging
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from trainer import nvrx_compat
+from nvrx_slo.trainer import nvrx_compat
 
 log = logging.getLogger("nvrx_slo.cpu_shims")
 

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer import schema
-from trainer.faults import Fault
-from trainer.schema import EventType
+from nvrx_slo.contracts import schema
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer.faults import Fault
 
 # The crash (SIGKILL, an in-job restart by ft_launcher) comes well after the first checkpoint and
 # the exception (an in-process restart by inprocess.Wrapper) after the fourth, so both roll back work.

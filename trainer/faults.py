@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from trainer.hooks import Hooks
+from nvrx_slo.trainer.hooks import Hooks
 
 KINDS = ("crash", "exception", "hang")
 

@@ -34,9 +34,9 @@ import sys
 import threading
 from typing import Any
 
-from trainer import nvrx_compat
-from trainer.journal import Journal, open_journal
-from trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer import nvrx_compat
+from nvrx_slo.trainer.journal import Journal, open_journal
 
 _FAILED_STATES = ("failed", "unhealthy")
 _NOISY = ("_monitor_workers", "remaining_restarts")  # published every monitor cycle; unchanged values skipped

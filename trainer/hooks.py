@@ -13,7 +13,7 @@ Usage (see the README, "Instrumenting your training script")::
                 loss = model(batch).sum(); loss.backward()
             with s.optimizer():
                 opt.step(); opt.zero_grad()
-        ckpt.poll()                                          # trainer.checkpoint, outside the step
+        ckpt.poll()                                          # nvrx_slo.trainer.checkpoint, outside the step
     slo.close()
 
 Why context managers: a span is written once, at its end, so a step that raises (a fault, an
@@ -29,8 +29,8 @@ import time
 from types import TracebackType
 from typing import Any
 
-from trainer.journal import Journal, open_journal
-from trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer.journal import Journal, open_journal
 
 log = logging.getLogger("nvrx_slo.hooks")
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer import cpu_shims, nvrx_compat
-from trainer.journal import Journal
-from trainer.schema import EventType
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer import cpu_shims, nvrx_compat
+from nvrx_slo.trainer.journal import Journal
 
 
 def _cause(exc: BaseException | None) -> str | None:

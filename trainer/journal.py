@@ -1,4 +1,4 @@
-"""The journal writer: one append-only JSONL file per process, as ``trainer/schema.py`` specifies.
+"""The journal writer: one append-only JSONL file per process, as ``nvrx_slo/contracts/schema.py`` specifies.
 
 Why it looks like this:
 
@@ -29,8 +29,8 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
 
-from trainer import schema
-from trainer.schema import EventType
+from nvrx_slo.contracts import schema
+from nvrx_slo.contracts.schema import EventType
 
 log = logging.getLogger("nvrx_slo.journal")
 
@@ -59,9 +59,9 @@ def _encode_payload(payload: dict[str, Any]) -> str:
         elif kind is float:
             if value - value != 0.0:  # nan or ±inf: not JSON
                 raise ValueError(f"journal field {key} must be a finite number, got {value!r}")
-            out += ',"%s":%.6f' % (key, value)
+            out += f',"{key}":{value:.6f}'
         elif kind is int:
-            out += ',"%s":%d' % (key, value)
+            out += f',"{key}":{value:d}'
         elif value is None:
             out += ',"' + key + '":null'
         elif kind is bool:

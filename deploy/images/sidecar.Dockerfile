@@ -1,15 +1,16 @@
-# The nvrx-slo sidecar: the package's base install only (no torch, no NVRx), run as a non-root user.
+# The nvrx-slo sidecar: the package with the sidecar extra (no torch, no NVRx), run as a non-root user.
 # Build from the repository root:
 #   docker build -f deploy/images/sidecar.Dockerfile -t nvrx-slo-sidecar:0.1.0 .
 FROM python:3.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY pyproject.toml README.md /src/
 COPY nvrx_slo /src/nvrx_slo
+# trainer/ only because the package build maps every room; the sidecar never imports it.
 COPY trainer /src/trainer
 COPY exporter /src/exporter
 COPY alerts /src/alerts
 COPY dashboards /src/dashboards
-RUN pip install --no-cache-dir /src && rm -rf /src
+RUN pip install --no-cache-dir "/src[sidecar]" && rm -rf /src
 # Numeric, so the kubelet can check runAsNonRoot; the manifests run it with a read-only root filesystem.
 USER 10001:10001
 EXPOSE 9400

@@ -105,41 +105,65 @@ def _m(name: str, kind: Kind, help_: str, **kw: object) -> Metric:
     return Metric(PREFIX + name, kind, help_, **kw)  # type: ignore[arg-type]
 
 
-WALL = _m("wall_seconds_total", Kind.COUNTER, "Rank-seconds of wall clock since the job's first process start.", per_rank=True)
-TIME = _m("time_seconds_total", Kind.COUNTER, "Settled rank-seconds by accounting category.", labels=("category",), per_rank=True)
-UNPROTECTED_WORK = _m("unprotected_work_seconds", Kind.GAUGE, "Rank-seconds of training since the last durable checkpoint (lost if a fault comes now).", per_rank=True)
+WALL = _m("wall_seconds_total", Kind.COUNTER, "Rank-seconds of wall clock since the job's first process start.",
+          per_rank=True)
+TIME = _m("time_seconds_total", Kind.COUNTER, "Settled rank-seconds by accounting category.", labels=("category",),
+          per_rank=True)
+UNPROTECTED_WORK = _m("unprotected_work_seconds", Kind.GAUGE,
+                      "Rank-seconds of training since the last durable checkpoint (lost if a fault comes now).",
+                      per_rank=True)
 STEPS = _m("steps_total", Kind.COUNTER, "Training steps completed (including steps later rolled back).", per_rank=True)
 TRAINING_STEP = _m("training_step", Kind.GAUGE, "Latest training step number reached.", per_rank=True)
-LAST_STEP_TIMESTAMP = _m("last_step_timestamp_seconds", Kind.GAUGE, "Unix time of the latest completed step.", per_rank=True)
-STEP_DURATION = _m("step_duration_seconds", Kind.HISTOGRAM, "Duration of one training step.", per_rank=True, buckets=STEP_BUCKETS)
-STEP_SKEW = _m("step_time_skew_ratio", Kind.GAUGE, "Recent mean step time of a rank over the median across ranks (stragglers > 1).", per_rank=True)
-JOB_START_TIMESTAMP = _m("job_start_timestamp_seconds", Kind.GAUGE, "Unix time of the job's first process start (the origin of wall time).")
+LAST_STEP_TIMESTAMP = _m("last_step_timestamp_seconds", Kind.GAUGE, "Unix time of the latest completed step.",
+                         per_rank=True)
+STEP_DURATION = _m("step_duration_seconds", Kind.HISTOGRAM, "Duration of one training step.", per_rank=True,
+                   buckets=STEP_BUCKETS)
+STEP_SKEW = _m("step_time_skew_ratio", Kind.GAUGE,
+               "Recent mean step time of a rank over the median across ranks (stragglers > 1).", per_rank=True)
+JOB_START_TIMESTAMP = _m("job_start_timestamp_seconds", Kind.GAUGE,
+                         "Unix time of the job's first process start (the origin of wall time).")
 
-CKPT_BLOCKING = _m("checkpoint_blocking_seconds", Kind.HISTOGRAM, "Training-loop time stalled by one save (plan, staging, finalize).", buckets=CHECKPOINT_BUCKETS)
-CKPT_BACKGROUND = _m("checkpoint_background_seconds", Kind.HISTOGRAM, "Time one save spent writing in the background, overlapped with training.", buckets=CHECKPOINT_BUCKETS)
+CKPT_BLOCKING = _m("checkpoint_blocking_seconds", Kind.HISTOGRAM,
+                   "Training-loop time stalled by one save (plan, staging, finalize).", buckets=CHECKPOINT_BUCKETS)
+CKPT_BACKGROUND = _m("checkpoint_background_seconds", Kind.HISTOGRAM,
+                     "Time one save spent writing in the background, overlapped with training.",
+                     buckets=CHECKPOINT_BUCKETS)
 CKPT_OVERLAP = _m("checkpoint_overlap_ratio", Kind.GAUGE, "background / (blocking + background) over all saves so far.")
-CKPT_LAST_SUCCESS = _m("checkpoint_last_success_timestamp_seconds", Kind.GAUGE, "Unix time the latest durable checkpoint finished writing.")
+CKPT_LAST_SUCCESS = _m("checkpoint_last_success_timestamp_seconds", Kind.GAUGE,
+                       "Unix time the latest durable checkpoint finished writing.")
 CKPT_LAST_STEP = _m("checkpoint_last_step", Kind.GAUGE, "Training step held by the latest durable checkpoint.")
 CKPT_FAILURES = _m("checkpoint_failures_total", Kind.COUNTER, "Saves that failed.")
 CKPT_IN_FLIGHT = _m("checkpoint_in_flight", Kind.GAUGE, "Saves scheduled and not yet durable or failed.")
 CKPT_BYTES = _m("checkpoint_written_bytes_total", Kind.COUNTER, "Bytes written by durable saves.")
-CKPT_WORKER_UP = _m("checkpoint_worker_up", Kind.GAUGE, "1 if NVRx's persistent async checkpoint worker was last seen alive, 0 if dead.", per_rank=True)
+CKPT_WORKER_UP = _m("checkpoint_worker_up", Kind.GAUGE,
+                    "1 if NVRx's persistent async checkpoint worker was last seen alive, 0 if dead.", per_rank=True)
 CKPT_INTERVAL = _m("checkpoint_interval_seconds", Kind.GAUGE, "Measured mean time between durable checkpoints.")
-CKPT_INTERVAL_OPTIMAL = _m("checkpoint_interval_optimal_seconds", Kind.GAUGE, "Young/Daly optimal interval sqrt(2 * blocking cost * MTBF).")
+CKPT_INTERVAL_OPTIMAL = _m("checkpoint_interval_optimal_seconds", Kind.GAUGE,
+                           "Young/Daly optimal interval sqrt(2 * blocking cost * MTBF).")
 
 RESTARTS = _m("restarts_total", Kind.COUNTER, "Restarts by level.", labels=("level",))
-RESTART_DURATION = _m("restart_duration_seconds", Kind.HISTOGRAM, "Fault to the first step of the restarted loop (all phases, restore included), by level.", labels=("level",), buckets=RESTART_BUCKETS)
-RESTART_PHASE = _m("restart_phase_seconds", Kind.HISTOGRAM, "Duration of one restart phase, by level and phase.", labels=("level", "phase"), buckets=RESTART_BUCKETS)
+RESTART_DURATION = _m("restart_duration_seconds", Kind.HISTOGRAM,
+                      "Fault to the first step of the restarted loop (all phases, restore included), by level.",
+                      labels=("level",), buckets=RESTART_BUCKETS)
+RESTART_PHASE = _m("restart_phase_seconds", Kind.HISTOGRAM, "Duration of one restart phase, by level and phase.",
+                   labels=("level", "phase"), buckets=RESTART_BUCKETS)
 # From the launcher journal: launcher_start.max_restarts minus the current launcher's restart count.
-LAUNCHER_RESTARTS_REMAINING = _m("launcher_restarts_remaining", Kind.GAUGE, "Restarts ft_launcher may still make before the job fails (--max-restarts minus restarts so far).")
+LAUNCHER_RESTARTS_REMAINING = _m(
+    "launcher_restarts_remaining", Kind.GAUGE,
+    "Restarts ft_launcher may still make before the job fails (--max-restarts minus restarts so far).")
 MTBF = _m("mtbf_seconds", Kind.GAUGE, "Mean wall time between faults observed in this job.")
-EFFICIENCY_PREDICTED = _m("efficiency_predicted_ratio", Kind.GAUGE, "Efficiency the ETTR model predicts from measured MTBF, restart and checkpoint costs.")
-GPU_IDLE = _m("gpu_idle_seconds_total", Kind.COUNTER, "Rank-seconds the accelerator sat idle, by how it was measured.", labels=("source",), per_rank=True)
+EFFICIENCY_PREDICTED = _m("efficiency_predicted_ratio", Kind.GAUGE,
+                          "Efficiency the ETTR model predicts from measured MTBF, restart and checkpoint costs.")
+GPU_IDLE = _m("gpu_idle_seconds_total", Kind.COUNTER, "Rank-seconds the accelerator sat idle, by how it was measured.",
+              labels=("source",), per_rank=True)
 
 EXPORTER_EVENTS = _m("exporter_events_total", Kind.COUNTER, "Journal events accepted.")
-EXPORTER_REJECTED = _m("exporter_rejected_events_total", Kind.COUNTER, "Journal lines rejected, by reason.", labels=("reason",))
+EXPORTER_REJECTED = _m("exporter_rejected_events_total", Kind.COUNTER, "Journal lines rejected, by reason.",
+                       labels=("reason",))
 EXPORTER_LAG = _m("exporter_journal_lag_seconds", Kind.GAUGE, "Age of the newest event read, relative to now.")
-POD_RESTARTS = _m("pod_container_restarts_total", Kind.COUNTER, "Container restarts seen by the pod watcher, by container and reason.", labels=("container", "reason"))
+POD_RESTARTS = _m("pod_container_restarts_total", Kind.COUNTER,
+                  "Container restarts seen by the pod watcher, by container and reason.",
+                  labels=("container", "reason"))
 
 CATALOGUE: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOGUE}

@@ -1,6 +1,7 @@
 """Journal schema v1: the one contract between the trainer hooks (writers) and the exporter (reader).
 
-Stdlib only — the exporter imports this module and must never pull torch or NVRx.
+It lives in ``nvrx_slo.contracts``, in neither room, so the sidecar needs no trainer code and the
+trainer no exporter code. Stdlib only: the base install (a training process) carries it.
 
 Wire format: JSON Lines, UTF-8, one object per line, each line written with a single
 ``write()`` on an ``O_APPEND`` descriptor (so concurrent writers never interleave), one file per

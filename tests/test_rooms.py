@@ -1,0 +1,65 @@
+"""Import boundaries between the rooms (ARCHITECTURE.md, "Rooms"), read from the source.
+
+Every ``import`` statement counts, including those inside functions (the lazy ones are exactly the
+ones a runtime check would miss). A room that needs another's types takes them from
+``nvrx_slo.contracts``, which needs nothing but the standard library so that the base install
+carries it.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    # The sidecar image stays small and ships no trainer code.
+    "exporter": ("nvrx_slo.trainer", "torch", "nvidia_resiliency_ext", "nvrx_slo.alerts", "nvrx_slo.dashboards"),
+    # Training processes import no sidecar, generation or view code.
+    "trainer": ("nvrx_slo.exporter", "nvrx_slo.alerts", "nvrx_slo.dashboards"),
+    # Rules and dashboards query metrics by the catalogue's names, never the exporter that emits them.
+    "alerts": ("nvrx_slo.exporter", "nvrx_slo.trainer", "nvrx_slo.dashboards"),
+    "dashboards": ("nvrx_slo.exporter", "nvrx_slo.trainer"),
+}
+
+
+def imports(path: Path) -> set[str]:
+    """Every module an ``import`` or ``from … import`` in ``path`` names (all absolute: relative ones fail)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            found |= {node.module or ""} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def offending(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+@pytest.mark.parametrize("room", sorted(FORBIDDEN))
+def test_a_room_imports_nothing_it_may_not(room):
+    bad = {f"{path.relative_to(ROOT)}: {module}" for path in sorted((ROOT / room).rglob("*.py"))
+           for module in imports(path) if offending(module, FORBIDDEN[room])}
+    assert not bad
+
+
+def test_the_contracts_need_only_the_standard_library():
+    paths = sorted((ROOT / "nvrx_slo" / "contracts").glob("*.py"))
+    assert paths
+    outside = {f"{path.name}: {module}" for path in paths for module in imports(path)
+               if module.split(".")[0] not in sys.stdlib_module_names | {"__future__", "nvrx_slo"}
+               or (module.startswith("nvrx_slo.") and not module.startswith("nvrx_slo.contracts"))}
+    assert not outside
+
+
+def test_the_boundaries_are_checked_against_real_imports():
+    """A scan that found nothing because it read nothing would pass too: make sure it reads."""
+    assert "nvrx_slo.contracts.schema" in set().union(*(imports(p) for p in (ROOT / "exporter").glob("*.py")))
+    assert "nvrx_slo.contracts.catalogue" in set().union(*(imports(p) for p in (ROOT / "alerts").glob("*.py")))
