@@ -5,8 +5,8 @@
 #   bash scripts/compat.sh 0.6.0           # one release
 #
 # Each release is installed into its own directory (.compat/nvrx-X) that goes first on PYTHONPATH over
-# the project's .venv: the release's wheel from PyPI as published for glibc 2.39 (`--platform
-# manylinux_2_39_x86_64`, the only wheels 0.5+ have), and its dependencies resolved for this machine.
+# the project's .venv: the release's wheel from PyPI as published (`--platform`: 0.4.1 is built for
+# glibc 2.31, 0.5+ only for glibc 2.39), and its dependencies resolved for this machine.
 # What that proves: NVRx's own Python code of that release (checkpointing, inprocess, ft_launcher,
 # everything nvrx-slo uses) runs with nvrx-slo on this torch. What it does not: the wheel's one compiled
 # module (nvrx_cupti_module, used only by NVRx's GPU straggler detector) is never loaded, and the
@@ -27,7 +27,8 @@ for v in "${versions[@]}"; do
     if [ ! -f "$dir/.installed" ]; then
         rm -rf "$dir"
         "$PY" -m pip install -q --target "$dir" --no-deps --only-binary=:all: --implementation cp \
-            --python-version "$tag" --platform manylinux_2_39_x86_64 "nvidia-resiliency-ext==$v"
+            --python-version "$tag" --platform manylinux_2_39_x86_64 --platform manylinux_2_31_x86_64 \
+            "nvidia-resiliency-ext==$v"
         # its own dependencies (torch is the project's pinned build, never a second one)
         mapfile -t deps < <("$PY" - "$dir" "$v" <<'EOF'
 import sys
