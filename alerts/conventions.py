@@ -9,6 +9,7 @@ SLI series belongs to is its ``slo`` label, so a dashboard draws all four with o
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 from nvrx_slo.alerts import duration
 from nvrx_slo.alerts.spec import Slo, Spec
@@ -100,10 +101,10 @@ DASHBOARD_OF: dict[Alert, Dashboard] = {
 _DASHBOARD_QUERY = "?var-namespace={{ $labels.namespace }}&var-job={{ $labels.job_name }}"
 
 
-def stamp_links(rule: dict[str, object], spec: Spec) -> dict[str, object]:
+def stamp_links(rule: dict[str, Any], spec: Spec) -> dict[str, Any]:
     """Add ``runbook_url`` and ``dashboard_url`` to an alerting rule's annotations, from one pattern each."""
     alert = Alert(rule["alert"])
-    annotations = dict(rule["annotations"])  # type: ignore[call-overload]
+    annotations = dict(rule["annotations"])
     annotations["runbook_url"] = spec.runbook_url.replace("{alert}", alert.value)
     annotations["dashboard_url"] = f"{spec.grafana_url}/d/{DASHBOARD_OF[alert].value}{_DASHBOARD_QUERY}"
     return {**rule, "annotations": annotations}

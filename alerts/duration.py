@@ -24,7 +24,7 @@ def parse(text: str) -> int:
     return seconds
 
 
-def format(seconds: int) -> str:  # noqa: A001 - mirrors parse()
+def format(seconds: int) -> str:
     """5400 -> ``"1h30m"``; the inverse of ``parse``."""
     if seconds <= 0:
         raise ValueError(f"a duration must be positive, got {seconds}")

@@ -100,7 +100,8 @@ class _Section:
     def __init__(self, data: Any, path: str) -> None:
         if not isinstance(data, dict):
             raise SpecError(f"{path or 'the document'}: must be a mapping, got {type(data).__name__}")
-        self._data, self._path, self._read = data, path, set()
+        self._data, self._path = data, path
+        self._read: set[str] = set()
 
     def _where(self, key: str) -> str:
         return f"{self._path}.{key}" if self._path else key

@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import synthetic_journal  # noqa: E402
-from nvrx_slo.contracts import schema  # noqa: E402
-from nvrx_slo.exporter.engine import Engine  # noqa: E402
-from nvrx_slo.exporter.live import Live  # noqa: E402
-from nvrx_slo.exporter.tail import JournalTail  # noqa: E402
+from bench import synthetic_journal
+from nvrx_slo.contracts import schema
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.tail import JournalTail
 
 TARGET = 200_000
 

@@ -24,16 +24,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+from prometheus_client import CollectorRegistry, generate_latest
 
-from bench import synthetic_journal  # noqa: E402
-from nvrx_slo.exporter.collector import LabelSets, SnapshotCollector, families  # noqa: E402
-from nvrx_slo.exporter.engine import Engine  # noqa: E402
-from nvrx_slo.exporter.exposition import TextRenderer  # noqa: E402
-from nvrx_slo.exporter.identity import Identity  # noqa: E402
-from nvrx_slo.exporter.live import Live  # noqa: E402
-from nvrx_slo.exporter.tail import JournalTail  # noqa: E402
-from sidecar_process import SidecarProcess  # noqa: E402
+from bench import synthetic_journal
+from nvrx_slo.exporter.collector import LabelSets, SnapshotCollector, families
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.exposition import TextRenderer
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.tail import JournalTail
+from sidecar_process import SidecarProcess
 
 TARGET_MS = 100.0
 TARGET_RSS_MB = 150.0

@@ -60,8 +60,8 @@ class Checkpoints:
         self.recent: list[tuple[float, str, CheckpointRecord]] = []  # (began, key, record), oldest first
         self.due = float("inf")  # no save can fold before the pod's newest record reaches this
 
-    def add(self, rec: Event) -> None:
-        """One checkpoint_* event of a rank (checkpoint_worker is the ledger's)."""
+    def add(self, rec: Event, rank: int) -> None:
+        """One checkpoint_* event of rank ``rank`` (checkpoint_worker is the ledger's)."""
         ckpt = f'{rec.restart}/{rec.iter}/{rec.ckpt}'
         parts = self.open.get(ckpt)
         if parts is None:
@@ -69,7 +69,7 @@ class Checkpoints:
             if len(self.open) > MAX_OPEN:
                 oldest = min(self.open, key=lambda k: (_began(self.open[k]) if self.open[k] else float("inf"), k))
                 self._close(oldest, self.open.pop(oldest), {})
-        key = (rec.rank, rec.pid)  # a restarted process may save the same id again
+        key = (rank, rec.pid)  # a restarted process may save the same id again
         part = parts.get(key)
         if part is None:
             part = parts[key] = _part()

@@ -176,7 +176,7 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
 
     per_rank_values(cat.WALL, field(lambda r: r.wall_s))
     for category in cat.SETTLED_CATEGORIES:
-        per_rank_values(cat.TIME, field(lambda r, c=category: r.seconds.get(c, 0.0)), (("category", category.value),))
+        per_rank_values(cat.TIME, [r.seconds.get(category, 0.0) for r in ranks], (("category", category.value),))
     per_rank_values(cat.UNPROTECTED_WORK, field(lambda r: r.unprotected_s))
     per_rank_values(cat.STEPS, field(lambda r: r.steps))
     per_rank_values(cat.TRAINING_STEP, field(lambda r: r.step))

@@ -22,7 +22,7 @@ rejected as ``malformed``.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal, Protocol, Union
 
 import msgspec
 import orjson
@@ -30,37 +30,65 @@ import orjson
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.schema import JournalError, RejectReason
 
-Event = msgspec.Struct
-"""A decoded journal record: an instance of the struct class of its event type (see ``_struct``)."""
+
+class Event(Protocol):
+    """A decoded journal record, as the type checker sees it.
+
+    At run time it is an instance of its event type's struct class (see ``_struct``), built from
+    the schema's field tables, so its attributes are the schema's by construction. Those classes
+    exist only at run time, so the checker sees the common fields below, typed, and every payload
+    field as ``Any``.
+    """
+
+    type: str
+    v: int
+    seq: int
+    mono: float
+    wall: float
+    job: str
+    pod: str
+    node: str
+    rank: int | None
+    local_rank: int | None
+    pid: int
+    restart: int
+    iter: int
+
+    def __getattr__(self, name: str) -> Any: ...
 
 
-def _struct(event: schema.EventType) -> type[msgspec.Struct]:
+def _union(types: tuple[Any, ...]) -> Any:
+    """``types[0] | types[1] | …`` built at run time (one type stays itself)."""
+    return Union[types] if len(types) > 1 else types[0]  # noqa: UP007 - a run-time tuple needs Union[...]
+
+
+def _struct(event: schema.EventType) -> Any:
     """The event's fields as a struct: every field required, the schema's types exactly (a
     number is ``int | float``, never ``bool``), tagged by ``type``, which is also a class attribute.
     Its fields are scalars and strings, so it can be in no reference cycle: the garbage collector
     need not track it (``gc=False``)."""
-    fields: list[tuple[str, Any]] = [("v", Literal[schema.SCHEMA_VERSION])]  # type: ignore[valid-type]
+    fields: list[tuple[str, Any]] = [("v", Literal[schema.SCHEMA_VERSION])]
     for name, types in {**schema.COMMON_FIELDS, **schema.PAYLOAD_FIELDS[event]}.items():
         if name not in ("v", "type"):
-            fields.append((name, Union[tuple(types)] if len(types) > 1 else types[0]))  # type: ignore[arg-type]
+            fields.append((name, _union(types)))
     return msgspec.defstruct(event.value, fields, tag_field="type", tag=event.value,
                              namespace={"type": event.value}, module=__name__, gc=False)
 
 
-_EVENT = Union[tuple(_struct(event) for event in schema.EventType)]  # type: ignore[valid-type]
-_BATCH = msgspec.json.Decoder(list[_EVENT])  # type: ignore[valid-type]
+_EVENT: Any = _union(tuple(_struct(event) for event in schema.EventType))
+_BATCH = msgspec.json.Decoder(list[_EVENT])
 _ONE = msgspec.json.Decoder(_EVENT)
 
 
 def as_event(record: dict[str, Any]) -> Event:
     """The event of a record ``schema.validate`` accepts (a record built in code, not read), or ``JournalError``."""
-    return msgspec.convert(schema.validate(record), _EVENT)  # type: ignore[no-any-return]
+    return msgspec.convert(schema.validate(record), _EVENT)
 
 
 def decode(line: bytes) -> Event:
     """One line (no newline needed) to a valid event, or ``JournalError``."""
     try:
-        return _ONE.decode(line)  # type: ignore[no-any-return]
+        return _ONE.decode(line)
     except msgspec.MsgspecError:
         pass
     try:
@@ -80,7 +108,7 @@ def decode_batch(lines: list[bytes]) -> list[Event | JournalError]:
         except msgspec.MsgspecError:
             events = None
         if events is not None and len(events) == len(lines):
-            return events  # type: ignore[no-any-return]
+            return events
     out: list[Event | JournalError] = []
     for line in lines:
         try:

@@ -216,7 +216,7 @@ class Engine:
             self._launcher(record, kind, mono)
         else:
             if kind in _CHECKPOINT_EVENTS:
-                self._checkpoints.add(record)
+                self._checkpoints.add(record, lane.ledger.rank)
             self._lane_ingest(lane, record)
         if self._restarts.open and (self._newest >= self._next_fold or self._restarts.ended_since_fold):
             lanes = self._lanes

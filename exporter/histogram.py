@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import Any
 
 from nvrx_slo.exporter.snapshot import Histogram
 
@@ -40,11 +41,11 @@ class Buckets:
         return [self.counts, self.sum, self.count]
 
     @classmethod
-    def from_state(cls, bounds: tuple[float, ...], state: list[object]) -> Buckets:
+    def from_state(cls, bounds: tuple[float, ...], state: list[Any]) -> Buckets:
         out = cls(bounds)
         counts, total, count = state
         if not isinstance(counts, list) or len(counts) != len(bounds) + 1:
             raise ValueError("histogram state does not match its buckets")
         out.counts = [int(n) for n in counts]
-        out.sum, out.count = float(total), int(count)  # type: ignore[arg-type]
+        out.sum, out.count = float(total), int(count)
         return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -116,17 +117,17 @@ class OtlpView:
 
 def _histogram(metric: cat.Metric, family: PromFamily, start_ns: int, now_ns: int) -> OtelMetric:
     """Prometheus-style cumulative ``_bucket``/``_sum``/``_count`` samples to OTLP histogram points."""
-    series: dict[tuple[tuple[str, str], ...], dict[str, object]] = {}
+    series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
     for s in family.samples:
         key = tuple(sorted((k, v) for k, v in _attributes(s.labels).items() if k != "le"))
         point = series.setdefault(key, {"cumulative": []})
         if s.name.endswith("_bucket"):
-            point["cumulative"].append(s.value)  # type: ignore[union-attr]
+            point["cumulative"].append(s.value)
         else:
             point[s.name.rsplit("_", 1)[1]] = s.value
     points = []
     for key, point in series.items():
-        cumulative: Sequence[float] = point["cumulative"]  # type: ignore[assignment]
+        cumulative: Sequence[float] = point["cumulative"]
         counts = [int(c - p) for c, p in zip(cumulative, [0.0, *cumulative[:-1]], strict=True)]
         points.append(HistogramDataPoint(
             attributes=dict(key), start_time_unix_nano=start_ns, time_unix_nano=now_ns, count=int(point["count"]),

@@ -29,10 +29,10 @@ def _handler(routes: Mapping[str, Route]) -> type[BaseHTTPRequestHandler]:
         # client's delayed ACK of the headers (~40 ms on Linux loopback)
         disable_nagle_algorithm = True
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             self._answer(send_body=True)
 
-        def do_HEAD(self) -> None:  # noqa: N802
+        def do_HEAD(self) -> None:
             self._answer(send_body=False)
 
         def _answer(self, send_body: bool) -> None:
@@ -52,7 +52,7 @@ def _handler(routes: Mapping[str, Route]) -> type[BaseHTTPRequestHandler]:
             if send_body:
                 self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base class name
+        def log_message(self, format: str, *args: object) -> None:
             log.debug("%s " + format, self.address_string(), *args)
 
     return Handler

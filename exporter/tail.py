@@ -247,7 +247,7 @@ class JournalTail:
             lines = [lines[i] for i in nonempty]
         key, items = src.key, src.items
         for i, item in zip(nonempty, decode_batch(lines), strict=True):
-            if type(item) is JournalError:
+            if isinstance(item, JournalError):
                 items.append((key, start + ends[i] + i + 1, (name, item)))
             else:
                 mono = item.mono
@@ -274,9 +274,9 @@ class JournalTail:
         if not batch:  # the file setting the watermark has nothing buffered: read it first
             return 0
         batch.sort(key=itemgetter(0))  # stable: each file's lines keep their order
-        events = []
+        events: list[Event] = []
         for _key, _end, payload in batch:
-            if type(payload) is tuple:
+            if isinstance(payload, tuple):
                 name, error = payload
                 self._reject(error.reason.value, name, str(error))
             elif payload is not None:

@@ -56,4 +56,4 @@ def snapshot(n_ranks: int = 2, **kw: object) -> Snapshot:
         finished=False, ranks=tuple(rank(r) for r in range(n_ranks)), checkpoints=checkpoints, restarts=restarts,
         predicted_efficiency=0.97, events_accepted=1234, duplicates=2, out_of_order=3, late=1, journal_lag_s=0.4)
     fields.update(kw)
-    return Snapshot(**fields)  # type: ignore[arg-type]
+    return Snapshot(**fields)

@@ -70,7 +70,7 @@ def _serve_webhook() -> tuple[Webhook, ThreadingHTTPServer]:
     hook = Webhook(0)
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with hook.lock:
                 hook.received.append((self.path, body))

@@ -21,23 +21,23 @@ class FakeNvml:
         self.init_error = init_error
         self.shut = False
 
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+    def nvmlInit(self) -> None:
         if self.init_error:
             raise self.NVMLError("Driver Not Loaded")
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.utilisation[0])
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
         gpu = self.utilisation[0][handle]
         if gpu is None:
             raise self.NVMLError("GPU is lost")
         return SimpleNamespace(gpu=gpu, memory=0)
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.shut = True
 
 

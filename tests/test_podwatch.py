@@ -39,7 +39,7 @@ class FakeApi:
         api = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 url = urlsplit(self.path)
                 api.queries.append({"path": url.path, **parse_qs(url.query)})
                 body = b"".join(json.dumps({"type": "MODIFIED", "object": e}).encode() + b"\n" for e in api.events)

@@ -63,3 +63,13 @@ def test_the_boundaries_are_checked_against_real_imports():
     """A scan that found nothing because it read nothing would pass too: make sure it reads."""
     assert "nvrx_slo.contracts.schema" in set().union(*(imports(p) for p in (ROOT / "exporter").glob("*.py")))
     assert "nvrx_slo.contracts.catalogue" in set().union(*(imports(p) for p in (ROOT / "alerts").glob("*.py")))
+
+
+def test_nothing_imports_a_room_by_its_folder_name():
+    """``trainer.hooks`` resolves from the repository root (the folder is on the path) but from no
+    install: every import goes through ``nvrx_slo``."""
+    rooms = ("trainer", "exporter", "alerts", "dashboards")
+    paths = [p for top in ("nvrx_slo", *rooms, "tests", "bench") for p in sorted((ROOT / top).rglob("*.py"))]
+    bare = {f"{path.relative_to(ROOT)}: {module}" for path in paths for module in imports(path)
+            if module.split(".")[0] in rooms}
+    assert not bare

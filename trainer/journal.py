@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 

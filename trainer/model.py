@@ -25,6 +25,8 @@ class ModelConfig:
 
 
 class TinyLM(nn.Module):
+    causal: torch.Tensor  # a registered buffer, which nn.Module's attribute typing cannot see
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model)

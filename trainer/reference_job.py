@@ -165,7 +165,9 @@ def _run_inprocess(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer) -> None:
         return
     port = int(os.environ["MASTER_PORT"]) + 1  # the Wrapper's own store; MASTER_PORT is the training group's
     timeout = datetime.timedelta(seconds=max(30.0, 10 * cfg.collective_timeout_s))
-    class AbandonSaves(ip.finalize.Finalize):
+    finalize_base: Any = ip.finalize.Finalize  # NVRx is imported at run time, feature-detected
+
+    class AbandonSaves(finalize_base):
         """Saves in flight cannot finish once the process group is gone: give them up before the
         restart, on every rank (the main thread, after NVRx stopped interrupting it)."""
 
