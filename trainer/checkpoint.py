@@ -232,6 +232,7 @@ class Checkpointer:
 
     def _save_async(self, state_dict: dict[str, Any], ckpt: str, step: int, path: Path) -> None:
         api = self._api
+        assert api is not None  # async mode
         if self._queue is None:
             self.start()
         if self._warming is not None:
@@ -260,8 +261,8 @@ class Checkpointer:
             self.hooks.journal.emit(EventType.CHECKPOINT_FINALIZE, ckpt=ckpt, start=self._finalize_start)
             self._finalize_start = time.monotonic()
 
-        request = api.AsyncRequest(_StampedWrite(write, str(_stamp_path(path, rank)), self.slow_storage_s), tuple(args), [finalize],
-                                   preload_fn=preload)
+        stamped = _StampedWrite(write, str(_stamp_path(path, rank)), self.slow_storage_s)
+        request = api.AsyncRequest(stamped, tuple(args), [finalize], preload_fn=preload)
         index = self._queue.schedule_async_request(request)
         self._pending[index] = pending
         t2 = time.monotonic()
@@ -296,8 +297,8 @@ class Checkpointer:
 
     def abandon(self, reason: str) -> None:
         """After a fault (in-process restart; call it from the Wrapper's ``finalize``): give up on
-        saves in flight, at once and without any collective. Each is journaled as failed; the writer keeps running, and the next ``start``
-        clears what it still owes before the next save."""
+        saves in flight, at once and without any collective. Each is journaled as failed; the writer
+        keeps running, and the next ``start`` clears what it still owes before the next save."""
         for pending in self._pending.values():
             self._end(pending, _read_stamp(pending.path, pending.rank, time.monotonic()), f"abandoned: {reason}")
         self._pending.clear()
@@ -315,6 +316,7 @@ class Checkpointer:
                 break
         caller.cur_item = None
         self._queue.async_calls.clear()
+        assert self._api is not None  # only async saves are abandoned
         results = self._api.results_queue_module._results_queue
         while results is not None:
             try:

@@ -99,7 +99,7 @@ def install(target: LauncherJournal) -> bool:
     for elastic in nvrx_compat.elastic():
         metrics = elastic.metrics
 
-        class MetricHandler(metrics.MetricHandler):  # type: ignore[name-defined,misc]
+        class MetricHandler(metrics.MetricHandler):  # type: ignore[name-defined]
             def emit(self, metric_data: Any) -> None:
                 target.metric(metric_data.name, metric_data.value)
 

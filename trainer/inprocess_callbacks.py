@@ -41,10 +41,10 @@ def wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
     ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest). Build
     the Wrapper with ``wrapper`` to have it restart on a host without a GPU too.
     """
-    ip = nvrx_compat.inprocess()
+    ip: Any = nvrx_compat.inprocess()  # callback base classes come from the installed NVRx
     if ip is None:
         return kwargs
-    ra = ip.rank_assignment
+    ra: Any = ip.rank_assignment
 
     class JournalAbort(ip.abort.Abort):
         def __call__(self, state: Any) -> Any:

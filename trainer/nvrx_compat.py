@@ -76,7 +76,7 @@ def inprocess() -> ModuleType | None:
 def accepts(function: Callable[..., Any], parameter: str) -> bool:
     """Whether ``function`` (an NVRx callable or class) takes a keyword ``parameter`` in this release."""
     if isinstance(function, type):  # a class's own __init__: NVRx's metaclasses hide it from signature()
-        function = function.__init__
+        function = function.__init__  # type: ignore[misc]
     try:
         return parameter in inspect.signature(function).parameters
     except (TypeError, ValueError):
@@ -137,9 +137,9 @@ def elastic() -> list[SimpleNamespace]:
     found = []
     for prefix in ("nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat", "torch.distributed.elastic"):
         metrics = _first_module(f"{prefix}.metrics.api")
-        handlers = _first_module(f"{prefix}.events.handlers")
-        if metrics is not None and hasattr(metrics, "configure") and hasattr(handlers, "_log_handlers"):
-            found.append(SimpleNamespace(metrics=metrics, event_handlers=handlers._log_handlers))
+        log_handlers = getattr(_first_module(f"{prefix}.events.handlers"), "_log_handlers", None)
+        if metrics is not None and hasattr(metrics, "configure") and log_handlers is not None:
+            found.append(SimpleNamespace(metrics=metrics, event_handlers=log_handlers))
     if not found:
         _missing("torchelastic metrics/events", "launcher events limited to start and exit")
     return found
