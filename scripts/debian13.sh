@@ -110,6 +110,19 @@ if [ "$(cat "$ROOT/.setup-stamp" 2>/dev/null)" != "$stamp" ]; then
     tar -C / --exclude="${PYDIR#/}/lib/python$PYVER/site-packages/*" -cf - "${PYDIR#/}" | tar -C "$ROOT" -xf -
     echo "$stamp" > "$ROOT/.setup-stamp"
 fi
+# this machine's own trust roots (an egress proxy's or a local registry's CA appended to its bundle, which
+# Debian's ca-certificates lacks): every certificate of its bundle that is not one of its Debian CA files
+rm -rf "$ROOT/usr/local/share/ca-certificates/host"; mkdir -p "$ROOT/usr/local/share/ca-certificates/host"
+fp() { openssl x509 -noout -fingerprint -sha256 -in "$1" 2>/dev/null | cut -d= -f2; }
+known=$(for f in /usr/share/ca-certificates/*/*.crt; do fp "$f"; done)
+split=$(mktemp -d); trap 'rm -rf "$split"; cleanup' EXIT
+awk -v d="$split" '/BEGIN CERT/{n++; f=sprintf("%s/%03d.crt", d, n)} f{print > f} /END CERT/{close(f); f=""}' \
+    "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}"
+for f in "$split"/*.crt; do
+    grep -qxF "$(fp "$f")" <<<"$known" || cp "$f" "$ROOT/usr/local/share/ca-certificates/host/"
+done
+inside update-ca-certificates >/dev/null 2>&1
+log "trust roots added from this machine: $(ls "$ROOT/usr/local/share/ca-certificates/host" | wc -l)"
 missing=$(inside sh -c "ldd $PYDIR/lib/python$PYVER/lib-dynload/*.so" 2>&1 | grep 'not found' | grep -v -E 'lib(tk|tcl|X)' | sort -u || true)
 [ -z "$missing" ] || { log "libraries the copied Python lacks in the chroot:"; echo "$missing" >&2; exit 1; }
 echo "== chroot: Debian $(cat "$ROOT/etc/debian_version"), $(inside ldd --version | head -1)"
