@@ -18,6 +18,7 @@ import yaml
 
 from nvrx_slo.alerts import duration, windows
 from nvrx_slo.contracts import catalogue
+from nvrx_slo.contracts.targets import Targets
 
 VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("slo.yaml")
@@ -88,6 +89,15 @@ class Spec:
     grafana_url: str
     release: str
     routing: Routing
+
+    @property
+    def targets(self) -> Targets:
+        """What the status page and the SLO reports judge against (they may not import this room)."""
+        o = self.objectives
+        return Targets(efficiency=o[Slo.EFFICIENCY].target, recovery=o[Slo.RECOVERY].target,
+                       recovery_threshold_s=self.recovery_threshold,
+                       checkpoint_blocking=o[Slo.CHECKPOINT_BLOCKING].target,
+                       checkpoint_overlap=o[Slo.CHECKPOINT_OVERLAP].target)
 
     @property
     def burn_windows(self) -> tuple[windows.BurnWindow, ...]:

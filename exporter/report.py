@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from nvrx_slo.contracts.catalogue import RestartPhase
+from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter import status_page, timeline
 from nvrx_slo.exporter.decode import Event
 from nvrx_slo.exporter.engine import Engine
@@ -88,8 +89,9 @@ class _Replay:
         self.restarts.append(new)
 
 
-def build(journal_dir: str | Path) -> str:
-    """The report of ``journal_dir`` as one HTML document; ``EmptyJournal`` if nothing was accepted."""
+def build(journal_dir: str | Path, targets: Targets) -> str:
+    """The report of ``journal_dir`` as one HTML document, its SLOs judged against ``targets``;
+    ``EmptyJournal`` if nothing was accepted."""
     tail = JournalTail(journal_dir)
     replay = _Replay()
     try:
@@ -115,21 +117,22 @@ def build(journal_dir: str | Path) -> str:
             f"{timeline.legend_html()}{timeline.render_svg(tl)}"
             f'<p class="sub">One lane per rank; hover a span for details. Restarts and their phases run '
             f"across all lanes; lost work is the training that a restart rolled back.</p></section></div>"
-            f"{status_page.sections(view)}")
+            f"{status_page.sections(view, targets)}")
     made = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     links = (f'<span class="ident">journal <b>{html.escape(str(journal_dir))}</b> · report made {made}</span>')
     return status_page.page("nvrx-slo report", snap, body, refresh_s=None, links=links)
 
 
-def write(journal_dir: str | Path, output: str | Path) -> Path:
+def write(journal_dir: str | Path, output: str | Path, targets: Targets) -> Path:
     """Build the report of ``journal_dir`` and write it to ``output``; returns its absolute path."""
-    document = build(journal_dir)
+    document = build(journal_dir, targets)
     path = Path(output).resolve()
     path.write_text(document, encoding="utf-8")
     return path
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], targets: Targets) -> int:
+    """``nvrx-slo report``; ``targets`` come from the SLO spec (``nvrx_slo/cli.py`` loads it)."""
     parser = argparse.ArgumentParser(prog="nvrx-slo report", description=__doc__.split("\n")[0])
     parser.add_argument("journal_dir", metavar="JOURNAL_DIR", type=Path, help="a journal directory (one pod's)")
     parser.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="HTML file to write")
@@ -137,7 +140,7 @@ def main(argv: list[str]) -> int:
     if not args.journal_dir.is_dir():
         parser.error(f"JOURNAL_DIR {args.journal_dir}: not a directory")
     try:
-        print(write(args.journal_dir, args.output))
+        print(write(args.journal_dir, args.output, targets))
     except (EmptyJournal, FileNotFoundError) as exc:
         print(f"nvrx-slo report: {exc}", file=sys.stderr)
         return 1

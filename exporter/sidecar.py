@@ -37,6 +37,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from nvrx_slo.contracts.schema import JOURNAL_DIR_ENV
+from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter import identity as identity_mod
 from nvrx_slo.exporter import nvml, podwatch, slo_report, state_store, status_page
 from nvrx_slo.exporter.collector import SnapshotCollector
@@ -152,8 +153,9 @@ def _gc_paused() -> Iterator[None]:
 
 
 class Sidecar:
-    def __init__(self, config: Config, *, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, config: Config, targets: Targets, *, env: Mapping[str, str] | None = None) -> None:
         self.config = config
+        self.targets = targets
         self.identity = identity_mod.from_environment(env, config.podinfo_dir)
         self.live = self._fresh_live()
         self.stop = threading.Event()
@@ -198,7 +200,7 @@ class Sidecar:
         view = self.view()
         if view is None:
             return 503, TEXT, b"catching up with the journal\n"
-        return 200, HTML, status_page.render(view).encode()
+        return 200, HTML, status_page.render(view, self.targets).encode()
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -271,7 +273,7 @@ class Sidecar:
             log.error("cannot save state to %s: %s", self.config.state_file, exc)
 
     def _write_report(self) -> None:
-        text = slo_report.render(self.live.view().snapshot)
+        text = slo_report.render(self.live.view().snapshot, self.targets)
         if self.config.report_file == "-":
             sys.stdout.write(text)
             sys.stdout.flush()
@@ -282,15 +284,16 @@ class Sidecar:
             log.error("cannot write the SLO report to %s: %s", self.config.report_file, exc)
 
 
-def main(argv: list[str] | None = None) -> int:
-    config = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str], targets: Targets) -> int:
+    """``nvrx-slo sidecar``; ``targets`` come from the SLO spec (``nvrx_slo/cli.py`` loads it)."""
+    config = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     # One descriptor per journal file with new data while a backlog is merged: allow what the
     # container allows (the soft limit is often 1024, the hard one far higher).
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    sidecar = Sidecar(config)
+    sidecar = Sidecar(config, targets)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sidecar.stop.set())
     return sidecar.run()

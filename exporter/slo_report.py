@@ -2,13 +2,14 @@
 
 Efficiency, where every rank-second went (productive plus each badput category, summing to 100%
 of wall — the engine's invariant), checkpoint overlap and blocking share, restart latency by
-level and by phase, and the default SLOs judged pass/fail. The SLO judgement is the status
+level and by phase, and the spec's SLOs judged pass/fail. The SLO judgement is the status
 page's (``status_page.slo_results``), so the page and the report never disagree.
 """
 
 from __future__ import annotations
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.snapshot import Histogram, Snapshot
 from nvrx_slo.exporter.status_page import CATEGORY_LABELS, slo_results
 
@@ -35,7 +36,7 @@ def breakdown(snap: Snapshot) -> dict[Category, float]:
     return {c: snap.unprotected_s if c is Category.UNPROTECTED else seconds.get(c, 0.0) for c in Category}
 
 
-def render(snap: Snapshot) -> str:
+def render(snap: Snapshot, targets: Targets) -> str:
     wall = snap.wall_s
     lines = [
         f"nvrx-slo SLO report — job {snap.job or '?'}, pod {snap.pod or '?'}, {len(snap.ranks)} rank(s)"
@@ -80,8 +81,8 @@ def render(snap: Snapshot) -> str:
                          f"{'  (' + phases + ')' if phases else ''}")
     lines.append(f"  MTBF {_secs(rs.mtbf_s)}")
 
-    lines += ["", "Default SLOs (whole run so far):"]
-    for result in slo_results(snap):
+    lines += ["", "SLOs (whole run so far):"]
+    for result in slo_results(snap, targets):
         verdict = "no data" if result.ok is None else "PASS" if result.ok else "FAIL"
         lines.append(f"  {verdict:<7}  {result.name}: {result.shown}  (objective: {result.objective})")
     return "\n".join(lines) + "\n"

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 
-from nvrx_slo.contracts.catalogue import RESTART_SLO_SECONDS, Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.live import View
 from nvrx_slo.exporter.snapshot import Histogram, RankState, Snapshot
 
@@ -29,11 +30,6 @@ REFRESH_S = 5
 MAX_RANK_BARS = 16  # per-rank breakdown bars; beyond this only the job bar is drawn
 MAX_RANK_ROWS = 64  # per-rank table rows
 
-# The default SLOs (ARCHITECTURE.md, alerts/slo.yaml): what the page judges pass/fail against.
-EFFICIENCY_TARGET = 0.99
-RECOVERY_TARGET = 0.99
-BLOCKING_MAX = 0.01
-OVERLAP_MIN = 0.95
 
 CATEGORY_LABELS: dict[Category, str] = {
     Category.PRODUCTIVE: "productive",
@@ -104,28 +100,28 @@ def _share_within(hist: Histogram, bound: float) -> float | None:
     return hist.counts[hist.bounds.index(bound)] / hist.count
 
 
-def slo_results(snap: Snapshot) -> list[SloResult]:
-    """The default SLOs judged on this snapshot (whole job so far, not a burn-rate window)."""
+def slo_results(snap: Snapshot, targets: Targets) -> list[SloResult]:
+    """The spec's SLOs judged on this snapshot (whole job so far, not a burn-rate window)."""
     eff = snap.efficiency
     durations = list(snap.restarts.duration.values())
     merged = Histogram(durations[0].bounds, tuple(map(sum, zip(*(h.counts for h in durations), strict=True))),
                        sum(h.sum for h in durations), sum(h.count for h in durations)) if durations else None
-    fast = _share_within(merged, RESTART_SLO_SECONDS) if merged else None
+    fast = _share_within(merged, targets.recovery_threshold_s) if merged else None
     ck = snap.checkpoints
     return [
-        SloResult("efficiency", "training efficiency", f"productive / wall ≥ {_pct(EFFICIENCY_TARGET, 0)}",
-                  eff, _pct(eff), None if eff is None else eff >= EFFICIENCY_TARGET),
+        SloResult("efficiency", "training efficiency", f"productive / wall ≥ {_pct(targets.efficiency, 0)}",
+                  eff, _pct(eff), None if eff is None else eff >= targets.efficiency),
         SloResult("recovery", "recovery latency",
-                  f"{_pct(RECOVERY_TARGET, 0)} of restarts back to training in < {RESTART_SLO_SECONDS:g} s",
+                  f"{_pct(targets.recovery, 0)} of restarts back to training in < {targets.recovery_threshold_s:g} s",
                   fast, _pct(fast, 1) if fast is not None else "no restarts",
-                  None if fast is None else fast >= RECOVERY_TARGET),
-        SloResult("checkpoint_blocking", "checkpoint blocking", f"blocking ≤ {_pct(BLOCKING_MAX, 0)} of wall",
+                  None if fast is None else fast >= targets.recovery),
+        SloResult("checkpoint_blocking", "checkpoint blocking", f"blocking ≤ {_pct(targets.blocking_max, 0)} of wall",
                   ck.blocking_fraction, _pct(ck.blocking_fraction, 3),
-                  None if ck.blocking_fraction is None else ck.blocking_fraction <= BLOCKING_MAX),
+                  None if ck.blocking_fraction is None else ck.blocking_fraction <= targets.blocking_max),
         SloResult("checkpoint_overlap", "checkpoint overlap",
-                  f"background / (blocking + background) ≥ {_pct(OVERLAP_MIN, 0)}",
+                  f"background / (blocking + background) ≥ {_pct(targets.checkpoint_overlap, 0)}",
                   ck.overlap_ratio, _pct(ck.overlap_ratio, 1),
-                  None if ck.overlap_ratio is None else ck.overlap_ratio >= OVERLAP_MIN),
+                  None if ck.overlap_ratio is None else ck.overlap_ratio >= targets.checkpoint_overlap),
     ]
 
 
@@ -178,16 +174,16 @@ def _time_section(snap: Snapshot) -> str:
             f'{"".join(rows)}</table></section>')
 
 
-def _headline(snap: Snapshot) -> str:
+def _headline(snap: Snapshot, targets: Targets) -> str:
     eff = snap.efficiency
-    ok = None if eff is None else eff >= EFFICIENCY_TARGET
+    ok = None if eff is None else eff >= targets.efficiency
     cls = "na" if ok is None else "pass" if ok else "fail"
     steps = sum(r.steps for r in snap.ranks)
     step = max((r.step for r in snap.ranks if r.step is not None), default=None)
     restarts = sum(snap.restarts.counts.values())
     return (f'<section class="card"><h2>Training efficiency</h2>'
             f'<div class="big {cls}">{_num("efficiency", eff, _pct(eff))}</div>'
-            f'<div class="sub">SLO ≥ {_pct(EFFICIENCY_TARGET, 0)} {_verdict(ok)} · predicted (ETTR) '
+            f'<div class="sub">SLO ≥ {_pct(targets.efficiency, 0)} {_verdict(ok)} · predicted (ETTR) '
             f'{_num("predicted-efficiency", snap.predicted_efficiency, _pct(snap.predicted_efficiency))}</div>'
             f'<table><tr><td>ranks</td><td class="num">{_num("ranks", len(snap.ranks), str(len(snap.ranks)))}</td></tr>'
             f'<tr><td>latest step</td>'
@@ -200,12 +196,12 @@ def _headline(snap: Snapshot) -> str:
             f"</table></section>")
 
 
-def _slo_section(snap: Snapshot) -> str:
+def _slo_section(snap: Snapshot, targets: Targets) -> str:
     rows = "".join(
         f'<tr id="slo-{r.key}" data-ok="{"" if r.ok is None else str(r.ok).lower()}"><td>{_e(r.name)}</td>'
         f"<td>{_e(r.objective)}</td><td class=\"num\">{_num(f'slo-{r.key}-value', r.value, r.shown)}</td>"
         f"<td>{_verdict(r.ok)}</td></tr>"
-        for r in slo_results(snap))
+        for r in slo_results(snap, targets))
     return (f'<section class="card"><h2>SLOs (whole job so far)</h2><table>'
             f'<tr><th>SLO</th><th>objective</th><th class="num">now</th><th></th></tr>{rows}</table></section>')
 
@@ -248,7 +244,7 @@ def _checkpoint_section(snap: Snapshot) -> str:
     return f'<section class="card wide"><h2>Checkpoints</h2>{head}<h2>Latest saves</h2>{table}</section>'
 
 
-def _restart_section(snap: Snapshot) -> str:
+def _restart_section(snap: Snapshot, targets: Targets) -> str:
     rs = snap.restarts
     counts = " · ".join(f'{lvl.value} {_num(f"restarts-{lvl.value}", n, str(n))}'
                         for lvl, n in ((lvl, rs.counts.get(lvl, 0)) for lvl in RestartLevel))
@@ -259,7 +255,7 @@ def _restart_section(snap: Snapshot) -> str:
                        f'title="{_e(p.value)}: {_secs(r.phases[p])}"></span>'
                        for p in RestartPhase if p in r.phases and total > 0)
         detail = ", ".join(f"{p.value} {_secs(r.phases[p])}" for p in RestartPhase if p in r.phases)
-        slow = r.duration_s is not None and r.duration_s >= RESTART_SLO_SECONDS
+        slow = r.duration_s is not None and r.duration_s >= targets.recovery_threshold_s
         took = "in progress" if r.duration_s is None else _secs(r.duration_s)
         rows.append(f'<tr data-level="{_e(r.level.value)}"><td>{_when(r.fault_wall, snap.now_wall)}</td>'
                     f'<td>{_e(r.level.value)}</td><td class="num {"fail" if slow else ""}">{took}</td>'
@@ -307,11 +303,11 @@ def _exporter_section(view: View) -> str:
             f"<tr><td>container restarts (pod watcher)</td><td></td><td>{_e(pod)}</td></tr></table></section>")
 
 
-def sections(view: View) -> str:
+def sections(view: View, targets: Targets) -> str:
     """The page body: every card, in reading order."""
     snap = view.snapshot
-    return (f'<div class="grid">{_headline(snap)}{_slo_section(snap)}{_time_section(snap)}'
-            f"{_checkpoint_section(snap)}{_restart_section(snap)}{_ranks_section(snap)}"
+    return (f'<div class="grid">{_headline(snap, targets)}{_slo_section(snap, targets)}{_time_section(snap)}'
+            f"{_checkpoint_section(snap)}{_restart_section(snap, targets)}{_ranks_section(snap)}"
             f"{_exporter_section(view)}</div>")
 
 
@@ -332,8 +328,8 @@ def page(title: str, snap: Snapshot, body: str, *, refresh_s: int | None, links:
             f"Job-level numbers sum over ranks.</footer></body></html>")
 
 
-def render(view: View) -> str:
+def render(view: View, targets: Targets) -> str:
     """The live page served at ``/``."""
     links = ('<span class="ident"><a href="metrics">/metrics</a> · <a href="healthz">/healthz</a> · '
              f"refreshes every {REFRESH_S} s</span>")
-    return page("nvrx-slo status", view.snapshot, sections(view), refresh_s=REFRESH_S, links=links)
+    return page("nvrx-slo status", view.snapshot, sections(view, targets), refresh_s=REFRESH_S, links=links)

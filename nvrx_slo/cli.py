@@ -3,13 +3,18 @@
 Subcommands are imported lazily so that each runs with only its own extras installed (the sidecar
 image has no torch, a training image no prometheus-client); a missing extra is named, not a
 traceback. Each entry point is a `main(argv: list[str]) -> int` that parses its own arguments
-with argparse.
+with argparse; those that judge SLOs take `main(argv, targets)` too. The targets are read here,
+from the SLO spec that the alert rules are generated from (``alerts/slo.yaml``), because the
+exporter may not import the alerts room that owns the spec and its loader: the views get numbers
+(``nvrx_slo.contracts.targets``), so a changed spec changes the page and the rules alike.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from nvrx_slo.contracts.targets import Targets
 
 # name -> ("module:function", the extras it needs, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -25,6 +30,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "offline HTML report with a timeline from a journal directory"),
     "generate": ("nvrx_slo.generate:main", "generate", "write alert rules, dashboards and Kubernetes manifests"),
 }
+
+
+# The commands whose entry point judges SLOs and so takes the spec's targets.
+JUDGES = frozenset({"demo", "sidecar", "report"})
+
+
+def _targets() -> Targets:
+    from nvrx_slo.alerts import spec  # lazily: PyYAML comes with the sidecar and generate extras only
+
+    return spec.load().targets
 
 
 def _usage() -> str:
@@ -53,4 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nvrx-slo {name}: needs the {extras!r} extra (no module {exc.name!r}): "
               f"pip install 'nvrx-slo[{extras}]'", file=sys.stderr)
         return 2
-    return int(getattr(module, func_name)(rest) or 0)
+    entry_point = getattr(module, func_name)
+    if name in JUDGES:
+        return int(entry_point(rest, _targets()) or 0)
+    return int(entry_point(rest) or 0)

@@ -19,6 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter import progress, report
 from nvrx_slo.trainer import demo as job
 
@@ -73,7 +74,7 @@ class _Sidecar:
         return self.report_file.read_text()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], targets: Targets) -> int:
     parser = argparse.ArgumentParser(prog="nvrx-slo demo", description=__doc__.splitlines()[0])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"demo-{stamp}",
@@ -102,7 +103,7 @@ def main(argv: list[str]) -> int:
     print(job.format_summary(job.summarize(records)))
     print()
     print(slo_report, end="")
-    print(f"\nHTML report with a timeline: {report.write(journal_dir, run_dir / 'report.html')}")
+    print(f"\nHTML report with a timeline: {report.write(journal_dir, run_dir / 'report.html', targets)}")
     if result.returncode != 0:
         print(f"the job failed (exit code {result.returncode}); see {result.log_path}", file=sys.stderr)
     return result.returncode

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nvrx_slo.alerts import spec
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.snapshot import (
@@ -13,6 +14,9 @@ from nvrx_slo.exporter.snapshot import (
     RestartStats,
     Snapshot,
 )
+
+# What the views judge against: the shipped spec's targets, as the CLI hands them over.
+TARGETS = spec.load().targets
 
 
 def histogram(bounds: tuple[float, ...], observations: list[float]) -> Histogram:

@@ -65,7 +65,7 @@ def test_the_default_spec_holds_the_documented_objectives() -> None:
         spec.Slo.EFFICIENCY: 0.99, spec.Slo.RECOVERY: 0.99,
         spec.Slo.CHECKPOINT_BLOCKING: 0.99, spec.Slo.CHECKPOINT_OVERLAP: 0.95,
     }
-    assert s.recovery_threshold == catalogue.RESTART_SLO_SECONDS
+    assert s.recovery_threshold == 10.0
     assert [o.slo for o in s.objectives.values() if o.page] == [spec.Slo.EFFICIENCY]
 
 

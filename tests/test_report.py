@@ -19,6 +19,7 @@ import pytest
 from journal_builder import Pod
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter import report, timeline
+from snapshot_fixtures import TARGETS
 
 EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
 
@@ -139,7 +140,7 @@ def test_a_hostile_journal_renders_a_correct_escaped_report(tmp_path):
         f.write(b"<script>alert(3)</script>\n")
         f.write(schema.encode({"v": 99, "type": "step"}))
         f.write(b'{"v":1,"type":"step","seq":9')  # a torn last line, no newline: never read
-    document = report.build(tmp_path / "journal")
+    document = report.build(tmp_path / "journal", TARGETS)
 
     inv = assert_inert(document)
     text = "".join(inv.text)
@@ -165,7 +166,7 @@ def test_a_huge_journal_gives_a_small_report_quickly(tmp_path):
                              tmp_path / "journal", evil=False)
     size = sum(f.stat().st_size for f in (tmp_path / "journal").iterdir())
     t0 = time.perf_counter()
-    document = report.build(tmp_path / "journal")
+    document = report.build(tmp_path / "journal", TARGETS)
     elapsed = time.perf_counter() - t0
     print(f"report of {size / 1e6:.1f} MB journal: {elapsed:.2f} s, {len(document) / 1e3:.0f} kB HTML")
     assert size > 10e6

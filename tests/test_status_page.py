@@ -15,7 +15,7 @@ from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.live import Live, View
 from nvrx_slo.exporter.snapshot import RestartStats
 from nvrx_slo.exporter.tail import JournalTail
-from snapshot_fixtures import histogram, snapshot
+from snapshot_fixtures import TARGETS, histogram, snapshot
 from test_report import EVIL, assert_inert, story, write_journal
 
 
@@ -27,7 +27,7 @@ def test_a_hostile_journal_gives_an_escaped_inert_page_with_the_right_numbers(tm
     live = Live(Engine(), JournalTail(tmp_path), mono=lambda: 2000.0, wall=lambda: 1.7e9 + 2000.0)
     live.poll()
     view = live.view()
-    document = status_page.render(view)
+    document = status_page.render(view, TARGETS)
 
     inv = assert_inert(document)
     assert EVIL in "".join(inv.text) and html.escape(EVIL) in document
@@ -55,8 +55,8 @@ def _restarts(durations: list[float]) -> RestartStats:
     return dataclasses.replace(rs, duration=duration)
 
 
-def _verdicts(snap) -> dict[str, bool | None]:
-    return {r.key: r.ok for r in status_page.slo_results(snap)}
+def _verdicts(snap, targets=TARGETS) -> dict[str, bool | None]:
+    return {r.key: r.ok for r in status_page.slo_results(snap, targets)}
 
 
 @pytest.mark.parametrize("productive, ok", [(99.0, True), (98.9, False)])
@@ -80,9 +80,19 @@ def test_the_checkpoint_slos(blocking, overlap, verdict):
     assert (v["checkpoint_blocking"], v["checkpoint_overlap"]) == verdict
 
 
+def test_the_verdicts_follow_the_spec_not_a_number_in_the_view():
+    snap = snapshot(ranks=tuple(dataclasses.replace(r, seconds={**r.seconds, cat.Category.PRODUCTIVE: 95.0})
+                                for r in snapshot().ranks))
+    assert _verdicts(snap)["efficiency"] is False
+    looser = dataclasses.replace(TARGETS, efficiency=0.9, checkpoint_blocking=0.9)
+    assert _verdicts(snap, looser)["efficiency"] is True
+    document = status_page.render(View(snap, {}, {}, {}), looser)
+    assert "productive / wall ≥ 90%" in document and "blocking ≤ 10% of wall" in document
+
+
 def test_the_page_shows_each_verdict_with_its_value():
     ck = dataclasses.replace(snapshot().checkpoints, blocking_fraction=0.02)
-    document = status_page.render(_view(checkpoints=ck))
+    document = status_page.render(_view(checkpoints=ck), TARGETS)
     inv = assert_inert(document)
     assert inv.by_id["slo-checkpoint_blocking"]["data-ok"] == "false"
     assert inv.by_id["slo-checkpoint_blocking-value"]["data-value"] == "0.02"
