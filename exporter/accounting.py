@@ -12,7 +12,8 @@ Work (a step minus its ``data_s``) is not settled when the step ends: it waits i
 (provisional, reported as unprotected) until the first later decisive event: a checkpoint_end ok
 at a step ≥ its own, or a restore from a step ≥ its own, makes it productive; a restore from an
 older step (or a fresh start) makes it lost. Productive is final: a later fallback restore does
-not take it back.
+not take it back. A ledger made with ``verdicts=[]`` also lists each decision, so that views
+(the report's timeline) draw what was decided here instead of deciding again.
 
 Restarts: a new pid for the rank is an in-job restart (``restart`` count went up) or a pod
 restart (it did not: a new launcher counts from 0 again); Wrapper callbacks or a higher ``iter``
@@ -60,7 +61,8 @@ class Ledger:
 
     __slots__ = ("rank", "first", "t", "state", "blocking", "fault", "fault_wall", "cause", "pid",
                  "restart", "iter", "gen", "inproc", "fact", "fact_inprocess", "fact_reinit",
-                 "seconds", "pool_steps", "pool_work", "pool_sum", "last_wall")
+                 "seconds", "pool_steps", "pool_work", "pool_first", "pool_last", "pool_sum", "last_wall",
+                 "verdicts")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -82,8 +84,13 @@ class Ledger:
         self.seconds = [0.0] * len(SETTLED_CATEGORIES)
         self.pool_steps: list[int] = []  # undecided steps, oldest first
         self.pool_work: list[float] = []
+        self.pool_first: list[float] = []  # end (mono) of each pool entry's first step ...
+        self.pool_last: list[float] = []  # ... and of its last (they differ once neighbours merged)
         self.pool_sum = 0.0
         self.last_wall = 0.0
+        # (first, last, productive) per decided pool entry, in decision order: the steps of this
+        # rank that ended in [first, last] (mono) and were undecided until then. None: not kept.
+        self.verdicts: list[tuple[float, float, bool]] | None = None
 
     # --- time ------------------------------------------------------------------------------
     def _advance(self, to: float) -> None:
@@ -103,15 +110,26 @@ class Ledger:
         """Steps ≤ ``keep_upto`` become productive; the rest become lost if ``drop_rest``."""
         keep_steps: list[int] = []
         keep_work: list[float] = []
-        for step, work in zip(self.pool_steps, self.pool_work, strict=True):
+        keep_first: list[float] = []
+        keep_last: list[float] = []
+        verdicts = self.verdicts
+        for step, work, first, last in zip(self.pool_steps, self.pool_work, self.pool_first, self.pool_last,
+                                           strict=True):
             if keep_upto is not None and step <= keep_upto:
                 self.seconds[PRODUCTIVE] += work
+                if verdicts is not None:
+                    verdicts.append((first, last, True))
             elif drop_rest:
                 self.seconds[LOST] += work
+                if verdicts is not None:
+                    verdicts.append((first, last, False))
             else:
                 keep_steps.append(step)
                 keep_work.append(work)
+                keep_first.append(first)
+                keep_last.append(last)
         self.pool_steps, self.pool_work = keep_steps, keep_work
+        self.pool_first, self.pool_last = keep_first, keep_last
         self.pool_sum = sum(keep_work)
 
     # --- restarts ----------------------------------------------------------------------------
@@ -215,6 +233,8 @@ class Ledger:
             seconds[DATA] += data
             self.pool_steps.append(ev.step)
             self.pool_work.append(work)
+            self.pool_first.append(mono)
+            self.pool_last.append(mono)
             self.pool_sum += work
             self.t = mono
             if len(self.pool_steps) > POOL_MAX:
@@ -231,6 +251,8 @@ class Ledger:
         self.pool_steps = [max(steps[i],
                                steps[i + 1]) for i in range(0, len(steps) - odd, 2)] + steps[len(steps) - odd:]
         self.pool_work = [work[i] + work[i + 1] for i in range(0, len(work) - odd, 2)] + work[len(work) - odd:]
+        self.pool_first = self.pool_first[0:len(steps) - odd:2] + self.pool_first[len(steps) - odd:]
+        self.pool_last = self.pool_last[1:len(steps):2] + self.pool_last[len(steps) - odd:]
 
     # --- copies and state ----------------------------------------------------------------------
     def copy(self) -> Ledger:
@@ -239,6 +261,8 @@ class Ledger:
             setattr(out, name, getattr(self, name))
         out.seconds = self.seconds[:]
         out.pool_steps, out.pool_work = self.pool_steps[:], self.pool_work[:]
+        out.pool_first, out.pool_last = self.pool_first[:], self.pool_last[:]
+        out.verdicts = None if self.verdicts is None else self.verdicts[:]
         return out
 
     def to_state(self) -> dict[str, Any]:

@@ -25,16 +25,24 @@ RECENT = 32
 MAX_OPEN = 64  # saves waiting for ranks that never report are closed, oldest first, beyond this
 
 # one process's part of a save, keyed (rank, pid):
-# [pid, start, step, mode, scheduled, bytes, finalize_s, end, written, written_wall, ok, newest record's mono]
-PID, START, STEP, MODE, SCHED, BYTES, FINALIZE, END, WRITTEN, WRITTEN_WALL, OK, LAST = range(12)
+# [pid, start, step, mode, scheduled, bytes, finalize_s, end, written, written_wall, ok, newest record's mono,
+#  start_wall]
+PID, START, STEP, MODE, SCHED, BYTES, FINALIZE, END, WRITTEN, WRITTEN_WALL, OK, LAST, START_WALL = range(13)
 
 
 def _part() -> list[Any]:
-    return [None, None, None, "", None, 0, 0.0, None, None, None, None, float("-inf")]
+    return [None, None, None, "", None, 0, 0.0, None, None, None, None, float("-inf"), None]
 
 
 def _began(parts: dict[tuple[int, int], list[Any]]) -> float:
     return min(p[START] if p[START] is not None else p[LAST] for p in parts.values())
+
+
+def _record(fields: list[Any]) -> CheckpointRecord:
+    """A ``CheckpointRecord`` from its state (a JSON list: the incarnation is a list there)."""
+    ckpt, step, mode, blocking_s, background_s, ok, nbytes, written_wall, ranks, (restart, iter_), began = fields
+    return CheckpointRecord(ckpt, step, mode, blocking_s, background_s, ok, nbytes, written_wall, ranks,
+                            (restart, iter_), began)
 
 
 def _key(text: str) -> tuple[int, int]:
@@ -43,8 +51,10 @@ def _key(text: str) -> tuple[int, int]:
 
 
 class Checkpoints:
-    def __init__(self, window: float) -> None:
+    def __init__(self, window: float, keep: int | None = RECENT) -> None:
+        """``keep``: folded saves kept as records (None: all, for an offline replay)."""
         self.window = window
+        self.keep = keep
         # "<restart>/<iter>/<ckpt id>" -> (rank, pid) -> part. A restarted job may save an id
         # again after a rollback: the restart count and Wrapper iteration tell the saves apart.
         self.open: dict[str, dict[tuple[int, int], list[Any]]] = {}
@@ -58,11 +68,19 @@ class Checkpoints:
         self.last_step: int | None = None
         self.first_written: float | None = None
         self.recent: list[tuple[float, str, CheckpointRecord]] = []  # (began, key, record), oldest first
+        # (rank, pid, ckpt id) -> the key of that process's latest start of it: an async save that
+        # ends after an in-process restart (a higher iter) still belongs to the attempt it began as
+        self.started: dict[str, str] = {}
         self.due = float("inf")  # no save can fold before the pod's newest record reaches this
 
     def add(self, rec: Event, rank: int) -> None:
         """One checkpoint_* event of rank ``rank`` (checkpoint_worker is the ledger's)."""
         ckpt = f'{rec.restart}/{rec.iter}/{rec.ckpt}'
+        process = f"{rank}/{rec.pid}/{rec.ckpt}"
+        if rec.type == "checkpoint_start":
+            self.started[process] = ckpt
+        else:  # a process's start is read before its own later records (one file, in order)
+            ckpt = self.started.get(process, ckpt)
         parts = self.open.get(ckpt)
         if parts is None:
             parts = self.open[ckpt] = {}
@@ -80,7 +98,8 @@ class Checkpoints:
         # Each field combines commutatively (min, max, sum, and), so arrival order cannot matter;
         # a process that saves one id twice in one iteration (a retry) gets one part for both.
         if kind == "checkpoint_start":
-            part[START] = mono if part[START] is None else min(part[START], mono)
+            if part[START] is None or mono < part[START]:
+                part[START], part[START_WALL] = mono, rec.wall
             part[STEP], part[MODE] = max(rec.step, part[STEP] or 0), rec.mode
         elif kind == "checkpoint_scheduled":
             part[SCHED] = mono if part[SCHED] is None else max(part[SCHED], mono)
@@ -115,8 +134,11 @@ class Checkpoints:
         walls = [p[WRITTEN_WALL] for p in ends if p[OK]]
         steps = [p[STEP] for p in parts.values() if p[STEP] is not None]
         modes = [p[MODE] for p in parts.values() if p[MODE]]
+        began = [p[START_WALL] for p in parts.values() if p[START_WALL] is not None]
+        restart, iter_, ckpt = key.split("/", 2)
         return CheckpointRecord(
-            ckpt=key.split("/", 2)[2], step=max(steps) if steps else -1, mode=modes[0] if modes else "",
+            ckpt=ckpt, incarnation=(int(restart), int(iter_)), began_wall=min(began) if began else None,
+            step=max(steps) if steps else -1, mode=modes[0] if modes else "",
             blocking_s=max(blocking) if blocking else None, background_s=max(background) if background else None,
             ok=False if failed else (None if pending or not ends else True),
             bytes=sum(p[BYTES] for p in parts.values()), written_wall=max(walls) if walls else None,
@@ -162,6 +184,8 @@ class Checkpoints:
         self.due = due
 
     def _close(self, ckpt: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int]) -> None:
+        for process in [p for p, key in self.started.items() if key == ckpt]:
+            del self.started[process]
         record, durable = self._fold_one(ckpt, parts, live, self.blocking, self.background)
         if record.ok is False:
             self.failures += 1
@@ -173,7 +197,8 @@ class Checkpoints:
             if self.last_written is None or written > self.last_written:
                 self.last_written, self.last_wall, self.last_step = written, record.written_wall, record.step
         insort(self.recent, (_began(parts), ckpt, record), key=lambda x: x[:2])
-        del self.recent[:-RECENT]
+        if self.keep is not None:
+            del self.recent[:-self.keep]
 
     def view(self, finished: bool, live: dict[int, int]) -> dict[str, Any]:
         """The aggregates as of now: folded history plus open saves (histograms only if ``finished``)."""
@@ -208,7 +233,7 @@ class Checkpoints:
         return {"blocking": blocking, "background": background, "saves": saves, "failures": failures,
                 "bytes_total": bytes_total, "in_flight": in_flight, "last_written": last[0],
                 "last_wall": last[1], "last_step": last[2], "first_written": first,
-                "recent": tuple(recent[-RECENT:])}
+                "recent": tuple(recent[-RECENT:]), "records": tuple(recent)}
 
     # --- state ---------------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
@@ -217,9 +242,10 @@ class Checkpoints:
             "blocking": self.blocking.to_state(), "background": self.background.to_state(),
             "saves": self.saves, "failures": self.failures, "bytes_total": self.bytes_total,
             "last": [self.last_written, self.last_wall, self.last_step], "first_written": self.first_written,
-            "due": None if self.due == float("inf") else self.due,
+            "due": None if self.due == float("inf") else self.due, "started": self.started,
             "recent": [[began, key, [r.ckpt, r.step, r.mode, r.blocking_s, r.background_s, r.ok, r.bytes,
-                                     r.written_wall, r.ranks]] for began, key, r in self.recent],
+                                     r.written_wall, r.ranks, list(r.incarnation), r.began_wall]]
+                       for began, key, r in self.recent],
         }
 
     @classmethod
@@ -233,5 +259,6 @@ class Checkpoints:
         out.last_written, out.last_wall, out.last_step = state["last"]
         out.first_written = state["first_written"]
         out.due = float("inf") if state["due"] is None else float(state["due"])
-        out.recent = [(float(began), str(key), CheckpointRecord(*r)) for began, key, r in state["recent"]]
+        out.started = {str(k): str(v) for k, v in state["started"].items()}
+        out.recent = [(float(began), str(key), _record(r)) for began, key, r in state["recent"]]
         return out

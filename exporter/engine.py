@@ -10,6 +10,10 @@ Usage (one engine per pod journal)::
     state = engine.to_state()                 # JSON-safe; persist it with the reader's offsets
     engine = Engine.from_state(state)         # resume after a crash: nothing lost or counted twice
 
+Views that draw more than a snapshot holds (the offline report's timeline) make the engine with
+``keep_history=True`` and read what it decided — ``take_verdicts()`` (each step's productive/lost
+decision) and ``history()`` (every restart and save) — rather than deciding it again.
+
 Arrival order: records may arrive in any order within ``reorder_window_s`` of monotonic time per
 rank (files read round-robin, threads writing slightly out of order); they are accounted exactly
 as if they had arrived sorted. A record older than one the rank has already applied (one more
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
@@ -50,12 +55,12 @@ from nvrx_slo.exporter.checkpoints import Checkpoints
 from nvrx_slo.exporter.decode import Event, as_event
 from nvrx_slo.exporter.histogram import Buckets
 from nvrx_slo.exporter.restarts import Restarts
-from nvrx_slo.exporter.snapshot import CheckpointStats, RankSnapshot, Snapshot
+from nvrx_slo.exporter.snapshot import CheckpointRecord, CheckpointStats, RankSnapshot, RestartRecord, Snapshot
 
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 3  # 3: reorder buffers hold events (2: tuples of some of their fields)
+STATE_VERSION = 4  # 4: ledgers' pools keep each entry's step ends, saves their start wall and incarnation
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
@@ -132,16 +137,30 @@ class _Lane:
         return self.worker if self.worker_pid == self.newest_pid else None
 
 
+@dataclass(frozen=True)
+class History:
+    """Every restart and save the engine folded or still holds open, oldest first (``keep_history``)."""
+
+    restarts: tuple[RestartRecord, ...]
+    checkpoints: tuple[CheckpointRecord, ...]
+
+
+# A step verdict: the steps of one rank that ended (mono) in [first, last] and were undecided
+# until then are productive (True) or lost (False). See ``Ledger.verdicts``.
+Verdict = tuple[float, float, bool]
+
+
 class Engine:
     """Accounts one pod's journal. ``ingest`` costs a few µs per step event."""
 
-    def __init__(self, reorder_window_s: float = REORDER_WINDOW_S) -> None:
+    def __init__(self, reorder_window_s: float = REORDER_WINDOW_S, *, keep_history: bool = False) -> None:
         if reorder_window_s < 0:
             raise ValueError(f"reorder_window_s must be >= 0, got {reorder_window_s}")
         self.window = reorder_window_s
+        self.keep_history = keep_history
         self._lanes: dict[int, _Lane] = {}
-        self._restarts = Restarts()
-        self._checkpoints = Checkpoints(reorder_window_s)
+        self._restarts = Restarts(None) if keep_history else Restarts()
+        self._checkpoints = Checkpoints(reorder_window_s, None) if keep_history else Checkpoints(reorder_window_s)
         self._seen: dict[int, list[Any]] = {}  # pid -> [next seq not seen, set of seqs seen ahead of it]
         self._origin: float | None = None
         self._origin_wall: float | None = None
@@ -205,6 +224,8 @@ class Engine:
             lane = self._lanes.get(rank)
             if lane is None:
                 lane = self._lanes[rank] = _Lane(rank)
+                if self.keep_history:
+                    lane.ledger.verdicts = []
             newest_pid = lane.newest_pid
             lane.count(record, kind, mono)
             if lane.newest_pid != newest_pid and self._checkpoints.open:
@@ -284,16 +305,7 @@ class Engine:
         """Everything known at ``now_mono`` (the journal's monotonic clock, ideally a read horizon: see
         the module docstring). Changes nothing but the furthest instant shown, so wall never goes back."""
         finished = self._finished()
-        restarts = self._restarts.copy() if finished else self._restarts
-        ledgers: dict[int, Ledger] = {}
-        for rank in sorted(self._lanes):
-            lane = self._lanes[rank]
-            ledger = lane.ledger
-            if finished and lane.pending:  # nothing more will come: settle all
-                ledger = ledger.copy()
-                for r in lane.pending:
-                    ledger.apply(r, restarts)
-            ledgers[rank] = ledger
+        restarts, ledgers = self._settled(finished)
         origin = self._origin if self._origin is not None else now_mono
         end = max(self._newest, self._shown) if finished else max(now_mono, self._newest, self._shown)
         if self._lanes:
@@ -330,6 +342,41 @@ class Engine:
             events_accepted=self._accepted, duplicates=self._counts["duplicates"],
             out_of_order=self._counts["out_of_order"], late=self._counts["late"],
             journal_lag_s=None if self._origin is None else max(0.0, now_mono - self._newest))
+
+    def _settled(self, finished: bool) -> tuple[Restarts, dict[int, Ledger]]:
+        """The restarts and ledgers by rank as of now; a finished job's buffers applied, on copies."""
+        restarts = self._restarts.copy() if finished else self._restarts
+        ledgers: dict[int, Ledger] = {}
+        for rank in sorted(self._lanes):
+            lane = self._lanes[rank]
+            ledger = lane.ledger
+            if finished and lane.pending:  # nothing more will come: settle all
+                ledger = ledger.copy()
+                for r in lane.pending:
+                    ledger.apply(r, restarts)
+            ledgers[rank] = ledger
+        return restarts, ledgers
+
+    def take_verdicts(self) -> dict[int, list[Verdict]]:
+        """The step verdicts decided since the last call, by rank (``keep_history`` only). Once the
+        job finished, those its settling decides are included in every call: applying a verdict
+        to steps it already decided changes nothing."""
+        if not self.keep_history:
+            raise RuntimeError("take_verdicts needs Engine(keep_history=True)")
+        _, ledgers = self._settled(self._finished())
+        out: dict[int, list[Verdict]] = {}
+        for rank, ledger in ledgers.items():
+            out[rank] = ledger.verdicts or []
+            self._lanes[rank].ledger.verdicts = []
+        return out
+
+    def history(self) -> History:
+        """Every restart and save so far (``keep_history`` only)."""
+        if not self.keep_history:
+            raise RuntimeError("history needs Engine(keep_history=True)")
+        finished = self._finished()
+        restarts, _ = self._settled(finished)
+        return History(tuple(restarts.records()), self._checkpoints.view(finished, self._live())["records"])
 
     @staticmethod
     def _rank(led: Ledger, lane: _Lane, origin: float, end: float, finished: bool,

@@ -9,17 +9,16 @@ HTML file: stylesheet inlined, inline SVG, no script.
 "Now" for an offline journal is its newest event, so a journal that ends mid-run (the node died)
 is accounted up to its last word, not up to the moment the report was made.
 
-Restarts on the timeline come from the engine. Its snapshot keeps only the newest ones, so the
-report takes a snapshot every ``SNAPSHOT_EVERY`` records while replaying and keeps every restart
-it saw (a later view of a restart replaces an earlier one); if a burst still outran that, the
-picture says how many restarts it could not mark. The engine's phases are consecutive stretches
-from the fault that sum to the restart's duration, so they are laid end to end.
+Everything the timeline marks that the engine decides — each step's fate, every save and every
+restart — comes from the engine, made with ``keep_history=True`` (``Engine.take_verdicts`` after
+each batch of records, ``Engine.history`` at the end), so the picture and the numbers beside it
+agree by construction. The engine's phases are consecutive stretches from the fault that sum to
+the restart's duration, so they are laid end to end.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import html
 import sys
 import time
@@ -31,11 +30,9 @@ from nvrx_slo.exporter import status_page, timeline
 from nvrx_slo.exporter.decode import Event
 from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.live import DUPLICATE, LATE, View
-from nvrx_slo.exporter.snapshot import RestartRecord, Snapshot
+from nvrx_slo.exporter.snapshot import RestartRecord
 from nvrx_slo.exporter.tail import JournalTail
 from nvrx_slo.exporter.timeline import RestartBand, TimelineBuilder
-
-SNAPSHOT_EVERY = 2000
 
 
 class EmptyJournal(ValueError):
@@ -53,14 +50,12 @@ def _band(r: RestartRecord, now_wall: float) -> RestartBand:
 
 
 class _Replay:
-    """Feed records to the engine and the timeline builder; collect restarts as they finish."""
+    """Feed records to the engine and the timeline builder, and the engine's step verdicts to the builder."""
 
     def __init__(self) -> None:
-        self.engine = Engine()
+        self.engine = Engine(keep_history=True)
         self.builder = TimelineBuilder()
-        self.restarts: list[RestartRecord] = []
         self.newest: tuple[float, float] | None = None  # (mono, wall) of the newest event
-        self._since = 0
 
     def ingest(self, records: list[Event]) -> None:
         for record in records:
@@ -68,25 +63,7 @@ class _Replay:
             self.builder.add(record)
             if self.newest is None or record.mono > self.newest[0]:
                 self.newest = (record.mono, record.wall)
-            self._since += 1
-            if self._since >= SNAPSHOT_EVERY:
-                self.snapshot()
-
-    def snapshot(self) -> Snapshot:
-        assert self.newest is not None
-        self._since = 0
-        snap = self.engine.snapshot(*self.newest)
-        for r in snap.restarts.recent:
-            self._keep(r)
-        return snap
-
-    def _keep(self, new: RestartRecord) -> None:
-        """Add ``new``, replacing an earlier view of the same restart (same level, overlapping)."""
-        def end(r: RestartRecord) -> float:
-            return r.fault_wall + (r.duration_s if r.duration_s is not None else float("inf"))
-        self.restarts = [r for r in self.restarts
-                         if r.level != new.level or end(r) <= new.fault_wall or end(new) <= r.fault_wall]
-        self.restarts.append(new)
+        self.builder.decide(self.engine.take_verdicts())
 
 
 def build(journal_dir: str | Path, targets: Targets) -> str:
@@ -103,12 +80,10 @@ def build(journal_dir: str | Path, targets: Targets) -> str:
     if replay.newest is None:
         raise EmptyJournal(f"no journal events in {journal_dir}"
                            + (f" ({sum(tail.rejected.values())} lines rejected)" if tail.rejected else ""))
-    snap = replay.snapshot()
-    restarts = sorted(replay.restarts, key=lambda r: r.fault_wall)
-    tl = replay.builder.build([_band(r, snap.now_wall) for r in restarts])
-    unmarked = sum(snap.restarts.counts.values()) - len(restarts)
-    if unmarked > 0:
-        tl = dataclasses.replace(tl, restarts_omitted=tl.restarts_omitted + unmarked)
+    snap = replay.engine.snapshot(*replay.newest)
+    replay.builder.decide(replay.engine.take_verdicts())
+    history = replay.engine.history()
+    tl = replay.builder.build([_band(r, snap.now_wall) for r in history.restarts], history.checkpoints)
     view = View(snap, {**tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late}, {}, {})
     rejected = sum(view.rejected.values())
     warning = (f'<p class="fail">{rejected} journal lines were rejected and not accounted '

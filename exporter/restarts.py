@@ -71,13 +71,14 @@ class _Open:
 class Restarts:
     """The ``RestartSink`` the ledgers report to, plus the folded history."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int | None = RECENT) -> None:
+        """``keep``: finished restarts kept as records (None: all, for an offline replay)."""
         self.open: dict[str, _Open] = {}
         self.folded: set[str] = set()
         self.counts = {level: 0 for level in RestartLevel}
         self.duration = {level: Buckets(RESTART_BUCKETS) for level in RestartLevel}
         self.phases = {(lv, ph): Buckets(RESTART_BUCKETS) for lv in RestartLevel for ph in RestartPhase}
-        self.recent: deque[RestartRecord] = deque(maxlen=RECENT)
+        self.recent: deque[RestartRecord] = deque(maxlen=keep)
         self.launcher: list[tuple[float, str]] = []
         self.ended_since_fold = False
 
@@ -200,10 +201,14 @@ class Restarts:
                     self._observe(record, duration, phases)
         for rec, _ in open_records:
             counts[rec.level] += 1
-        recent = list(self.recent) + sorted((r for _, r in open_records), key=lambda r: r.fault_wall)
+        recent = self.records()
         return RestartStats(counts, {k: b.frozen() for k, b in duration.items()},
                             {k: b.frozen() for k, b in phases.items()}, mtbf_s, tuple(recent[-RECENT:]),
                             launcher_remaining)
+
+    def records(self) -> list[RestartRecord]:
+        """The kept finished restarts, then the open ones, each oldest first."""
+        return list(self.recent) + sorted(map(self.record, self.open.values()), key=lambda r: r.fault_wall)
 
     def faults(self) -> int:
         return sum(self.counts.values()) + len(self.open)

@@ -76,6 +76,8 @@ class CheckpointRecord:
     bytes: int
     written_wall: float | None  # Unix time the last rank's write finished
     ranks: int  # ranks that reported its start
+    incarnation: tuple[int, int]  # (restart, iter) of the processes that saved it: an id may recur after a rollback
+    began_wall: float | None  # Unix time the first rank started it
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 Pure: no I/O, no clock. ``TimelineBuilder.add`` takes journal events (``nvrx_slo.exporter.decode``) one at a time
 (the report streams a whole journal through it next to the engine); ``build`` returns a
-``Timeline``; ``render_svg`` draws it. Restarts are not re-derived here: the engine decides what
-a restart is and when each phase began, and the report hands them in as ``RestartBand``s, so the
-picture and the numbers never disagree.
+``Timeline``; ``render_svg`` draws it. Nothing the engine decides is re-derived here: which steps
+were productive, lost or still unprotected (``decide``), which saves became durable, and what a
+restart is and when each phase began (``build``) all come from the engine, so the picture and
+the numbers never disagree.
 
 Why it is bounded: a month-long journal holds millions of steps. Consecutive spans of one kind
 closer than ``MERGE_PX`` pixels are merged into a run (so a lane never holds more spans per kind
@@ -27,11 +28,13 @@ import html
 import math
 from array import array
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.exporter.decode import Event
+from nvrx_slo.exporter.snapshot import CheckpointRecord
 
 PLOT_WIDTH = 1100  # px of the time axis
 MERGE_PX = 2  # spans of one kind closer than this are drawn as one run
@@ -40,11 +43,13 @@ MAX_LANES = 64
 MAX_MARKERS = 400
 
 # Span kinds, in drawing order (later ones on top); each has a CSS class "tl-<kind>".
-INIT, STEP, LOST, RESTORE, BLOCKING, BACKGROUND = "init", "step", "lost", "restore", "blocking", "background"
+INIT, STEP, LOST, UNPROTECTED = "init", "step", "lost", "unprotected"
+RESTORE, BLOCKING, BACKGROUND = "restore", "blocking", "background"
 KIND_LABELS = {
     INIT: "process start to first step",
-    STEP: "training steps",
+    STEP: "training steps (productive)",
     LOST: "lost work (rolled back)",
+    UNPROTECTED: "steps no durable save covers (yet)",
     RESTORE: "checkpoint restore",
     BLOCKING: "checkpoint blocking",
     BACKGROUND: "checkpoint background write",
@@ -104,25 +109,28 @@ class Timeline:
 
 @dataclass
 class _RankData:
-    # steps as parallel arrays: start, end (process-local monotonic + offset = wall), step number
+    # steps as parallel arrays: start, end (process-local monotonic + offset = wall), end (mono),
+    # step number, and the engine's verdict (UNDECIDED until it hands one in)
     step_start: array = field(default_factory=lambda: array("d"))
     step_end: array = field(default_factory=lambda: array("d"))
+    step_mono: array = field(default_factory=lambda: array("d"))
     step_no: array = field(default_factory=lambda: array("q"))
-    restores: list[tuple[float, int]] = field(default_factory=list)  # (time, resumed step or -1)
+    verdicts: list[tuple[float, float, bool]] = field(default_factory=list)  # the engine's, in order
     spans: list[tuple[str, float, float, str]] = field(default_factory=list)  # init/restore/blocking/background
 
 
 class TimelineBuilder:
-    """Accumulate what the timeline needs from records, in compact form (a few floats per step)."""
+    """Accumulate what the timeline needs from records, in compact form (a few floats per step).
+
+    Which steps were productive or lost is the engine's decision (``Engine.take_verdicts``, handed
+    in with ``decide``); which saves became durable and which restarts happened are the engine's
+    records (``Engine.history``, handed to ``build``). The builder only places them in time."""
 
     def __init__(self) -> None:
         self._offsets: dict[tuple[str, int], float] = {}  # (pod, pid) -> wall - mono
         self._ranks: dict[int, _RankData] = defaultdict(_RankData)
         self._ckpt_started: dict[tuple[int, str], float] = {}  # (rank, ckpt) -> blocking start
         self._ckpt_scheduled: dict[tuple[int, str], float] = {}  # (rank, ckpt) -> background start
-        # attempt -> {"step", "first", "written", "failed"}
-        self._ckpts: dict[tuple[str, int, int], dict[str, Any]] = {}
-        self._latest: dict[str, tuple[str, int, int]] = {}  # ckpt id -> its latest attempt
         self._started: dict[tuple[str, int], float] = {}  # (pod, pid) -> process start, until its first step
         self._lo = float("inf")
         self._hi = float("-inf")
@@ -147,18 +155,13 @@ class TimelineBuilder:
         elif kind == EventType.STEP:
             data.step_start.append(rec.start + off)
             data.step_end.append(t)
+            data.step_mono.append(rec.mono)
             data.step_no.append(rec.step)
             self._lo = min(self._lo, rec.start + off)
         elif kind == EventType.RESTORE:
-            step = rec.step
-            data.restores.append((t, -1 if step is None else step))
-            data.spans.append((RESTORE, rec.start + off, t, f"restore from step {step}"))
+            data.spans.append((RESTORE, rec.start + off, t, f"restore from step {rec.step}"))
         elif kind == EventType.CHECKPOINT_START:
-            ckpt = rec.ckpt
-            self._ckpt_started[(rank, ckpt)] = t
-            attempt = self._latest[ckpt] = (ckpt, rec.restart, rec.iter)
-            entry = self._ckpts.setdefault(attempt, {"step": rec.step, "first": t, "written": None, "failed": False})
-            entry["first"] = min(entry["first"], t)
+            self._ckpt_started[(rank, rec.ckpt)] = t
         elif kind == EventType.CHECKPOINT_SCHEDULED:
             ckpt = rec.ckpt
             start = self._ckpt_started.pop((rank, ckpt), None)
@@ -170,22 +173,20 @@ class TimelineBuilder:
         elif kind == EventType.CHECKPOINT_END:
             ckpt = rec.ckpt
             written = rec.written + off
-            # an async save may end after an in-process restart: it belongs to the latest attempt
-            attempt = self._latest.setdefault(ckpt, (ckpt, rec.restart, rec.iter))
-            entry = self._ckpts.setdefault(attempt,
-                                           {"step": rec.step, "first": written, "written": None, "failed": False})
-            if rec.ok:
-                entry["written"] = max(entry["written"] or written, written)
-            else:
-                entry["failed"] = True
             start = self._ckpt_scheduled.pop((rank, ckpt), None)
             if start is not None:
                 state = "written" if rec.ok else f"failed: {rec.error}"
                 data.spans.append((BACKGROUND, start, written,
                                    f"{ckpt}: {state} in {written - start:.3f} s background"))
 
-    def build(self, restarts: list[RestartBand] | tuple[RestartBand, ...] = ()) -> Timeline:
-        """Finish: mark lost steps, merge spans to the pixel, cap lanes and markers."""
+    def decide(self, verdicts: Mapping[int, Sequence[tuple[float, float, bool]]]) -> None:
+        """The engine's step verdicts (``Engine.take_verdicts``), by rank, in the order it made them."""
+        for rank, taken in verdicts.items():
+            if taken:
+                self._ranks[rank].verdicts.extend(taken)
+
+    def build(self, restarts: Sequence[RestartBand] = (), checkpoints: Sequence[CheckpointRecord] = ()) -> Timeline:
+        """Finish: mark each step as the engine decided, merge spans to the pixel, cap lanes and markers."""
         lo = min([self._lo] + [r.start_wall for r in restarts])
         hi = max([self._hi] + [r.end_wall for r in restarts])
         if lo > hi:  # nothing at all
@@ -194,7 +195,7 @@ class TimelineBuilder:
         resolution = MERGE_PX * duration / PLOT_WIDTH
         ranks = sorted(self._ranks)
         lanes = tuple(self._lane(r, self._ranks[r], lo, resolution) for r in ranks[:MAX_LANES])
-        markers = sorted((self._marker(c, e, lo) for c, e in self._ckpts.items()), key=lambda m: m.at)
+        markers = sorted((m for m in (_marker(c, lo) for c in checkpoints) if m is not None), key=lambda m: m.at)
         bands = sorted(restarts, key=lambda r: r.start_wall)
         return Timeline(
             origin_wall=lo,
@@ -207,38 +208,45 @@ class TimelineBuilder:
             restarts_omitted=max(0, len(bands) - MAX_MARKERS),
         )
 
-    @staticmethod
-    def _marker(attempt: tuple[str, int, int], entry: dict[str, Any], lo: float) -> CheckpointMarker:
-        if entry["failed"]:
-            status, at = "failed", entry["written"] or entry["first"]
-        elif entry["written"] is not None:
-            status, at = "ok", entry["written"]
-        else:
-            status, at = "unfinished", entry["first"]
-        ckpt, restart, iter_ = attempt
-        return CheckpointMarker(ckpt=ckpt, at=at - lo, status=status, step=entry["step"], incarnation=(restart, iter_))
+    def step_kinds(self, rank: int) -> list[tuple[float, int, str]]:
+        """``(end mono, step, kind)`` of each step of ``rank``, oldest first: what its lane draws."""
+        data = self._ranks[rank]
+        kinds = _kinds(data)
+        return sorted(zip(data.step_mono, data.step_no, kinds, strict=True))
 
     @staticmethod
     def _lane(rank: int, data: _RankData, lo: float, resolution: float) -> Lane:
-        # A step is lost when a later restore resumed from an earlier step (min over all later
-        # restores: a fallback to an older checkpoint rolls back work that was already redone).
-        restores = sorted(data.restores)
-        times = [t for t, _ in restores]
-        suffix_min = [0] * len(restores)
-        running = None
-        for i in range(len(restores) - 1, -1, -1):
-            running = restores[i][1] if running is None else min(running, restores[i][1])
-            suffix_min[i] = running
+        kinds = _kinds(data)
         order = sorted(range(len(data.step_end)), key=data.step_end.__getitem__)
-        raw: list[tuple[str, float, float, int]] = []
-        for i in order:
-            j = bisect.bisect_right(times, data.step_end[i])
-            lost = j < len(restores) and data.step_no[i] > suffix_min[j]
-            raw.append((LOST if lost else STEP, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i]))
+        raw = [(kinds[i], data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i]) for i in order]
         spans = _merge_steps(raw, resolution)
         others = sorted(data.spans, key=lambda s: s[1])
         spans += _merge_others([(k, s - lo, e - lo, label) for k, s, e, label in others], resolution)
         return Lane(rank=rank, spans=tuple(spans))
+
+
+def _kinds(data: _RankData) -> list[str]:
+    """Each step's kind (by index), from the engine's verdicts: a verdict covers the steps that
+    ended in its [first, last] and that no earlier verdict decided."""
+    order = sorted(range(len(data.step_mono)), key=data.step_mono.__getitem__)
+    ends = [data.step_mono[i] for i in order]
+    kinds = [UNPROTECTED] * len(ends)
+    for first, last, productive in data.verdicts:
+        for j in range(bisect.bisect_left(ends, first), bisect.bisect_right(ends, last)):
+            i = order[j]
+            if kinds[i] is UNPROTECTED:
+                kinds[i] = STEP if productive else LOST
+    return kinds
+
+
+def _marker(record: CheckpointRecord, lo: float) -> CheckpointMarker | None:
+    """A save as the engine recorded it: durable at its write's end, else placed where it began."""
+    status = {True: "ok", False: "failed", None: "unfinished"}[record.ok]
+    at = record.written_wall if record.ok else record.began_wall
+    if at is None:
+        return None  # an end without a start or a write: nowhere to draw it
+    return CheckpointMarker(ckpt=record.ckpt, at=at - lo, status=status, step=record.step,
+                            incarnation=record.incarnation)
 
 
 def _merge_steps(raw: list[tuple[str, float, float, int]], resolution: float) -> list[Span]:
@@ -261,10 +269,10 @@ def _merge_steps(raw: list[tuple[str, float, float, int]], resolution: float) ->
 
 def _step_span(run: list[Any]) -> Span:
     kind, start, end, count, first, last = run
-    what = "lost " if kind == LOST else ""
+    what = {LOST: "lost ", UNPROTECTED: "unprotected "}.get(kind, "")
     steps = f"step {first}" if count == 1 else f"{count} {what}steps {first}–{last}"
     if count == 1 and what:
-        steps = f"lost step {first}"
+        steps = f"{what}step {first}"
     return Span(kind, start, end, count, f"{steps}, {end - start:.3f} s")
 
 

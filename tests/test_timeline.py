@@ -1,20 +1,23 @@
 """The timeline: lanes, lost-work shading, checkpoint markers, bounds and escaping (pure, no I/O)."""
 
 import html
+import itertools
 import re
 import xml.etree.ElementTree as ET
 
 from nvrx_slo.exporter import timeline
 from nvrx_slo.exporter.decode import as_event
+from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.timeline import RestartBand, TimelineBuilder
 
 WALL0 = 1.7e9
+_SEQ = itertools.count()  # unique per record, so the engine takes none for a duplicate
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 
 def rec(type_, mono, rank=0, pid=100, pod="pod-0", restart=0, iter_=0, **payload):
     """An event of a record the real schema accepts (validated, so tests cannot drift from the contract)."""
-    return as_event({"v": 1, "type": type_, "seq": 0, "mono": mono, "wall": WALL0 + mono, "job": "j",
+    return as_event({"v": 1, "type": type_, "seq": next(_SEQ), "mono": mono, "wall": WALL0 + mono, "job": "j",
                             "pod": pod, "node": "n", "rank": rank, "local_rank": rank, "pid": pid,
                             "restart": restart, "iter": iter_, **payload})
 
@@ -34,23 +37,27 @@ def restore(t, n, rank=0, pid=101):
 
 
 def build(records, restarts=()):
-    b = TimelineBuilder()
-    for r in records:
+    """The timeline as the report builds it: the records in time order through the engine (no
+    reorder window, so it decides at once) and the builder, the engine's decisions handed over."""
+    engine, b = Engine(0.0, keep_history=True), TimelineBuilder()
+    for r in sorted(records, key=lambda r: r.mono):
+        engine.ingest(r)
         b.add(r)
-    return b.build(list(restarts))
+    b.decide(engine.take_verdicts())
+    return b.build(list(restarts), engine.history().checkpoints)
 
 
 def kinds_by_step(lane):
     """Map each step number mentioned in a single-step span's label to its kind."""
     out = {}
     for sp in lane.spans:
-        m = re.match(r"(?:lost )?step (\d+),", sp.label)
+        m = re.match(r"(?:lost |unprotected )?step (\d+),", sp.label)
         if m:
             out[int(m.group(1))] = sp.kind
     return out
 
 
-def test_steps_after_the_last_durable_checkpoint_are_shaded_lost_and_redone_steps_are_not():
+def test_steps_after_the_last_durable_checkpoint_are_shaded_lost_and_redone_steps_unprotected():
     # Steps 10 s apart (wider than the merge resolution) so each stays its own span.
     records = [step(n, 10.0 * n) for n in range(1, 7)]
     records += checkpoint("step-3", 3, 31.0)
@@ -60,23 +67,25 @@ def test_steps_after_the_last_durable_checkpoint_are_shaded_lost_and_redone_step
     assert [got[n] for n in (1, 2, 3)] == ["step"] * 3
     lost = [sp for sp in tl.lanes[0].spans if sp.kind == "lost"]
     assert [sp.label.split(",")[0] for sp in lost] == ["lost step 4", "lost step 5", "lost step 6"]
-    redone = [sp for sp in tl.lanes[0].spans if sp.kind == "step" and sp.start + tl.origin_wall > WALL0 + 75]
-    assert [sp.label.split(",")[0] for sp in redone] == ["step 4", "step 5"]
+    redone = [sp for sp in tl.lanes[0].spans if sp.start + tl.origin_wall > WALL0 + 75]
+    assert [(sp.kind, sp.label.split(",")[0]) for sp in redone] == [("unprotected", "unprotected step 4"),
+                                                                    ("unprotected", "unprotected step 5")]
 
 
-def test_a_fallback_to_an_older_checkpoint_rolls_back_work_that_was_already_redone():
+def test_a_fallback_to_an_older_checkpoint_loses_only_the_undecided_redone_work():
+    """docs/accounting.md: productive is final; a fallback restore decides only what is undecided."""
     records = [step(n, 10.0 * n) for n in range(1, 5)]
     records += [restore(50.0, 2), step(3, 60.0, pid=101), step(4, 70.0, pid=101)]
-    records += [restore(80.0, 1, pid=102)]  # the step-2 checkpoint turned out corrupt
+    records += [restore(80.0, 1, pid=102), step(2, 90.0, pid=102)]  # the step-2 checkpoint turned out corrupt
     tl = build(records)
     spans = sorted(tl.lanes[0].spans, key=lambda s: s.start)
     kinds = [(s.kind, s.label.split(",")[0]) for s in spans if s.kind in ("step", "lost")]
-    assert kinds == [("step", "step 1"), ("lost", "lost step 2"), ("lost", "lost step 3"), ("lost", "lost step 4"),
+    assert kinds == [("step", "step 1"), ("step", "step 2"), ("lost", "lost step 3"), ("lost", "lost step 4"),
                      ("lost", "lost step 3"), ("lost", "lost step 4")]
 
 
 def test_a_fresh_start_restore_loses_every_earlier_step():
-    tl = build([step(1, 10.0), step(2, 20.0), restore(30.0, None)])
+    tl = build([step(1, 10.0), step(2, 20.0), restore(30.0, None), step(1, 40.0)])
     assert {sp.kind for sp in tl.lanes[0].spans if sp.kind in ("step", "lost")} == {"lost"}
 
 
@@ -158,7 +167,7 @@ def test_a_huge_journal_stays_small_on_the_page():
         for kind in ("step", "blocking", "background"):
             assert sum(sp.kind == kind for sp in lane.spans) <= per_kind_cap
     # every step is still accounted for in the merged runs
-    assert sum(sp.count for sp in tl.lanes[1].spans if sp.kind == "step") == 1500
+    assert sum(sp.count for sp in tl.lanes[1].spans if sp.kind == "unprotected") == 1500  # no save covers them
     svg = timeline.render_svg(tl)
     assert len(svg) < 1_500_000, len(svg)
     assert "6 more ranks not drawn" in svg and "50 older checkpoints not marked" in svg

@@ -1,0 +1,83 @@
+"""One derivation per fact: on every stored journal story, what the report's timeline draws for each
+step agrees with the engine's accounting beside it on the same page.
+
+The timeline takes each step's fate from the engine's verdicts; the engine's seconds come from its
+ledgers' sums. This checks the two paths against each other, step by step and in seconds: a step
+drawn productive carries exactly its work into ``productive``, one drawn lost into ``lost``, and
+the rest is unprotected. It also checks that the report's SVG draws exactly those steps.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import engine_scenarios
+from journal_builder import Pod
+from nvrx_slo.contracts.catalogue import Category
+from nvrx_slo.exporter import report
+from nvrx_slo.exporter.decode import as_event
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.timeline import LOST, STEP, UNPROTECTED, TimelineBuilder
+from snapshot_fixtures import TARGETS
+from test_report import story, write_journal
+
+STORIES = {
+    "healthy": engine_scenarios.healthy,
+    "crash with rollback": engine_scenarios.crash_with_rollback,
+    "in-process restart": engine_scenarios.inprocess_restart,
+    "failed save": engine_scenarios.failed_save,
+    "pod restart": engine_scenarios.pod_restart,
+    "report story": story,
+}
+
+
+def _replay(directory: Path) -> tuple[Engine, TimelineBuilder]:
+    """The report's own replay: the journal read as the sidecar reads it, through both."""
+    engine, builder = Engine(keep_history=True), TimelineBuilder()
+    tail = JournalTail(directory)
+
+    def ingest(records: list) -> None:
+        for r in records:
+            engine.ingest(r)
+            builder.add(r)
+        builder.decide(engine.take_verdicts())
+
+    try:
+        tail.poll(ingest)
+    finally:
+        tail.close()
+    return engine, builder
+
+
+@pytest.mark.parametrize("name", sorted(STORIES))
+def test_the_timeline_the_report_and_the_engine_agree_on_every_step(name: str, tmp_path: Path) -> None:
+    pod: Pod = STORIES[name]()
+    write_journal(pod, tmp_path, evil=False)
+    engine, builder = _replay(tmp_path)
+    steps = [as_event(r) for r in pod.records if r["type"] == "step"]
+    newest = max(pod.records, key=lambda r: r["mono"])
+    snap = engine.snapshot(newest["mono"], newest["wall"])
+    builder.decide(engine.take_verdicts())
+
+    drawn: dict[str, int] = {STEP: 0, LOST: 0, UNPROTECTED: 0}
+    for rank in snap.ranks:
+        work = {(s.mono, s.step): s.mono - s.start - s.data_s for s in steps if s.rank == rank.rank}
+        kinds = builder.step_kinds(rank.rank)
+        assert len(kinds) == len(work)
+        seconds = {STEP: 0.0, LOST: 0.0, UNPROTECTED: 0.0}
+        for mono, step_no, kind in kinds:
+            seconds[kind] += work[(mono, step_no)]
+            drawn[kind] += 1
+        assert seconds[STEP] == pytest.approx(rank.seconds[Category.PRODUCTIVE], abs=1e-6), (rank.rank, kinds)
+        assert seconds[LOST] == pytest.approx(rank.seconds[Category.LOST], abs=1e-6), (rank.rank, kinds)
+        assert seconds[UNPROTECTED] <= rank.unprotected_s + 1e-6
+
+    document = report.build(tmp_path, TARGETS)
+    for kind, count in drawn.items():
+        in_svg = sum(int(n) for n in re.findall(rf'<rect class="tl-{kind}"[^>]*data-count="(\d+)"', document))
+        assert in_svg == count, (kind, in_svg, count)
+    assert document.count('data-kind="restart"') == sum(snap.restarts.counts.values())
