@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
+from nvrx_slo.contracts.schema import SPAN_EVENTS
 from nvrx_slo.exporter.decode import Event
 from nvrx_slo.exporter.snapshot import RankState
 
@@ -165,8 +166,7 @@ class Ledger:
             return
         mono = ev.mono
         if self.first is None:
-            start = getattr(ev, "start", None)  # a span's start: step, restore, checkpoint_finalize
-            self.first = self.t = mono if start is None else min(mono, start)
+            self.first = self.t = min(mono, ev.start) if kind in SPAN_EVENTS else mono
             self.pid, self.restart, self.iter, self.last_wall = ev.pid, ev.restart, ev.iter, ev.wall
         elif ev.pid != self.pid:
             self._new_process(ev, sink)

@@ -49,6 +49,7 @@ from typing import Any
 import msgspec
 
 from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
+from nvrx_slo.contracts.schema import CHECKPOINT_EVENTS, SPAN_EVENTS
 from nvrx_slo.exporter import derived
 from nvrx_slo.exporter.accounting import BLOCKING, GAP, INIT, LOST, PRODUCTIVE, Ledger
 from nvrx_slo.exporter.checkpoints import Checkpoints
@@ -64,7 +65,6 @@ STATE_VERSION = 4  # 4: ledgers' pools keep each entry's step ends, saves their 
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
-_CHECKPOINT_EVENTS = {"checkpoint_start", "checkpoint_scheduled", "checkpoint_finalize", "checkpoint_end"}
 _ORDER = attrgetter("mono", "pid", "seq")  # the order records are applied in; unique per record
 
 
@@ -211,7 +211,7 @@ class Engine:
         mono: float = record.mono
         kind: str = record.type
         rank: int | None = record.rank
-        begin = record.start if kind in ("step", "restore", "checkpoint_finalize") else mono
+        begin = record.start if kind in SPAN_EVENTS else mono
         if self._origin is None or begin < self._origin:
             self._origin, self._origin_wall = begin, record.wall - (mono - begin)
             if not self._identity[1]:
@@ -236,7 +236,7 @@ class Engine:
         if lane is None:
             self._launcher(record, kind, mono)
         else:
-            if kind in _CHECKPOINT_EVENTS:
+            if kind in CHECKPOINT_EVENTS:
                 self._checkpoints.add(record, lane.ledger.rank)
             self._lane_ingest(lane, record)
         if self._restarts.open and (self._newest >= self._next_fold or self._restarts.ended_since_fold):

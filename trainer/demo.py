@@ -92,7 +92,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     steps = by_type.get(EventType.STEP.value, [])
     checkpoints: dict[str, dict[str, Any]] = {}
     for r in records:
-        if r["type"].startswith("checkpoint_") and "ckpt" in r:
+        if r["type"] in schema.CHECKPOINT_EVENTS:
             # a checkpoint id can recur after a rollback: key by incarnation as well
             c = checkpoints.setdefault(f"{r['ckpt']} r{r['restart']}i{r['iter']}",
                                        {"blocking": {}, "background": {}, "ok": None})

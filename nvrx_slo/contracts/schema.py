@@ -78,6 +78,13 @@ class EventType(str, Enum):
     LAUNCHER_EXIT = "launcher_exit"
 
 
+# Events that cover a stretch of time: besides ``mono`` (their end) they carry ``start``.
+SPAN_EVENTS = frozenset(t.value for t in (EventType.STEP, EventType.RESTORE, EventType.CHECKPOINT_FINALIZE))
+# The parts of one save, as each rank journals them (checkpoint_worker is liveness, no save's part).
+CHECKPOINT_EVENTS = frozenset(t.value for t in (EventType.CHECKPOINT_START, EventType.CHECKPOINT_SCHEDULED,
+                                                EventType.CHECKPOINT_FINALIZE, EventType.CHECKPOINT_END))
+
+
 # Python types accepted per field; ``None`` in a tuple means the field may be null.
 _NUM = (int, float)
 _OPT_STR = (str, type(None))
