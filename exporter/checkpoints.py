@@ -68,19 +68,11 @@ class Checkpoints:
         self.last_step: int | None = None
         self.first_written: float | None = None
         self.recent: list[tuple[float, str, CheckpointRecord]] = []  # (began, key, record), oldest first
-        # (rank, pid, ckpt id) -> the key of that process's latest start of it: an async save that
-        # ends after an in-process restart (a higher iter) still belongs to the attempt it began as
-        self.started: dict[str, str] = {}
         self.due = float("inf")  # no save can fold before the pod's newest record reaches this
 
     def add(self, rec: Event, rank: int) -> None:
         """One checkpoint_* event of rank ``rank`` (checkpoint_worker is the ledger's)."""
         ckpt = f'{rec.restart}/{rec.iter}/{rec.ckpt}'
-        process = f"{rank}/{rec.pid}/{rec.ckpt}"
-        if rec.type == "checkpoint_start":
-            self.started[process] = ckpt
-        else:  # a process's start is read before its own later records (one file, in order)
-            ckpt = self.started.get(process, ckpt)
         parts = self.open.get(ckpt)
         if parts is None:
             parts = self.open[ckpt] = {}
@@ -184,8 +176,6 @@ class Checkpoints:
         self.due = due
 
     def _close(self, ckpt: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int]) -> None:
-        for process in [p for p, key in self.started.items() if key == ckpt]:
-            del self.started[process]
         record, durable = self._fold_one(ckpt, parts, live, self.blocking, self.background)
         if record.ok is False:
             self.failures += 1
@@ -242,7 +232,7 @@ class Checkpoints:
             "blocking": self.blocking.to_state(), "background": self.background.to_state(),
             "saves": self.saves, "failures": self.failures, "bytes_total": self.bytes_total,
             "last": [self.last_written, self.last_wall, self.last_step], "first_written": self.first_written,
-            "due": None if self.due == float("inf") else self.due, "started": self.started,
+            "due": None if self.due == float("inf") else self.due,
             "recent": [[began, key, [r.ckpt, r.step, r.mode, r.blocking_s, r.background_s, r.ok, r.bytes,
                                      r.written_wall, r.ranks, list(r.incarnation), r.began_wall]]
                        for began, key, r in self.recent],
@@ -259,6 +249,5 @@ class Checkpoints:
         out.last_written, out.last_wall, out.last_step = state["last"]
         out.first_written = state["first_written"]
         out.due = float("inf") if state["due"] is None else float(state["due"])
-        out.started = {str(k): str(v) for k, v in state["started"].items()}
         out.recent = [(float(began), str(key), _record(r)) for began, key, r in state["recent"]]
         return out
