@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import threading
+import time
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer import nvrx_compat
-from nvrx_slo.trainer.journal import Journal, open_journal
+from nvrx_slo.trainer.journal import Journal, open_journal, process_start_mono
 
 _FAILED_STATES = ("failed", "unhealthy")
 _NOISY = ("_monitor_workers", "remaining_restarts")  # published every monitor cycle; unchanged values skipped
@@ -129,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     journal = open_journal(launcher=True)
     target = LauncherJournal(journal)
     install(target)
-    journal.emit(EventType.LAUNCHER_START, max_restarts=_max_restarts(launcher, argv))
+    # dated when the container's process started, not after the imports above (seconds under load)
+    started = process_start_mono()
+    journal.emit_first(EventType.LAUNCHER_START, started if started is not None else time.monotonic(),
+                       max_restarts=_max_restarts(launcher, argv))
     code = 1
     sys.argv = ["nvrx-slo ft-launcher", *argv]  # ft_launcher's usage and errors name this command
     try:
@@ -138,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
         journal.emit(EventType.LAUNCHER_EXIT, code=code)
         journal.close()
-    return code
+    # The workers are gone and the exit is journaled: end here. Tearing down the interpreter (torch,
+    # NVRx) takes 0.5-3 s that the container is still billed for and no record would cover.
+    os._exit(code)
