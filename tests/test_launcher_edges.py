@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_slo.contracts.schema import EventType
-from nvrx_slo.trainer.journal import Identity, Journal, process_start_mono
+from nvrx_slo.trainer.journal import Identity, Journal
 
 
 def _records(directory: Path) -> list[dict]:
