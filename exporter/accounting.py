@@ -68,7 +68,7 @@ class Ledger:
         self.t = 0.0  # accounted up to here (mono)
         self.state = RankState.INIT
         self.blocking: str | None = None  # ckpt id of the save blocking the loop now
-        self.fault: float | None = None  # FAULT_INJECTED instant in the current loop
+        self.fault: float | None = None  # journaled fault instant in the current loop (see _died)
         self.fault_wall = 0.0
         self.cause: str | None = None
         self.pid = -1
@@ -145,6 +145,10 @@ class Ledger:
             self._step(ev, sink)
             self.last_wall = ev.wall
             return
+        if kind == "launcher_worker_exit":  # written by the launcher (its pid), about this rank's process
+            if ev.worker_pid == self.pid and self.first is not None:
+                self._died(ev.mono, ev.wall, "worker process exited")
+            return
         mono = ev.mono
         if self.first is None:
             start = getattr(ev, "start", None)  # a span's start: step, restore, checkpoint_finalize
@@ -176,6 +180,9 @@ class Ledger:
         elif kind == "fault_injected":
             self._advance(mono)
             self.fault, self.fault_wall, self.cause = mono, ev.wall, f"fault_injected: {ev.kind}"
+        elif kind == "step_failed":
+            self._advance(ev.start)
+            self._died(mono, ev.wall, ev.error)
         elif kind == "process_start":
             self._advance(mono)
             if self.fact is not None:
@@ -194,6 +201,16 @@ class Ledger:
         if kind == "checkpoint_end" and ev.ok:
             self._decide(ev.step, drop_rest=False)
         self.last_wall = ev.wall
+
+    def _died(self, mono: float, wall: float, cause: str) -> None:
+        """The loop stopped at ``mono`` (an exception left a step, the process was killed): the
+        unfinished step or save until then is lost or blocking, and the fault is dated there,
+        unless the loop had already stopped (a restart under way, an earlier fault, a clean end)."""
+        if self.state not in (RankState.TRAINING, RankState.INIT) or self.fault is not None or mono <= self.t:
+            return
+        self.seconds[BLOCKING if self.blocking is not None else LOST] += mono - self.t
+        self.t = mono
+        self.fault, self.fault_wall, self.cause = mono, wall, cause
 
     def _step(self, ev: Event, sink: RestartSink) -> None:
         start: float = ev.start

@@ -214,6 +214,11 @@ class Engine:
             self._checkpoints.fold(self._newest, self._live(), lambda r, at: lanes[r].pid_at(at))
         if lane is None:
             self._launcher(record, kind, mono)
+            if kind == "launcher_worker_exit" and not self._tearing_down(mono):
+                # a worker died on its own: the fault's instant, for its rank's ledger
+                exited = next((lane for lane in self._lanes.values() if record.worker_pid in lane.pids), None)
+                if exited is not None:
+                    self._lane_ingest(exited, record)
         else:
             if kind in _CHECKPOINT_EVENTS:
                 self._checkpoints.add(record, lane.ledger.rank)
@@ -230,6 +235,14 @@ class Engine:
             self._launcher_start, self._max_restarts = mono, record.max_restarts
         elif kind == "launcher_exit" and (self._launcher_exit is None or mono > self._launcher_exit):
             self._launcher_exit = mono
+
+    def _tearing_down(self, mono: float) -> bool:
+        """Whether the launcher had detected a failure at ``mono`` and not started workers since:
+        the workers that end then are the ones it stops, not faults (they stay in ``restart``)."""
+        for at, kind in reversed(self._restarts.launcher):
+            if at <= mono and kind in ("launcher_failure_detected", "launcher_worker_start"):
+                return kind == "launcher_failure_detected"
+        return False
 
     def _lane_ingest(self, lane: _Lane, ev: Event) -> None:
         mono = ev.mono  # comparisons by mono first: _ORDER's tuples are built only on a tie
