@@ -33,9 +33,9 @@ from nvrx_slo.exporter.snapshot import RankState
 IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
 PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]
 RESTORE, RESTART, INIT = IDX[Category.CHECKPOINT_RESTORE], IDX[Category.RESTART], IDX[Category.INIT]
-DATA, UNATTRIBUTED = IDX[Category.DATA_WAIT], IDX[Category.UNATTRIBUTED]
+DATA, UNATTRIBUTED, SHUTDOWN = IDX[Category.DATA_WAIT], IDX[Category.UNATTRIBUTED], IDX[Category.SHUTDOWN]
 GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
-        RankState.ENDED: UNATTRIBUTED}
+        RankState.ENDED: SHUTDOWN}
 POOL_MAX = 4096  # undecided steps kept one by one before neighbours are merged
 _INPROCESS_FAULT = {"inprocess_abort", "inprocess_finalize", "inprocess_rank_assignment"}
 _MARKS = {"inprocess_abort": "detect", "inprocess_finalize": "teardown",
@@ -187,9 +187,14 @@ class Ledger:
             self._advance(mono)
             if self.fact is not None:
                 sink.mark(self.rank, self.fact, "reinit", mono)
-        elif kind == "process_end":
+        elif kind in ("process_end", "inprocess_completion"):
+            # the loop is over: from its last step or save to the process's (and the job's) end is
+            # shutdown (writer stop, completion barrier, process-group teardown)
+            if self.state is RankState.TRAINING:
+                self.state = RankState.ENDED
             self._advance(mono)
-            self.state = RankState.ENDED
+            if kind == "process_end":
+                self.state = RankState.ENDED
         elif kind in _MARKS or kind == "inprocess_initialize":
             self._advance(mono)
             cause = getattr(ev, "cause", None)  # inprocess_abort and _initialize carry none

@@ -74,8 +74,12 @@ def test_a_process_that_exits_cleanly_ends_every_save_it_started(records):
 def test_the_crash_is_an_in_job_restart_the_launcher_journals_phase_by_phase(records):
     (fault,) = _of(records, "fault_injected", kind="crash")
     assert fault["step"] == CRASH.step and fault["restart"] == 0
+    crashed = _of(records, "process_start", rank=fault["rank"], restart=0)[0]["pid"]
+    exits = [r for r in records if r["type"] == "launcher_worker_exit" and r["mono"] >= fault["mono"]]
+    assert exits[0]["worker_pid"] == crashed  # the kill's instant, from the kernel, before the detection
     launcher = [r for r in records if r["rank"] is None and r["mono"] >= fault["mono"]
-                and r["type"] != "launcher_metric"]
+                and r["type"] not in ("launcher_metric", "launcher_worker_exit")]
+    assert exits[0]["mono"] < launcher[0]["mono"]
     assert [r["type"] for r in launcher[:5]] == [
         "launcher_failure_detected", "launcher_workers_terminated", "launcher_rendezvous_start",
         "launcher_rendezvous_done", "launcher_worker_start"]
