@@ -282,16 +282,17 @@ class Engine:
         return max(0, self._max_restarts - done)
 
     def _finished(self) -> bool:
-        """The launcher exited after its last start, and every rank of the world ended cleanly.
+        """The pod's launcher exited after its last start, and every rank it ran ended cleanly.
 
-        Without a journaled launcher a job never counts as finished: a launcher read late could
-        still show it running, and un-finishing would take settled seconds back.
+        A pod decides from its own ranks: in a job of many pods it sees only its share of the
+        world, and the launcher's exit says none of its workers is left. Without a journaled
+        launcher a pod never counts as finished: a launcher read late could still show it running,
+        and un-finishing would take settled seconds back.
         """
         lanes = self._lanes.values()
         if self._launcher_exit is None or (self._launcher_start or float("-inf")) > self._launcher_exit:
             return False
-        return (bool(lanes) and all(lane.newest_kind == "process_end" for lane in lanes)
-                and len(self._lanes) >= max(lane.world_size for lane in lanes))
+        return bool(lanes) and all(lane.newest_kind == "process_end" for lane in lanes)
 
     def snapshot(self, now_mono: float, now_wall: float) -> Snapshot:
         """Everything known at ``now_mono`` (the journal's monotonic clock, ideally a read horizon: see

@@ -369,3 +369,18 @@ def test_a_fault_nobody_injected_is_dated_where_the_loop_stopped_and_its_partial
     assert rank1.seconds[RS] == pytest.approx(8.1 - 5.0 - 0.1)  # from its last record, less the restore
     assert (record.cause or "").startswith("RuntimeError: boom" if raised else "worker process exited")
     check_invariant(snap)
+
+
+def test_a_pod_of_a_many_pod_job_finishes_with_its_own_ranks():
+    """One pod of a two-pod job (world size 4, ranks 2 and 3 here): its launcher's exit after its
+    ranks' clean ends finishes it, so its last saves and reorder window settle."""
+    pod = scenarios.healthy()
+    for record in pod.records:
+        if record["rank"] is not None:
+            record["rank"] += 2
+            record["local_rank"] = record["rank"] - 2
+        if record["type"] == "process_start":
+            record["world_size"] = 4
+    snap = run(pod, 100.0)
+    assert snap.finished and [r.rank for r in snap.ranks] == [2, 3]
+    assert snap.ranks[0].wall_s == pytest.approx(14.2)  # the launcher's start to its exit
