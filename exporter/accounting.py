@@ -35,9 +35,9 @@ from nvrx_slo.exporter.snapshot import RankState
 IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
 PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]
 RESTORE, RESTART, INIT = IDX[Category.CHECKPOINT_RESTORE], IDX[Category.RESTART], IDX[Category.INIT]
-DATA, UNATTRIBUTED = IDX[Category.DATA_WAIT], IDX[Category.UNATTRIBUTED]
+DATA, UNATTRIBUTED, SHUTDOWN = IDX[Category.DATA_WAIT], IDX[Category.UNATTRIBUTED], IDX[Category.SHUTDOWN]
 GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
-        RankState.ENDED: UNATTRIBUTED}
+        RankState.ENDED: SHUTDOWN}
 POOL_MAX = 4096  # undecided steps kept one by one before neighbours are merged
 _INPROCESS_FAULT = {"inprocess_abort", "inprocess_finalize", "inprocess_rank_assignment"}
 _MARKS = {"inprocess_abort": "detect", "inprocess_finalize": "teardown",
@@ -71,7 +71,7 @@ class Ledger:
         self.t = 0.0  # accounted up to here (mono)
         self.state = RankState.INIT
         self.blocking: str | None = None  # ckpt id of the save blocking the loop now
-        self.fault: float | None = None  # FAULT_INJECTED instant in the current loop
+        self.fault: float | None = None  # journaled fault instant in the current loop (see _died)
         self.fault_wall = 0.0
         self.cause: str | None = None
         self.pid = -1
@@ -164,6 +164,10 @@ class Ledger:
             self._step(ev, sink)
             self.last_wall = ev.wall
             return
+        if kind == "launcher_worker_exit":  # written by the launcher (its pid), about this rank's process
+            if ev.worker_pid == self.pid and self.first is not None:
+                self._died(ev.mono, ev.wall, "worker process exited")
+            return
         mono = ev.mono
         if self.first is None:
             self.first = self.t = min(mono, ev.start) if kind in SPAN_EVENTS else mono
@@ -194,13 +198,21 @@ class Ledger:
         elif kind == "fault_injected":
             self._advance(mono)
             self.fault, self.fault_wall, self.cause = mono, ev.wall, f"fault_injected: {ev.kind}"
+        elif kind == "step_failed":
+            self._advance(ev.start)
+            self._died(mono, ev.wall, ev.error)
         elif kind == "process_start":
             self._advance(mono)
             if self.fact is not None:
                 sink.mark(self.rank, self.fact, "reinit", mono)
-        elif kind == "process_end":
+        elif kind in ("process_end", "inprocess_completion"):
+            # the loop is over: from its last step or save to the process's (and the job's) end is
+            # shutdown (writer stop, completion barrier, process-group teardown)
+            if self.state is RankState.TRAINING:
+                self.state = RankState.ENDED
             self._advance(mono)
-            self.state = RankState.ENDED
+            if kind == "process_end":
+                self.state = RankState.ENDED
         elif kind in _MARKS or kind == "inprocess_initialize":
             self._advance(mono)
             cause = getattr(ev, "cause", None)  # inprocess_abort and _initialize carry none
@@ -212,6 +224,16 @@ class Ledger:
         if kind == "checkpoint_end" and ev.ok:
             self._decide(ev.step, drop_rest=False)
         self.last_wall = ev.wall
+
+    def _died(self, mono: float, wall: float, cause: str) -> None:
+        """The loop stopped at ``mono`` (an exception left a step, the process was killed): the
+        unfinished step or save until then is lost or blocking, and the fault is dated there,
+        unless the loop had already stopped (a restart under way, an earlier fault, a clean end)."""
+        if self.state not in (RankState.TRAINING, RankState.INIT) or self.fault is not None or mono <= self.t:
+            return
+        self.seconds[BLOCKING if self.blocking is not None else LOST] += mono - self.t
+        self.t = mono
+        self.fault, self.fault_wall, self.cause = mono, wall, cause
 
     def _step(self, ev: Event, sink: RestartSink) -> None:
         start: float = ev.start

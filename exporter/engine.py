@@ -235,6 +235,11 @@ class Engine:
             self._checkpoints.fold(self._newest, self._live(), lambda r, at: lanes[r].pid_at(at))
         if lane is None:
             self._launcher(record, kind, mono)
+            if kind == "launcher_worker_exit" and not self._tearing_down(mono):
+                # a worker died on its own: the fault's instant, for its rank's ledger
+                exited = next((lane for lane in self._lanes.values() if record.worker_pid in lane.pids), None)
+                if exited is not None:
+                    self._lane_ingest(exited, record)
         else:
             if kind in CHECKPOINT_EVENTS:
                 self._checkpoints.add(record, lane.ledger.rank)
@@ -251,6 +256,14 @@ class Engine:
             self._launcher_start, self._max_restarts = mono, record.max_restarts
         elif kind == "launcher_exit" and (self._launcher_exit is None or mono > self._launcher_exit):
             self._launcher_exit = mono
+
+    def _tearing_down(self, mono: float) -> bool:
+        """Whether the launcher had detected a failure at ``mono`` and not started workers since:
+        the workers that end then are the ones it stops, not faults (they stay in ``restart``)."""
+        for at, kind in reversed(self._restarts.launcher):
+            if at <= mono and kind in ("launcher_failure_detected", "launcher_worker_start"):
+                return kind == "launcher_failure_detected"
+        return False
 
     def _lane_ingest(self, lane: _Lane, ev: Event) -> None:
         mono = ev.mono  # comparisons by mono first: _ORDER's tuples are built only on a tie
@@ -290,16 +303,17 @@ class Engine:
         return max(0, self._max_restarts - done)
 
     def _finished(self) -> bool:
-        """The launcher exited after its last start, and every rank of the world ended cleanly.
+        """The pod's launcher exited after its last start, and every rank it ran ended cleanly.
 
-        Without a journaled launcher a job never counts as finished: a launcher read late could
-        still show it running, and un-finishing would take settled seconds back.
+        A pod decides from its own ranks: in a job of many pods it sees only its share of the
+        world, and the launcher's exit says none of its workers is left. Without a journaled
+        launcher a pod never counts as finished: a launcher read late could still show it running,
+        and un-finishing would take settled seconds back.
         """
         lanes = self._lanes.values()
         if self._launcher_exit is None or (self._launcher_start or float("-inf")) > self._launcher_exit:
             return False
-        return (bool(lanes) and all(lane.newest_kind == "process_end" for lane in lanes)
-                and len(self._lanes) >= max(lane.world_size for lane in lanes))
+        return bool(lanes) and all(lane.newest_kind == "process_end" for lane in lanes)
 
     def snapshot(self, now_mono: float, now_wall: float) -> Snapshot:
         """Everything known at ``now_mono`` (the journal's monotonic clock, ideally a read horizon: see

@@ -127,7 +127,8 @@ class Restarts:
         return None
 
     def record(self, rec: _Open) -> RestartRecord:
-        # an injected fault is the true instant; a rank's last event only bounds it from below
+        # a journaled fault instant (injected, a step that raised, a worker's exit) is the true one;
+        # a rank's last event only bounds it from below
         order = sorted(rec.faults, key=lambda r: (not rec.faults[r][2], rec.faults[r][0], r))
         fault, fault_wall, _ = rec.faults[order[0]]
         end = max(rec.ends.values()) if rec.done() else None

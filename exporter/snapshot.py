@@ -41,7 +41,7 @@ class RankState(str, Enum):
     INIT = "init"  # started, no step yet
     TRAINING = "training"  # between steps (or in one)
     RESTART = "restart"  # a fault was seen; the restarted loop has not stepped yet
-    ENDED = "ended"  # process_end written
+    ENDED = "ended"  # the loop is over: process_end, or the Wrapper's completion
 
 
 @dataclass(frozen=True)

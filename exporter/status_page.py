@@ -39,6 +39,7 @@ CATEGORY_LABELS: dict[Category, str] = {
     Category.CHECKPOINT_RESTORE: "checkpoint restore",
     Category.RESTART: "restart",
     Category.INIT: "init",
+    Category.SHUTDOWN: "shutdown",
     Category.DATA_WAIT: "data wait",
     Category.UNATTRIBUTED: "unattributed",
 }

@@ -147,3 +147,35 @@ def pod_restart() -> Pod:
         p.restore(2, 22.5, 23.0)
     _steps(new, 3, 4, 23.5)
     return pod
+
+
+def killed_from_outside(raised: bool = False) -> Pod:
+    """Steps 1-3 of 1 s from 2.0 on two ranks, no save; rank 0's loop stops 0.6 s into step 4 at 5.6 —
+    killed from outside (the launcher journals its worker's exit) or, with ``raised``, an exception
+    leaving the step (``step_failed``). ft_launcher detects it at 6.0 and stops rank 1, whose exit
+    (6.3) is teardown, not a fault; new processes restore nothing (fresh start), step from 8.0 / 8.1
+    and exit at 9.5."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    old = [pod.proc(r) for r in range(2)]
+    for p in old:
+        p.start(1.0)
+    _steps(old, 1, 3, 2.0)  # -> 5.0
+    if raised:
+        old[0].ev("step_failed", 5.6, step=4, start=5.0, error="RuntimeError: boom")
+    launcher.ev("launcher_worker_exit", 5.6 if not raised else 5.65, worker_pid=old[0].pid)
+    launcher.ev("launcher_failure_detected", 6.0)
+    launcher.ev("launcher_worker_exit", 6.3, worker_pid=old[1].pid)
+    for kind, mono in (("launcher_workers_terminated", 6.4), ("launcher_rendezvous_done", 6.8),
+                       ("launcher_worker_start", 7.0)):
+        launcher.ev(kind, mono)
+    new = [pod.proc(r, restart=1) for r in range(2)]
+    for p in new:
+        p.start(7.2)
+        p.restore(None, 7.5, 7.6)
+    new[0].step(1, 8.0, 9.0)
+    new[1].step(1, 8.1, 9.0)
+    for p in new:
+        p.end(9.5)
+    launcher.ev("launcher_exit", 10.0, code=0)
+    return pod

@@ -16,6 +16,7 @@ from nvrx_slo.exporter.snapshot import RankState, Snapshot
 
 P, L, B, R = Category.PRODUCTIVE, Category.LOST, Category.CHECKPOINT_BLOCKING, Category.CHECKPOINT_RESTORE
 RS, IN, D, U = Category.RESTART, Category.INIT, Category.DATA_WAIT, Category.UNATTRIBUTED
+SD = Category.SHUTDOWN
 
 
 def run(pod: Pod, now: float, window: float = 0.5, records: list | None = None) -> Snapshot:
@@ -33,19 +34,20 @@ def check_invariant(snap: Snapshot) -> None:
 
 # sentence, scenario, now, {rank: {category: seconds}}, {rank: unprotected}
 ACCOUNTING = [
-    ("a healthy run's steps are productive up to the durable save and unprotected after it; wall stops at the exit",
+    ("a healthy run's steps are productive up to the durable save and unprotected after it; from the last "
+     "step to the exits is shutdown; wall stops at the launcher's exit",
      scenarios.healthy, 100.0,
-     {0: {P: 4.5, D: 1.0, B: 0.2, IN: 3.0, U: 1.0, L: 0, R: 0, RS: 0}}, {0: 4.5, 1: 4.5}),
+     {0: {P: 4.5, D: 1.0, B: 0.2, IN: 3.0, SD: 1.0, U: 0, L: 0, R: 0, RS: 0}}, {0: 4.5, 1: 4.5}),
     ("a crash loses the steps after the restored checkpoint; each rank's restart runs from its own fault "
      "to its first step, minus the restore",
      scenarios.crash_with_rollback, 100.0,
-     {0: {P: 7.1, L: 3.0, B: 0.2, R: 0.5, RS: 2.4, IN: 2.0, U: 1.6},
-      1: {P: 7.0, L: 3.0, B: 0.2, R: 0.5, RS: 2.7, IN: 2.0, U: 1.4}}, {0: 0.0, 1: 0.0}),
+     {0: {P: 7.1, L: 3.0, B: 0.2, R: 0.5, RS: 2.4, IN: 2.0, SD: 1.4, U: 0.2},
+      1: {P: 7.0, L: 3.0, B: 0.2, R: 0.5, RS: 2.7, IN: 2.0, SD: 1.4, U: 0.0}}, {0: 0.0, 1: 0.0}),
     ("an in-process restart loses the steps after the restored checkpoint; a rank without an injected "
      "fault is restarting from its last step",
      scenarios.inprocess_restart, 100.0,
-     {0: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 2.4, IN: 1.0, U: 2.6},
-      1: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 4.5, IN: 1.0, U: 0.5}}, {0: 3.0, 1: 3.0}),
+     {0: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 2.4, IN: 1.0, SD: 0.5, U: 2.1},
+      1: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 4.5, IN: 1.0, SD: 0.5, U: 0.0}}, {0: 3.0, 1: 3.0}),
     ("a failed save protects nothing: its steps stay unprotected, the open tail too",
      scenarios.failed_save, 10.0,
      {0: {P: 0.0, B: 0.1, IN: 1.0}}, {0: 8.9}),
@@ -353,3 +355,32 @@ def test_a_job_that_never_saves_keeps_bounded_state_and_every_second():
     snap = engine.snapshot(10_001.0, 0.0)
     assert snap.ranks[0].unprotected_s == pytest.approx(10_000.0)
     check_invariant(snap)
+
+
+@pytest.mark.parametrize("raised", [False, True], ids=["killed from outside", "an exception left the step"])
+def test_a_fault_nobody_injected_is_dated_where_the_loop_stopped_and_its_partial_step_is_lost(raised):
+    snap = run(scenarios.killed_from_outside(raised), 20.0, window=0.0)
+    (record,) = snap.restarts.recent
+    assert record.level is RestartLevel.INJOB
+    assert record.fault_wall - 1.7e9 == pytest.approx(5.6, abs=1e-3) and record.duration_s == pytest.approx(8.1 - 5.6)
+    rank0, rank1 = snap.ranks
+    assert rank0.seconds[L] == pytest.approx(3.0 + 0.6)  # steps 1-3 rolled back by the fresh start, + the partial
+    assert rank1.seconds[L] == pytest.approx(3.0)  # stopped by the launcher: its wait is restart, not lost work
+    assert rank1.seconds[RS] == pytest.approx(8.1 - 5.0 - 0.1)  # from its last record, less the restore
+    assert (record.cause or "").startswith("RuntimeError: boom" if raised else "worker process exited")
+    check_invariant(snap)
+
+
+def test_a_pod_of_a_many_pod_job_finishes_with_its_own_ranks():
+    """One pod of a two-pod job (world size 4, ranks 2 and 3 here): its launcher's exit after its
+    ranks' clean ends finishes it, so its last saves and reorder window settle."""
+    pod = scenarios.healthy()
+    for record in pod.records:
+        if record["rank"] is not None:
+            record["rank"] += 2
+            record["local_rank"] = record["rank"] - 2
+        if record["type"] == "process_start":
+            record["world_size"] = 4
+    snap = run(pod, 100.0)
+    assert snap.finished and [r.rank for r in snap.ranks] == [2, 3]
+    assert snap.ranks[0].wall_s == pytest.approx(14.2)  # the launcher's start to its exit

@@ -41,6 +41,10 @@ class Facts:
         self.data_s = {k: sum(s["data_s"] for s in steps if s["rank"] == k) for k in self.ranks}
         self.work_s = {k: sum(s["mono"] - s["start"] - s["data_s"] for s in steps if s["rank"] == k)
                        for k in self.ranks}
+        # steps an exception left: lost work when the rank's loop stopped there (a peer's crash broke
+        # its collective), not when a restart was already under way
+        self.partial_s = {k: sum(r["mono"] - r["start"] for r in ranks if r["type"] == "step_failed" and r["rank"] == k)
+                          for k in self.ranks}
         begins = [r.get("start", r["mono"]) if r["type"] in ("step", "restore", "checkpoint_finalize") else r["mono"]
                   for r in records]
         self.wall_s = max(r["mono"] for r in records) - min(begins)
@@ -110,7 +114,8 @@ def test_efficiency_and_badput_split_agree_with_the_journal(facts, scraped):
         assert value(samples, "nvrx_steps_total", rank=r) == facts.steps[rank]
         # steps split into data wait and work; work is productive, lost or still unprotected
         assert seconds["data_wait"] == pytest.approx(facts.data_s[rank], abs=0.05)
-        assert seconds["productive"] + seconds["lost"] + unprotected == pytest.approx(facts.work_s[rank], abs=0.05)
+        work = seconds["productive"] + seconds["lost"] + unprotected
+        assert facts.work_s[rank] - 0.05 <= work <= facts.work_s[rank] + facts.partial_s[rank] + 0.05
         assert seconds["lost"] > 0  # the crash rolled back work done after the last save
         assert seconds["restart"] > 0 and seconds["checkpoint_restore"] > 0
 

@@ -98,3 +98,10 @@ def test_the_page_shows_each_verdict_with_its_value():
     assert inv.by_id["slo-checkpoint_blocking-value"]["data-value"] == "0.02"
     assert inv.by_id["slo-checkpoint_overlap"]["data-ok"] == "false"  # the fixture's overlap is 0.9
     assert inv.by_id["slo-recovery"]["data-ok"] == "true"  # one in-job restart of 3 s
+
+
+def test_every_category_has_a_label():
+    from nvrx_slo.contracts.catalogue import Category
+    from nvrx_slo.exporter.status_page import CATEGORY_LABELS
+
+    assert set(CATEGORY_LABELS) == set(Category)

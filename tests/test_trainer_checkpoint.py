@@ -168,3 +168,28 @@ def test_closing_after_the_writer_died_raises_at_once_instead_of_waiting_for_it(
     assert not closer.is_alive(), "close() waited for a dead writer"
     assert len(outcome) == 1 and isinstance(outcome[0], CheckpointWorkerDied)
     assert _spans(hooks, "step-000003")[-1]["ok"] is False
+
+
+def test_gathering_the_state_inside_the_save_is_counted_as_its_blocking_time(async_ckpt, tmp_path):
+    def gather() -> dict:
+        time.sleep(0.1)  # a planted get_state_dict cost
+        return {"w": torch.ones(10)}
+
+    sync = Checkpointer(Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal")), tmp_path / "ckpt", "sync")
+    for ckpt in (async_ckpt, sync):
+        ckpt.save(gather, step=11)
+        ckpt.poll(blocking=True)
+        start, scheduled = (r for r in _spans(ckpt.hooks, "step-000011")
+                            if r["type"] in ("checkpoint_start", "checkpoint_scheduled"))
+        assert scheduled["mono"] - start["mono"] >= 0.1, ckpt.mode
+        assert _spans(ckpt.hooks, "step-000011")[-1]["ok"]
+
+
+def test_a_poll_that_finishes_a_save_journals_its_whole_round_as_that_saves_cost(async_ckpt):
+    async_ckpt.save({"w": torch.ones(10)}, step=12)
+    before = time.monotonic()
+    async_ckpt.poll(blocking=True)
+    after = time.monotonic()
+    (span,) = [r for r in _spans(async_ckpt.hooks, "step-000012") if r["type"] == "checkpoint_finalize"]
+    end = _spans(async_ckpt.hooks, "step-000012")[-1]
+    assert before <= span["start"] and span["mono"] <= end["mono"] <= after  # NVRx's all-reduces inside the span

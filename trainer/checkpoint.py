@@ -42,6 +42,7 @@ log = logging.getLogger("nvrx_slo.checkpoint")
 # DCP's CheckpointException derives from BaseException, not Exception.
 _SAVE_ERRORS = (Exception, dcp.CheckpointException)
 
+POLL_COST_S = 0.001  # a poll that finalizes nothing is journaled as checkpoint cost from this long on
 METADATA = ".metadata"  # written last, by DCP's coordinator: its presence marks a complete checkpoint
 
 
@@ -147,7 +148,6 @@ class Checkpointer:
         self.mode = "async" if self._api is not None else "sync"
         self._queue: Any = None
         self._pending: dict[int, _Pending] = {}
-        self._finalize_start = 0.0
         self._worker_alive: bool | None = None
         self._warming: threading.Thread | None = None
         self._stale = False  # saves were abandoned: the writer may still owe their completions
@@ -202,16 +202,19 @@ class Checkpointer:
 
     # --- saving -------------------------------------------------------------------------------
 
-    def save(self, state_dict: dict[str, Any], step: int) -> None:
-        """Save ``state_dict`` as the checkpoint of ``step``. Collective: call on every rank."""
+    def save(self, state_dict: dict[str, Any] | Callable[[], dict[str, Any]], step: int) -> None:
+        """Save ``state_dict`` as the checkpoint of ``step``. Collective: call on every rank.
+
+        Pass the function that gathers it (e.g. ``get_state_dict``) to have that time counted as
+        the save's blocking time, where it belongs."""
         ckpt = checkpoint_id(step)
         path = self.root / ckpt
         self.hooks.journal.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode=self.mode)
         if self.mode == "sync":
-            self._save_sync(state_dict, ckpt, step, path)
+            self._save_sync(state_dict() if callable(state_dict) else state_dict, ckpt, step, path)
             return
         try:
-            self._save_async(state_dict, ckpt, step, path)
+            self._save_async(state_dict() if callable(state_dict) else state_dict, ckpt, step, path)
         except BaseException as exc:  # a fault mid-save (a peer died): the save is over, and failed
             self._end(_Pending(ckpt, step, path, -1), time.monotonic(), f"{type(exc).__name__}: {exc}"[:500])
             self._stale = True  # it may have reached the writer
@@ -258,8 +261,6 @@ class Checkpointer:
         def finalize() -> None:  # NVRx calls it in the training thread once every rank's write is done
             pending.error = _finalize(writer, planned)
             pending.finalized = True
-            self.hooks.journal.emit(EventType.CHECKPOINT_FINALIZE, ckpt=ckpt, start=self._finalize_start)
-            self._finalize_start = time.monotonic()
 
         stamped = _StampedWrite(write, str(_stamp_path(path, rank)), self.slow_storage_s)
         request = api.AsyncRequest(stamped, tuple(args), [finalize], preload_fn=preload)
@@ -278,7 +279,7 @@ class Checkpointer:
         self._check_worker()
         if not self._pending:
             return
-        self._finalize_start = time.monotonic()
+        start = time.monotonic()
         while True:  # NVRx's own blocking wait never notices a dead writer: poll, and look
             self._queue.maybe_finalize_async_calls(blocking=False)
             if not blocking or all(p.finalized for p in self._pending.values()):
@@ -287,7 +288,13 @@ class Checkpointer:
             self._check_worker()
         now = time.monotonic()
         # NVRx 0.4.1 returns call index 0 for every finalized call: trust our own flags instead
-        for index in [i for i, p in self._pending.items() if p.finalized]:
+        finalized = [i for i, p in self._pending.items() if p.finalized]
+        # The round is the loop's checkpoint cost — NVRx's all-reduces included, which run after our
+        # finalize function — charged to the save it finished, or to the oldest one it waited for.
+        charged = self._pending[finalized[0] if finalized else min(self._pending)]
+        if finalized or now - start > POLL_COST_S:
+            self.hooks.journal.emit(EventType.CHECKPOINT_FINALIZE, ckpt=charged.ckpt, start=start)
+        for index in finalized:
             pending = self._pending.pop(index)
             self._end(pending, _read_stamp(pending.path, pending.rank, now), pending.error)
 

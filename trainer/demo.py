@@ -109,8 +109,12 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 c["ok"] = r["ok"] if c["ok"] is None else (c["ok"] and r["ok"])
     restarts = []
     for fault in by_type.get(EventType.FAULT_INJECTED.value, []):
-        resumed = next((s for s in steps if s["start"] > fault["mono"]
-                        and (s["restart"], s["iter"]) != (fault["restart"], fault["iter"])), None)
+        after = sorted((s for s in steps if s["start"] > fault["mono"]
+                        and (s["restart"], s["iter"]) != (fault["restart"], fault["iter"])), key=lambda s: s["start"])
+        firsts: dict[Any, dict[str, Any]] = {}
+        for s in after:  # each rank's first step of the restarted loop; the last of them ends the restart
+            firsts.setdefault(s["rank"], s)
+        resumed = max(firsts.values(), key=lambda s: s["start"]) if firsts else None
         level = "in-process" if resumed and resumed["restart"] == fault["restart"] else "in-job"
         restores = [r for r in by_type.get(EventType.RESTORE.value, []) if r["mono"] > fault["mono"]]
         restarts.append({"kind": fault["kind"], "step": fault["step"], "level": level,

@@ -18,6 +18,7 @@ They map to journal events (``rank`` null) at the instant they happen:
 ``launcher_rendezvous_start``       the node asks to join the next rendezvous round
 ``launcher_rendezvous_done``        the node joined the round (ranks assigned)
 ``launcher_worker_start``           ``_start_workers`` returned (new worker processes exist)
+``launcher_worker_exit``            a worker process ended: the kernel's instant (``WorkerExits``)
 ``launcher_metric``                 every other metric, when its value changes (``name``, ``value``)
 =================================== ===============================================================
 
@@ -30,13 +31,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import select
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer import nvrx_compat
-from nvrx_slo.trainer.journal import Journal, open_journal
+from nvrx_slo.trainer.journal import Journal, open_journal, process_start_mono
 
 _FAILED_STATES = ("failed", "unhealthy")
 _NOISY = ("_monitor_workers", "remaining_restarts")  # published every monitor cycle; unchanged values skipped
@@ -45,8 +50,9 @@ _NOISY = ("_monitor_workers", "remaining_restarts")  # published every monitor c
 class LauncherJournal:
     """Turns torchelastic metrics and rendezvous events into launcher journal events."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, workers_started: Callable[[], None] = lambda: None) -> None:
         self.journal = journal
+        self.workers_started = workers_started  # e.g. WorkerExits.watch
         self.failures = 0
         self._last: dict[str, Any] = {}
         self._state: str | None = None
@@ -74,6 +80,7 @@ class LauncherJournal:
             self.journal.emit(EventType.LAUNCHER_WORKERS_TERMINATED)
         elif name.endswith("._start_workers.duration.ms"):
             self.journal.emit(EventType.LAUNCHER_WORKER_START)
+            self.workers_started()
         if any(noisy in name for noisy in _NOISY) and self._last.get(name) == value:
             return
         self._last[name] = value
@@ -92,6 +99,73 @@ class LauncherJournal:
                 self.journal.emit(EventType.LAUNCHER_RENDEZVOUS_DONE)
         except Exception:  # never raise into the launcher
             self.journal.errors += 1
+
+
+class WorkerExits:
+    """Journals each worker process's end at the instant the kernel reports it.
+
+    A worker killed from outside (the OOM killer, a node agent) writes nothing of its own death;
+    its exit is the fault's instant. ``watch()`` (after workers start) opens a pidfd for every
+    child process not yet watched; a daemon thread polls them and writes
+    ``launcher_worker_exit`` when one becomes readable (the process ended), within milliseconds.
+    Never raises into the launcher; without pidfds (Linux < 5.3) it does nothing.
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self._poll = select.poll()
+        self._wake_r, self._wake_w = os.pipe()
+        self._poll.register(self._wake_r, select.POLLIN)
+        self._fds: dict[int, int] = {}  # pidfd -> pid
+        self._watched: set[int] = set()
+        self._new: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="nvrx-slo-worker-exits", daemon=True).start()
+
+    def watch(self) -> None:
+        try:
+            for pid in _children() - self._watched:
+                self._watched.add(pid)
+                try:
+                    fd = os.pidfd_open(pid)
+                except ProcessLookupError:  # already gone and reaped
+                    continue
+                with self._lock:
+                    self._new.append((fd, pid))
+            os.write(self._wake_w, b"x")
+        except Exception:  # never raise into the launcher
+            self.journal.errors += 1
+
+    def _run(self) -> None:
+        while True:
+            try:
+                for fd, _ in self._poll.poll():
+                    if fd == self._wake_r:
+                        os.read(self._wake_r, 4096)
+                        with self._lock:
+                            new, self._new = self._new, []
+                        for pidfd, pid in new:
+                            self._fds[pidfd] = pid
+                            self._poll.register(pidfd, select.POLLIN)
+                        continue
+                    self.journal.emit(EventType.LAUNCHER_WORKER_EXIT, worker_pid=self._fds.pop(fd))
+                    self._poll.unregister(fd)
+                    os.close(fd)
+            except Exception:  # never raise; keep watching
+                self.journal.errors += 1
+                time.sleep(0.1)
+
+
+def _children() -> set[int]:
+    """This process's child processes (each thread's ``children`` list, Linux >= 3.5)."""
+    pids: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return pids
 
 
 def install(target: LauncherJournal) -> bool:
@@ -127,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         print("nvrx-slo ft-launcher: nvidia-resiliency-ext is not installed", file=sys.stderr)
         return 2
     journal = open_journal(launcher=True)
-    target = LauncherJournal(journal)
+    target = LauncherJournal(journal, WorkerExits(journal).watch)
     install(target)
-    journal.emit(EventType.LAUNCHER_START, max_restarts=_max_restarts(launcher, argv))
+    # dated when the container's process started, not after the imports above (seconds under load)
+    started = process_start_mono()
+    journal.emit_first(EventType.LAUNCHER_START, started if started is not None else time.monotonic(),
+                       max_restarts=_max_restarts(launcher, argv))
     code = 1
     sys.argv = ["nvrx-slo ft-launcher", *argv]  # ft_launcher's usage and errors name this command
     try:
@@ -138,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
         journal.emit(EventType.LAUNCHER_EXIT, code=code)
         journal.close()
-    return code
+    # The workers are gone and the exit is journaled: end here. Tearing down the interpreter (torch,
+    # NVRx) takes 0.5-3 s that the container is still billed for and no record would cover.
+    os._exit(code)

@@ -25,7 +25,9 @@ the journal counts its own failures.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -92,9 +94,12 @@ class StepTimer:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if exc_type is None:  # a step that raised did not happen
+        if exc_type is None:
             self._journal.step(self._step, self._start, self._data.seconds, self._compute.seconds,
                                self._optimizer.seconds)
+        else:  # a step that raised did not happen; the instant it left is the fault's
+            self._journal.emit(EventType.STEP_FAILED, step=self._step, start=self._start,
+                               error=f"{exc_type.__name__}: {exc}"[:300])
 
 
 class Restored:
@@ -135,6 +140,110 @@ class _RestoreSpan:
             self._journal.emit(EventType.WARNING, message=f"restore failed: {exc_type.__name__}: {exc}")
 
 
+class CheckpointSave:
+    """One save as the training loop sees it; ``with hooks.checkpoint(step) as save:`` around the call.
+
+    The block is the time the loop is blocked (``checkpoint_start`` → ``checkpoint_scheduled``). The
+    save is durable (``checkpoint_end``) when the block ends, unless it is asynchronous: then
+    ``track`` its future, or hand ``completion()`` to whatever calls back when the write is done.
+    Every method is safe from any thread and never raises into training.
+    """
+
+    __slots__ = ("_journal", "ckpt", "step", "bytes", "_lock", "_start", "_asynchronous", "_scheduled",
+                 "_outcome", "_ended")
+
+    def __init__(self, journal: Journal, ckpt: str, step: int) -> None:
+        self._journal = journal
+        self.ckpt = ckpt
+        self.step = step
+        self.bytes = 0  # set it if known: this rank's payload
+        self._lock = threading.Lock()
+        self._start = 0.0
+        self._asynchronous = False
+        self._scheduled = False
+        self._outcome: tuple[float, str | None] | None = None  # (written, error) once known
+        self._ended = False
+
+    def track(self, result: Any) -> Any:
+        """Observe an asynchronous save's result and return it unchanged: a ``concurrent.futures``
+        or ``torch.futures`` Future, or DCP's ``AsyncSaveResponse`` (its ``upload_completion``)."""
+        future = getattr(result, "upload_completion", result)
+        try:
+            if hasattr(future, "add_done_callback"):  # concurrent.futures and torch.futures alike
+                self._asynchronous = True
+                future.add_done_callback(self._future_done)
+            else:
+                self._journal.emit(EventType.WARNING, message=f"checkpoint {self.ckpt}: cannot track "
+                                   f"{type(result).__name__}; counted durable when its block ends")
+        except Exception as exc:  # never raise into training
+            self._fail_tracking(exc)
+        return result
+
+    def completion(self) -> Callable[..., None]:
+        """A callback that marks this save durable when called (an NVRx ``AsyncRequest`` finalize
+        function, ``TorchAsyncCheckpoint``'s ``finalize_fn``, a framework's save callback)."""
+        self._asynchronous = True
+        return self.done
+
+    def done(self, *_: Any) -> None:
+        """The write finished and is durable (now)."""
+        self._settle(None)
+
+    def failed(self, error: BaseException | str) -> None:
+        """The save failed; ``error`` says why."""
+        reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self._settle(reason[:500])
+
+    def _future_done(self, future: Any) -> None:
+        try:
+            if hasattr(future, "exception"):  # concurrent.futures.Future
+                exc = future.exception()
+            else:  # torch.futures.Future: wait() raises the save's error
+                future.wait()
+                exc = None
+        except Exception as caught:
+            exc = caught
+        self._settle(None if exc is None else f"{type(exc).__name__}: {exc}"[:500])
+
+    def _fail_tracking(self, exc: BaseException) -> None:
+        self._journal.emit(EventType.WARNING, message=f"checkpoint {self.ckpt}: tracking failed: {exc}"[:500])
+
+    def _settle(self, error: str | None) -> None:
+        with self._lock:
+            if self._outcome is not None:
+                return
+            self._outcome = (_monotonic(), error)
+            ready = self._scheduled
+        if ready:
+            self._end()
+
+    def _end(self) -> None:
+        with self._lock:
+            if self._ended or self._outcome is None:
+                return
+            self._ended = True
+            written, error = self._outcome
+        self._journal.emit(EventType.CHECKPOINT_END, ckpt=self.ckpt, step=self.step, ok=error is None,
+                           written=written, error=error)
+
+    def __enter__(self) -> CheckpointSave:
+        self._start = _monotonic()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is not None:  # the save call itself failed: over, and failed
+            self.failed(exc)
+        else:
+            self._journal.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=self.ckpt, plan_s=0.0,
+                               stage_s=_monotonic() - self._start, bytes=self.bytes)
+            if not self._asynchronous:
+                self.done()
+        with self._lock:
+            self._scheduled = True
+        self._end()  # an outcome that came in during the block is written after its scheduled
+
+
 class Hooks:
     """One per rank process: owns the journal and hands out the timers."""
 
@@ -156,6 +265,14 @@ class Hooks:
     def restore(self) -> _RestoreSpan:
         """``with hooks.restore() as r:`` around loading state; set ``r.step`` and ``r.path``."""
         return _RestoreSpan(self.journal)
+
+    def checkpoint(self, step: int, ckpt: str | None = None, mode: str = "sync") -> CheckpointSave:
+        """``with hooks.checkpoint(step) as save:`` around one save call of any checkpointing stack,
+        on every rank. ``ckpt`` names the save the same on every rank (default ``step-NNNNNN``);
+        ``mode`` ("sync" or "async") is shown in views. See ``CheckpointSave``."""
+        ckpt = ckpt or f"step-{step:06d}"
+        self.journal.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode=mode)
+        return CheckpointSave(self.journal, ckpt, step)
 
     def warning(self, message: str, **fields: Any) -> None:
         """Something the operator should know (a fallback restore, a missing NVRx feature)."""

@@ -179,6 +179,18 @@ class Journal:
         except Exception as exc:  # never raise into training
             self._fail(exc)
 
+    def emit_first(self, event: EventType, mono: float, **payload: Any) -> None:
+        """Write the process's first event, dated ``mono`` (an instant before now, e.g.
+        ``process_start_mono()``). Later in the file it is dated now: ``mono`` never goes back along ``seq``."""
+        if self.directory is None:
+            return
+        try:
+            with self._lock:
+                first = self._seq == 0
+            self._append(event._value_, _encode_payload(payload), mono if first else None)
+        except Exception as exc:  # never raise into training
+            self._fail(exc)
+
     def step(self, step: int, start: float, data_s: float, compute_s: float, optimizer_s: float) -> None:
         """``emit(EventType.STEP, ...)`` with a pre-compiled template: the one event written every step."""
         if self.directory is None:
@@ -199,11 +211,14 @@ class Journal:
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _append(self, event: str, body: str) -> None:
+    def _append(self, event: str, body: str, at: float | None = None) -> None:
         with self._lock:  # clocks read under the lock: mono never decreases along seq
             seq = self._seq
             self._seq = seq + 1
-            line = (_LINE % (event, seq, _monotonic(), _time(), self._suffix, body)).encode()
+            mono, wall = _monotonic(), _time()
+            if at is not None and seq == 0:
+                mono, wall = at, wall - (mono - at)
+            line = (_LINE % (event, seq, mono, wall, self._suffix, body)).encode()
             if self._torn:
                 line = b"\n" + line
             if self._fd is None or (self._size and self._size + len(line) > self.max_bytes):
@@ -243,6 +258,21 @@ class Journal:
             self._logged = True
             log.warning("nvrx-slo journal: dropping events (training goes on): %s: %s",
                         type(exc).__name__, exc)
+
+
+def process_start_mono() -> float | None:
+    """When this process started, on the journal's clock (``CLOCK_MONOTONIC``), from the kernel.
+
+    ``/proc/self/stat`` gives the start in clock ticks since boot (10 ms here), which
+    ``CLOCK_BOOTTIME`` relates to now; None where either is missing (not Linux).
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces and ")"
+        started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat(5)
+        return _monotonic() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def open_journal(directory: str | os.PathLike[str] | None = None, *, launcher: bool = False) -> Journal:

@@ -151,7 +151,7 @@ def train(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer, iteration: int | Non
                     optim.zero_grad(set_to_none=True)
             ckpt.poll()
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-                ckpt.save(state(), step)
+                ckpt.save(state, step)  # gathered inside the save: its time is the save's
         ckpt.close()
     finally:
         if dist.is_initialized():

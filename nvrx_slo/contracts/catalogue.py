@@ -52,6 +52,7 @@ class Category(str, Enum):
     CHECKPOINT_RESTORE = "checkpoint_restore"
     RESTART = "restart"
     INIT = "init"
+    SHUTDOWN = "shutdown"
     DATA_WAIT = "data_wait"
     UNATTRIBUTED = "unattributed"
 

@@ -53,6 +53,7 @@ class EventType(str, Enum):
     PROCESS_START = "process_start"  # hooks initialised in a rank process
     PROCESS_END = "process_end"  # clean exit of a rank process
     STEP = "step"  # one training step, written at its end
+    STEP_FAILED = "step_failed"  # an exception left a step: written when it left (the fault instant)
     CHECKPOINT_START = "checkpoint_start"  # the save call began: training is now blocked
     CHECKPOINT_SCHEDULED = "checkpoint_scheduled"  # blocking part over, training resumes
     CHECKPOINT_FINALIZE = "checkpoint_finalize"  # a finalize span in the training thread
@@ -74,6 +75,7 @@ class EventType(str, Enum):
     LAUNCHER_RENDEZVOUS_START = "launcher_rendezvous_start"
     LAUNCHER_RENDEZVOUS_DONE = "launcher_rendezvous_done"
     LAUNCHER_WORKER_START = "launcher_worker_start"
+    LAUNCHER_WORKER_EXIT = "launcher_worker_exit"  # a worker process ended (the kernel's instant, via pidfd)
     LAUNCHER_METRIC = "launcher_metric"  # a torchelastic metric (name, value)
     LAUNCHER_EXIT = "launcher_exit"
 
@@ -113,6 +115,8 @@ PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
     # step: the span [start, mono]; data_s/compute_s/optimizer_s are the measured phases inside it
     # (the rest of the span is loop overhead and counts with compute).
     EventType.STEP: {"step": (int,), "start": _NUM, "data_s": _NUM, "compute_s": _NUM, "optimizer_s": _NUM},
+    # step_failed: the step that never completed, [start, mono]; error: the exception that left it.
+    EventType.STEP_FAILED: {"step": (int,), "start": _NUM, "error": (str,)},
     # ckpt: an id unique within the job for one save (e.g. "step-000120"); step: the training step it holds.
     EventType.CHECKPOINT_START: {"ckpt": (str,), "step": (int,), "mode": (str,)},  # mode: "async" | "sync"
     EventType.CHECKPOINT_SCHEDULED: {"ckpt": (str,), "plan_s": _NUM, "stage_s": _NUM, "bytes": (int,)},
@@ -137,6 +141,7 @@ PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
     EventType.LAUNCHER_RENDEZVOUS_START: {},
     EventType.LAUNCHER_RENDEZVOUS_DONE: {},
     EventType.LAUNCHER_WORKER_START: {},
+    EventType.LAUNCHER_WORKER_EXIT: {"worker_pid": (int,)},
     EventType.LAUNCHER_METRIC: {"name": (str,), "value": _NUM},
     EventType.LAUNCHER_EXIT: {"code": (int,)},
 }

@@ -1,0 +1,97 @@
+"""Faults nobody journals on purpose are dated when they happened, measured from outside.
+
+A worker under the real ``nvrx-slo ft-launcher`` (tests/faulty_worker.py) is SIGKILLed by the
+test at an instant the test takes itself, or raises a plain ``RuntimeError`` mid-step (no
+``fault_injected`` record). The sidecar's engine, replaying the journal, must date the restart's
+fault at that instant and measure its latency to the restarted loop's first step — whose start
+the worker notes in its own file — within 0.1 s. Steps take 0.4 s and each fault lands about
+0.3 s into one, so a fault dated at the rank's last record would miss by ~0.3 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nvrx_slo.contracts.catalogue import RestartLevel
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.tail import JournalTail
+
+pytestmark = pytest.mark.slow
+WORKER = Path(__file__).with_name("faulty_worker.py")
+
+
+def _journal(directory: Path) -> list[dict]:
+    out = []
+    for f in sorted(directory.glob("*.jsonl")):
+        out += [json.loads(line) for line in f.read_text().splitlines() if line.endswith("}")]
+    return out
+
+
+def _truth(out: Path, restart: int) -> dict[str, dict]:
+    return {r["event"]: r for r in map(json.loads, (out / f"truth-{restart}.jsonl").read_text().splitlines())}
+
+
+def _launch(tmp_path: Path, mode: str) -> subprocess.Popen:
+    env = {**os.environ, "NVRX_SLO_JOURNAL_DIR": str(tmp_path / "journal"), "GROUP_RANK": "0",
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher", "--standalone", "--nproc-per-node", "1",
+           "--max-restarts", "1", "--monitor-interval", "0.2", str(WORKER), str(tmp_path), mode]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "launcher.log", "w"))
+
+
+def _restart(tmp_path: Path):
+    engine = Engine()
+    tail = JournalTail(tmp_path / "journal")
+    tail.poll(lambda events: [engine.ingest(e) for e in events])
+    tail.close()
+    snap = engine.snapshot(time.monotonic(), time.time())
+    assert snap.finished
+    (restart,) = snap.restarts.recent
+    return restart
+
+
+def _wait(proc: subprocess.Popen, tmp_path: Path) -> None:
+    try:
+        assert proc.wait(timeout=180) == 0, (tmp_path / "launcher.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_worker_killed_from_outside_is_dated_at_the_kill(tmp_path):
+    proc = _launch(tmp_path, "wait")
+    deadline = time.monotonic() + 120
+    while True:  # the journal's own records tell when a step ends; kill 0.3 s into the next one
+        assert time.monotonic() < deadline and proc.poll() is None, "the worker never reached step 2"
+        steps = [r for r in _journal(tmp_path / "journal") if r["type"] == "step"]
+        if steps and steps[-1]["step"] >= 2:
+            break
+        time.sleep(0.01)
+    time.sleep(max(0.0, steps[-1]["mono"] + 0.3 - time.monotonic()))
+    killed_wall, killed = time.time(), time.monotonic()
+    os.kill(steps[-1]["pid"], signal.SIGKILL)
+    _wait(proc, tmp_path)
+    restart = _restart(tmp_path)
+    resumed = _truth(tmp_path, 1)["first_step"]["mono"]
+    assert restart.level is RestartLevel.INJOB
+    assert abs(restart.fault_wall - killed_wall) < 0.1, restart.fault_wall - killed_wall
+    assert abs(restart.duration_s - (resumed - killed)) < 0.1, (restart.duration_s, resumed - killed)
+
+
+def test_an_exception_mid_step_is_dated_when_it_left_the_step(tmp_path):
+    proc = _launch(tmp_path, "raise")
+    _wait(proc, tmp_path)
+    raised = _truth(tmp_path, 0)["raise"]
+    resumed = _truth(tmp_path, 1)["first_step"]["mono"]
+    restart = _restart(tmp_path)
+    assert abs(restart.fault_wall - raised["wall"]) < 0.1, restart.fault_wall - raised["wall"]
+    assert abs(restart.duration_s - (resumed - raised["mono"])) < 0.1, (restart.duration_s, resumed - raised["mono"])
+    assert "planted mid-step" in (restart.cause or "")
