@@ -232,6 +232,8 @@ class Ledger:
         if self.state not in (RankState.TRAINING, RankState.INIT) or self.fault is not None or mono <= self.t:
             return
         self.seconds[BLOCKING if self.blocking is not None else LOST] += mono - self.t
+        if self.blocking is None and self.verdicts is not None:
+            self.verdicts.append((mono, mono, False))  # the unfinished step, for views that draw steps
         self.t = mono
         self.fault, self.fault_wall, self.cause = mono, wall, cause
 

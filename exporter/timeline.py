@@ -115,6 +115,7 @@ class _RankData:
     step_end: array = field(default_factory=lambda: array("d"))
     step_mono: array = field(default_factory=lambda: array("d"))
     step_no: array = field(default_factory=lambda: array("q"))
+    step_partial: array = field(default_factory=lambda: array("b"))  # 1: a step an exception left
     verdicts: list[tuple[float, float, bool]] = field(default_factory=list)  # the engine's, in order
     spans: list[tuple[str, float, float, str]] = field(default_factory=list)  # init/restore/blocking/background
 
@@ -152,11 +153,12 @@ class TimelineBuilder:
             data.spans.append((INIT, begun, rec.start + off, f"process {rec.pid} start to first work"))
         if kind == EventType.PROCESS_START:
             self._started[key] = t
-        elif kind == EventType.STEP:
+        elif kind in (EventType.STEP, EventType.STEP_FAILED):
             data.step_start.append(rec.start + off)
             data.step_end.append(t)
             data.step_mono.append(rec.mono)
             data.step_no.append(rec.step)
+            data.step_partial.append(kind == EventType.STEP_FAILED)
             self._lo = min(self._lo, rec.start + off)
         elif kind == EventType.RESTORE:
             data.spans.append((RESTORE, rec.start + off, t, f"restore from step {rec.step}"))
@@ -212,29 +214,31 @@ class TimelineBuilder:
         """``(end mono, step, kind)`` of each step of ``rank``, oldest first: what its lane draws."""
         data = self._ranks[rank]
         kinds = _kinds(data)
-        return sorted(zip(data.step_mono, data.step_no, kinds, strict=True))
+        return sorted((m, n, k) for m, n, k in zip(data.step_mono, data.step_no, kinds, strict=True) if k is not None)
 
     @staticmethod
     def _lane(rank: int, data: _RankData, lo: float, resolution: float) -> Lane:
         kinds = _kinds(data)
         order = sorted(range(len(data.step_end)), key=data.step_end.__getitem__)
-        raw = [(kinds[i], data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i]) for i in order]
+        raw = [(kind, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i])
+               for i in order if (kind := kinds[i]) is not None]
         spans = _merge_steps(raw, resolution)
         others = sorted(data.spans, key=lambda s: s[1])
         spans += _merge_others([(k, s - lo, e - lo, label) for k, s, e, label in others], resolution)
         return Lane(rank=rank, spans=tuple(spans))
 
 
-def _kinds(data: _RankData) -> list[str]:
+def _kinds(data: _RankData) -> list[str | None]:
     """Each step's kind (by index), from the engine's verdicts: a verdict covers the steps that
-    ended in its [first, last] and that no earlier verdict decided."""
+    ended in its [first, last] and that no earlier verdict decided. A step an exception left is
+    drawn only when the engine counted it (lost), not when a restart was already under way."""
     order = sorted(range(len(data.step_mono)), key=data.step_mono.__getitem__)
     ends = [data.step_mono[i] for i in order]
-    kinds = [UNPROTECTED] * len(ends)
+    kinds: list[str | None] = [None if partial else UNPROTECTED for partial in data.step_partial]
     for first, last, productive in data.verdicts:
         for j in range(bisect.bisect_left(ends, first), bisect.bisect_right(ends, last)):
             i = order[j]
-            if kinds[i] is UNPROTECTED:
+            if kinds[i] is UNPROTECTED or (kinds[i] is None and data.step_partial[i]):
                 kinds[i] = STEP if productive else LOST
     return kinds
 

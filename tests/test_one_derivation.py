@@ -31,6 +31,7 @@ STORIES = {
     "in-process restart": engine_scenarios.inprocess_restart,
     "failed save": engine_scenarios.failed_save,
     "pod restart": engine_scenarios.pod_restart,
+    "an exception left a step": lambda: engine_scenarios.killed_from_outside(raised=True),
     "report story": story,
 }
 
@@ -58,14 +59,14 @@ def test_the_timeline_the_report_and_the_engine_agree_on_every_step(name: str, t
     pod: Pod = STORIES[name]()
     write_journal(pod, tmp_path, evil=False)
     engine, builder = _replay(tmp_path)
-    steps = [as_event(r) for r in pod.records if r["type"] == "step"]
+    steps = [as_event(r) for r in pod.records if r["type"] in ("step", "step_failed")]  # a failed one: lost work
     newest = max(pod.records, key=lambda r: r["mono"])
     snap = engine.snapshot(newest["mono"], newest["wall"])
     builder.decide(engine.take_verdicts())
 
     drawn: dict[str, int] = {STEP: 0, LOST: 0, UNPROTECTED: 0}
     for rank in snap.ranks:
-        work = {(s.mono, s.step): s.mono - s.start - s.data_s for s in steps if s.rank == rank.rank}
+        work = {(s.mono, s.step): s.mono - s.start - getattr(s, "data_s", 0.0) for s in steps if s.rank == rank.rank}
         kinds = builder.step_kinds(rank.rank)
         assert len(kinds) == len(work)
         seconds = {STEP: 0.0, LOST: 0.0, UNPROTECTED: 0.0}

@@ -81,7 +81,8 @@ class EventType(str, Enum):
 
 
 # Events that cover a stretch of time: besides ``mono`` (their end) they carry ``start``.
-SPAN_EVENTS = frozenset(t.value for t in (EventType.STEP, EventType.RESTORE, EventType.CHECKPOINT_FINALIZE))
+SPAN_EVENTS = frozenset(t.value for t in (EventType.STEP, EventType.STEP_FAILED, EventType.RESTORE,
+                                          EventType.CHECKPOINT_FINALIZE))
 # The parts of one save, as each rank journals them (checkpoint_worker is liveness, no save's part).
 CHECKPOINT_EVENTS = frozenset(t.value for t in (EventType.CHECKPOINT_START, EventType.CHECKPOINT_SCHEDULED,
                                                 EventType.CHECKPOINT_FINALIZE, EventType.CHECKPOINT_END))
