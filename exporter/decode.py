@@ -12,23 +12,23 @@ into a dict was about a quarter of the reader's time (``bench/bench_ingest.py``,
   two corrupt lines into one object would take several coincident corruptions (see
   ``decode_batch``); the journal's writer is trusted, its storage is not adversarial.
 * The structs accept what ``schema.validate`` accepts (extra fields are ignored, as the schema
-  says readers do); a line they refuse goes through ``orjson`` and ``schema.validate`` itself,
+  says readers do); a line they refuse goes through ``schema.decode`` itself,
   so reject reasons are the contract's by construction (pinned by a property test).
 
-orjson is stricter than ``json`` in two ways that matter only for garbage: it rejects ``NaN``
-and ``Infinity`` (the writer never emits them: ``allow_nan=False``) and invalid UTF-8. Both are
-rejected as ``malformed``.
+A line the structs refuse is decoded by ``schema.decode`` itself, the contract, so its reason is
+the contract's: ``NaN``/``Infinity`` and invalid UTF-8 (anywhere, unknown fields included) are
+``malformed``, a number past ``schema.MAX_NUMBER`` (or ``1e400``) is ``out_of_range``, and a line
+nested too deep for the parser is ``malformed`` — that line alone, never the lines read with it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, Union
+from typing import Annotated, Any, Literal, Protocol, Union
 
 import msgspec
-import orjson
 
 from nvrx_slo.contracts import schema
-from nvrx_slo.contracts.schema import JournalError, RejectReason
+from nvrx_slo.contracts.schema import JournalError
 
 
 class Event(Protocol):
@@ -57,8 +57,15 @@ class Event(Protocol):
     def __getattr__(self, name: str) -> Any: ...
 
 
+_BOUNDED: dict[Any, Any] = {  # the schema's number bounds, checked by msgspec in C
+    int: Annotated[int, msgspec.Meta(ge=-schema.MAX_NUMBER, le=schema.MAX_NUMBER)],
+    float: Annotated[float, msgspec.Meta(ge=-schema.MAX_NUMBER, le=schema.MAX_NUMBER)],
+}
+
+
 def _union(types: tuple[Any, ...]) -> Any:
-    """``types[0] | types[1] | …`` built at run time (one type stays itself)."""
+    """``types[0] | types[1] | …`` built at run time (one type stays itself), numbers bounded."""
+    types = tuple(_BOUNDED.get(t, t) for t in types)
     return Union[types] if len(types) > 1 else types[0]  # noqa: UP007 - a run-time tuple needs Union[...]
 
 
@@ -88,14 +95,11 @@ def as_event(record: dict[str, Any]) -> Event:
 def decode(line: bytes) -> Event:
     """One line (no newline needed) to a valid event, or ``JournalError``."""
     try:
+        line.decode()  # msgspec skips unknown fields without checking their UTF-8
         return _ONE.decode(line)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
         pass
-    try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise JournalError(RejectReason.MALFORMED, str(exc)[:80]) from None
-    return as_event(record)
+    return msgspec.convert(schema.decode(line), _EVENT)  # the contract's answer, reason included
 
 
 def decode_batch(lines: list[bytes]) -> list[Event | JournalError]:
@@ -103,9 +107,11 @@ def decode_batch(lines: list[bytes]) -> list[Event | JournalError]:
     # The joined array splits back into the same lines when every line is one object: each
     # starts with "{" and ends with "}" and the item count matches. Otherwise go line by line.
     if all(line[:1] == b"{" and line[-1:] == b"}" for line in lines):
+        joined = b"[" + b",".join(lines) + b"]"
         try:
-            events = _BATCH.decode(b"[" + b",".join(lines) + b"]")
-        except msgspec.MsgspecError:
+            joined.decode()  # see decode(): unknown fields' UTF-8
+            events = _BATCH.decode(joined)
+        except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
             events = None
         if events is not None and len(events) == len(lines):
             return events

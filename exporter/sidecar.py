@@ -260,7 +260,7 @@ class Sidecar:
             return
         try:
             self.live.load_state(parts)
-        except (KeyError, TypeError, ValueError) as exc:
+        except Exception as exc:  # any state that is not one of ours: never a crash loop on it
             log.error("saved state %s unusable (%s): reading the journal from the start", self.config.state_file, exc)
             self.live = self._fresh_live()
             return
@@ -269,8 +269,8 @@ class Sidecar:
     def _save_state(self) -> None:
         try:
             state_store.save(self.config.state_file, self.config.journal_dir, self.live.to_state())
-        except OSError as exc:
-            log.error("cannot save state to %s: %s", self.config.state_file, exc)
+        except (OSError, ValueError) as exc:  # the last good state stays; a restart resumes from it
+            self._log.warning("save", "cannot save state to %s: %s", self.config.state_file, exc)
 
     def _write_report(self) -> None:
         text = slo_report.render(self.live.view().snapshot, self.targets)

@@ -8,7 +8,14 @@ never a torn one.
 
 ``load`` returns ``None`` when there is nothing usable — no file, another format, another
 journal directory, or a corrupt file (logged) — and the sidecar then rebuilds from the journal
-from offset 0, which counts nothing twice because it starts from an empty engine.
+from offset 0, which counts nothing twice because it starts from an empty engine. A file is not
+trusted because it parses: a number no state of ours can hold (past ``MAX_STATE_NUMBER``, or not
+finite: the journal's numbers are bounded by ``schema.MAX_NUMBER``) makes it corrupt too, and
+the loaders of its parts check their shapes.
+
+``save`` raises only ``OSError`` (the disk) and ``ValueError`` (a state that cannot be written as
+JSON — never for records the reader accepted, whose numbers are bounded); the sidecar logs
+either and goes on with the last good file in place.
 """
 
 from __future__ import annotations
@@ -23,12 +30,30 @@ import orjson
 log = logging.getLogger("nvrx_slo.state")
 
 FORMAT = 1
+MAX_STATE_NUMBER = 2**62  # far above any count or sum of bounded journal numbers, inside int64
+
+
+def _bounded(value: Any) -> bool:
+    """Every number in ``value`` (nested lists and dicts) is finite and within ±MAX_STATE_NUMBER."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, (int, float)) and not -MAX_STATE_NUMBER <= item <= MAX_STATE_NUMBER:
+            return False  # NaN fails both comparisons
+    return True
 
 
 def save(path: str | os.PathLike[str], journal_dir: str | os.PathLike[str], parts: dict[str, Any]) -> None:
     """Atomically replace ``path`` with ``parts`` (JSON-able), tagged with the journal directory."""
     path = Path(path)
-    body = orjson.dumps({"format": FORMAT, "journal_dir": str(Path(journal_dir).resolve()), **parts})
+    try:
+        body = orjson.dumps({"format": FORMAT, "journal_dir": str(Path(journal_dir).resolve()), **parts})
+    except orjson.JSONEncodeError as exc:  # e.g. an integer past 64 bits
+        raise ValueError(f"state not writable as JSON: {exc}") from None
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
@@ -55,6 +80,9 @@ def load(path: str | os.PathLike[str], journal_dir: str | os.PathLike[str]) -> d
         return None
     except (OSError, orjson.JSONDecodeError) as exc:
         log.error("state file %s unusable (%s): rebuilding from the journal", path, exc)
+        return None
+    if not _bounded(data):
+        log.error("state file %s holds a number out of range: rebuilding from the journal", path)
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         log.error("state file %s has an unknown format: rebuilding from the journal", path)

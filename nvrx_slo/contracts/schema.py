@@ -149,6 +149,11 @@ PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
 
 _TYPES = {t.value: t for t in EventType}
 
+# Every number a reader accepts lies within ±MAX_NUMBER (2**53: the integers a float holds
+# exactly), and every float is finite. Sums of many such values stay far inside int64 and
+# float range, so counters and the persisted state (64-bit JSON) can always hold them.
+MAX_NUMBER = 2**53
+
 
 class RejectReason(str, Enum):
     """Why a journal line was rejected; the exporter counts rejections by this value."""
@@ -159,6 +164,12 @@ class RejectReason(str, Enum):
     UNKNOWN_TYPE = "unknown_type"
     MISSING_FIELD = "missing_field"
     BAD_FIELD = "bad_field"  # a field of the wrong type
+    OUT_OF_RANGE = "out_of_range"  # a number beyond ±MAX_NUMBER, or not finite (1e400, NaN)
+    # Rejected by the reader's plausibility rules, not by ``validate``: a record whose times
+    # contradict themselves (a span ending before it starts, a phase longer than its span), its
+    # process's other records (far before the process's first record), or the sidecar's clock
+    # (in its future). One such record would skew every rank's wall for good.
+    IMPLAUSIBLE = "implausible"
 
 
 class JournalError(ValueError):
@@ -176,7 +187,10 @@ def _check(record: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
         value = record[name]
         # bool is an int subclass: never accept it where a number is meant, nor a number for a bool.
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise JournalError(RejectReason.BAD_FIELD, f"{name}={value!r}")
+            raise JournalError(RejectReason.BAD_FIELD, f"{name}={value!r:.40}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
+                -MAX_NUMBER <= value <= MAX_NUMBER):  # NaN fails both comparisons
+            raise JournalError(RejectReason.OUT_OF_RANGE, f"{name}={value!r:.40}")
 
 
 def validate(record: Any) -> dict[str, Any]:
@@ -194,12 +208,19 @@ def validate(record: Any) -> dict[str, Any]:
     return record
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (writers use allow_nan=False)")
+
+
 def decode(line: bytes | str) -> dict[str, Any]:
     """Parse and validate one journal line (with or without its trailing newline)."""
     try:
-        record = json.loads(line)
+        text = line.decode() if isinstance(line, bytes) else line  # strict UTF-8: no lone surrogates
+        record = json.loads(text, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise JournalError(RejectReason.MALFORMED, str(exc)[:80]) from None
+    except RecursionError:
+        raise JournalError(RejectReason.MALFORMED, "nested too deep") from None
     return validate(record)
 
 

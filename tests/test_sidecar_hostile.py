@@ -1,0 +1,93 @@
+"""Hostile input against a real sidecar: each attack (issue 16) is run on a damaged copy of a
+journal and compared with a sidecar fed only the valid records — nothing valid lost, every
+rejection counted by reason, the process never exits on input and never hangs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nvrx_slo.contracts import schema
+from sidecar_process import SidecarProcess
+from test_sidecar_bad_input import ACCOUNTING, by_file, scrape_in_process, story, write_clean
+
+IDENTITY = ("pod", "namespace", "job_name")
+
+
+def rejected(samples: dict) -> dict[str, float]:
+    return {dict(k[1])["reason"]: v for k, v in samples.items()
+            if k[0] == "nvrx_exporter_rejected_events_total" and v}
+
+
+def assert_same_accounting(clean: dict, dirty: dict) -> None:
+    """Every accounting sample of the clean journal's scrape is in the damaged one's, equal."""
+    for key, v in clean.items():
+        if key[0] in ACCOUNTING:
+            labels = {kv for kv in key[1] if kv[0] not in IDENTITY}
+            other = [dv for (dn, dl), dv in dirty.items()
+                     if dn == key[0] and {kv for kv in dl if kv[0] not in IDENTITY} == labels]
+            assert other == [pytest.approx(v, abs=1e-9)], key
+
+
+def run_sidecar(journal: Path, tmp_path: Path, *extra: str, name: str = "log") -> tuple[dict, int]:
+    """Start a sidecar on ``journal``, scrape once ready, stop it with SIGTERM: (samples, exit code)."""
+    with SidecarProcess(journal, tmp_path / "state.json", tmp_path / name, *extra) as proc:
+        proc.wait_ready(timeout=60)
+        got = proc.scrape()
+        code = proc.stop()[0]
+    return got, code
+
+
+def write_with(directory: Path, extra: dict[str, list[bytes]]) -> None:
+    """The clean journal, with ``extra`` lines inserted a third of the way into the named files
+    (a file name not in the journal is a new file holding only those lines)."""
+    directory.mkdir()
+    files = {name: [schema.encode(r) for r in records] for name, records in by_file(story()).items()}
+    for name, lines in extra.items():
+        body = files.setdefault(name, [])
+        at = len(body) // 3
+        body[at:at] = [line + b"\n" for line in lines]
+    for name, lines in files.items():
+        (directory / name).write_bytes(b"".join(lines))
+
+
+def rank0_file() -> tuple[str, dict]:
+    name, records = next((n, rs) for n, rs in by_file(story()).items() if ".rank-0." in n)
+    return name, records[len(records) // 3]
+
+
+def test_a_number_past_64_bits_is_rejected_and_the_state_still_saves(tmp_path):
+    name, near = rank0_file()
+    bad = [json.dumps({**near, "seq": 2**64 + 1}).encode(),
+           json.dumps({**near, "seq": 10**6, "type": "checkpoint_scheduled", "ckpt": "x", "plan_s": 0.0,
+                       "stage_s": 0.0, "bytes": 2**63 - 1}).encode(),
+           json.dumps({**near, "seq": 10**6 + 1, "mono": 1e300}).encode(),
+           json.dumps({**near, "seq": 10**6 + 2}).replace(b'"mono": ' if False else '"mono": ',
+                                                          '"mono": 1e400, "x": ').encode()]
+    write_with(tmp_path / "dirty", {name: bad})
+    write_clean(tmp_path / "clean")
+    clean = scrape_in_process(tmp_path / "clean")
+    for attempt in ("first", "resumed"):  # the second run resumes from the state the first saved
+        dirty, code = run_sidecar(tmp_path / "dirty", tmp_path, "--state-interval", "0.2", name=attempt)
+        assert code == 0, (tmp_path / attempt).read_text()
+        assert rejected(dirty) == {"out_of_range": 4}
+        assert_same_accounting(clean, dirty)
+    assert "resumed from" in (tmp_path / "resumed").read_text()
+
+
+@pytest.mark.parametrize("poison", [1e308, 2**64 + 1, -1e308])
+def test_a_state_file_holding_absurd_numbers_means_a_rebuild_not_a_crash(tmp_path, poison):
+    write_clean(tmp_path / "journal")
+    clean = scrape_in_process(tmp_path / "journal")
+    run_sidecar(tmp_path / "journal", tmp_path, name="log0")
+    state = json.loads((tmp_path / "state.json").read_text())
+    state["engine"]["counts"]["accepted"] = poison
+    state["engine"]["lanes"]["0"]["steps"] = poison
+    state["engine"]["newest"] = poison
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    got, code = run_sidecar(tmp_path / "journal", tmp_path)
+    assert code == 0, (tmp_path / "log").read_text()
+    assert "reading the journal from the start" in (tmp_path / "log").read_text()
+    assert_same_accounting(clean, got)
