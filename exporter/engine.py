@@ -22,6 +22,15 @@ time accounting, because the time it would change is settled in counters that ne
 catches up on a backlog must therefore feed each rank's files oldest first (merging by ``mono``
 is best). Duplicates by (pid, seq) are counted and ignored. See docs/accounting.md for the model.
 
+Plausibility: one schema-valid record with an absurd time would move every rank's wall for good
+(a ``mono`` 8000 s early moves the origin; one in the future stretches a span), and negative
+durations would take counters down. So ``ingest`` counts and drops (``Snapshot.implausible``) a
+record whose times contradict themselves (a span or save that ends before it starts or lasts
+longer than ``MAX_SPAN_S``, a step phase negative or longer than its span, negative bytes or
+stage times), contradict its process's other records (a span beginning more than the reorder
+window before the process's first record), or lie in the future of the caller's clock
+(``not_after``: ``Live`` passes its monotonic clock plus a slack).
+
 How: each rank keeps its not-yet-applied records sorted in a buffer; a record is applied to the
 rank's ``Ledger`` once the rank's newest record is ``reorder_window_s`` past it, and only applied
 records settle time, so settled seconds never go down whatever the arrival order. The rank's
@@ -61,10 +70,12 @@ from nvrx_slo.exporter.snapshot import CheckpointRecord, CheckpointStats, RankSn
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 4  # 4: ledgers' pools keep each entry's step ends, saves their start wall and incarnation
+STATE_VERSION = 5  # 5: pid_first, counts.implausible; 4: pools keep step ends, saves start wall and incarnation
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
+MAX_SPAN_S = 7 * 86400.0  # no step, restore, finalize or save lasts a week
+_EPS = 1e-6  # float noise allowed where a measured part must fit inside its span
 _ORDER = attrgetter("mono", "pid", "seq")  # the order records are applied in; unique per record
 
 
@@ -170,7 +181,8 @@ class Engine:
         self._max_restarts: int | None = None  # of the newest launcher_start
         self._identity = ("", "", "")
         self._accepted = 0  # the hot counter, apart from the rest
-        self._counts = {"duplicates": 0, "out_of_order": 0, "late": 0}
+        self._counts = {"duplicates": 0, "out_of_order": 0, "late": 0, "implausible": 0}
+        self._pid_first: dict[int, float] = {}  # pid -> the earliest instant its records began
         self._next_fold = float("-inf")
         self._shown = float("-inf")  # the furthest instant a snapshot counted wall to
 
@@ -198,18 +210,47 @@ class Engine:
                 seen[0] = nxt
         return False
 
-    def ingest(self, record: Event) -> None:
-        """Account one journal event (``nvrx_slo.exporter.decode``)."""
+    @staticmethod
+    def _self_consistent(record: Event, kind: str, mono: float, begin: float) -> bool:
+        """The record's own times and sizes agree with each other (see the module docstring)."""
+        if begin > mono + _EPS or mono - begin > MAX_SPAN_S:
+            return False
+        if kind == "step":
+            span = mono - begin + _EPS
+            return all(0.0 <= x <= span for x in (record.data_s, record.compute_s, record.optimizer_s))
+        if kind == "checkpoint_scheduled":
+            return 0.0 <= record.plan_s <= MAX_SPAN_S and 0.0 <= record.stage_s <= MAX_SPAN_S and record.bytes >= 0
+        if kind == "checkpoint_end":
+            return record.written <= mono + _EPS and mono - record.written <= MAX_SPAN_S
+        return True
+
+    def _plausible(self, record: Event, kind: str, mono: float, not_after: float) -> bool:
+        begin = record.start if kind in SPAN_EVENTS else mono
+        if mono > not_after or not self._self_consistent(record, kind, mono, begin):
+            return False
+        first = self._pid_first.get(record.pid)
+        if first is not None and begin < first - self.window:
+            return False
+        if first is None or begin < first:
+            self._pid_first[record.pid] = begin
+        return True
+
+    def ingest(self, record: Event, not_after: float = float("inf")) -> None:
+        """Account one journal event (``nvrx_slo.exporter.decode``); ``not_after``: the latest
+        ``mono`` that is not in the future of the caller's clock (see Plausibility above)."""
         pid: int = record.pid
         seq: int = record.seq
+        mono: float = record.mono
+        kind: str = record.type
+        if not self._plausible(record, kind, mono, not_after):
+            self._counts["implausible"] += 1
+            return
         seen = self._seen.get(pid)
         if seen is not None and seq == seen[0] and not seen[1]:
             seen[0] = seq + 1  # the common case: the next record of a file read in order
         elif self._duplicate(pid, seq):
             self._counts["duplicates"] += 1
             return
-        mono: float = record.mono
-        kind: str = record.type
         rank: int | None = record.rank
         begin = record.start if kind in SPAN_EVENTS else mono
         if self._origin is None or begin < self._origin:
@@ -355,6 +396,7 @@ class Engine:
             predicted_efficiency=derived.ettr(interval, cost, restarts.mean_duration(), mtbf),
             events_accepted=self._accepted, duplicates=self._counts["duplicates"],
             out_of_order=self._counts["out_of_order"], late=self._counts["late"],
+            implausible=self._counts["implausible"],
             journal_lag_s=None if self._origin is None else max(0.0, now_mono - self._newest))
 
     def _settled(self, finished: bool) -> tuple[Restarts, dict[int, Ledger]]:
@@ -423,6 +465,7 @@ class Engine:
             "restarts": self._restarts.to_state(),
             "checkpoints": self._checkpoints.to_state(),
             "seen": {str(pid): [nxt, sorted(ahead)] for pid, (nxt, ahead) in self._seen.items()},
+            "pid_first": {str(pid): first for pid, first in self._pid_first.items()},
             "origin": [self._origin, self._origin_wall],
             "newest": _finite(self._newest),
             "launcher": [self._launcher_start, self._launcher_exit],
@@ -444,6 +487,7 @@ class Engine:
             engine._restarts = Restarts.from_state(state["restarts"])
             engine._checkpoints = Checkpoints.from_state(engine.window, state["checkpoints"])
             engine._seen = {int(pid): [int(nxt), set(ahead)] for pid, (nxt, ahead) in state["seen"].items()}
+            engine._pid_first = {int(pid): float(first) for pid, first in state["pid_first"].items()}
             engine._origin, engine._origin_wall = state["origin"]
             engine._newest = _infinite(state["newest"])
             engine._launcher_start, engine._launcher_exit = state["launcher"]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.decode import Event
 from nvrx_slo.exporter.engine import Engine
@@ -30,6 +31,8 @@ from nvrx_slo.exporter.tail import JournalTail
 DUPLICATE = "duplicate"  # the engine saw this (pid, seq) already: ignored
 LATE = "late"  # older than the engine's reorder window when it arrived: not accounted
 ENGINE_ERROR = "engine_error"  # a valid record the engine raised on: skipped (a bug; logged)
+IMPLAUSIBLE = RejectReason.IMPLAUSIBLE.value  # the engine's plausibility rules refused it
+FUTURE_SLACK_S = 60.0  # a record may lie this far in the future of the sidecar's monotonic clock
 
 log = logging.getLogger("nvrx_slo.live")
 
@@ -61,7 +64,7 @@ class Live:
     def poll(self, stop: Callable[[], bool] = lambda: False) -> int:
         """Read what the journal (and the cycle-info files) have new into the engine; see ``JournalTail.poll``."""
         began = (self._mono(), self._wall())
-        handed = self.tail.poll(self._ingest, stop, guard=self.lock)
+        handed = self.tail.poll(self._ingest, stop, guard=self.lock, not_after=self._not_after)
         if self.cycles is not None:
             records = self.cycles.poll()
             with self.lock:
@@ -72,11 +75,16 @@ class Live:
                 self._horizon = began
         return handed
 
+    def _not_after(self) -> float:
+        """The writers share this node's CLOCK_MONOTONIC: a record from further ahead is forged or corrupt."""
+        return self._mono() + FUTURE_SLACK_S
+
     def _ingest(self, events: list[Event]) -> None:  # called by the tail under self.lock
         ingest = self.engine.ingest
+        not_after = self._not_after()
         for event in events:
             try:
-                ingest(event)
+                ingest(event, not_after)
             except Exception:  # an engine bug must not crash-loop the sidecar on the same line
                 self.engine_errors += 1
                 self._log.exception("engine", "engine failed on %s seq %s of pid %s: record skipped",
@@ -99,7 +107,7 @@ class Live:
             snap = self.engine.snapshot(*now)
             # the poll thread is the only writer of tail.rejected; {**…} copies it in one C call
             rejected = {**self.tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late,
-                        ENGINE_ERROR: self.engine_errors}
+                        IMPLAUSIBLE: snap.implausible, ENGINE_ERROR: self.engine_errors}
             return View(snap, rejected, dict(self.gpu_idle_nvml), dict(self.pod_restarts))
 
     # --- persistence (state_store saves these parts in one file) ------------------------------

@@ -29,7 +29,7 @@ from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter import status_page, timeline
 from nvrx_slo.exporter.decode import Event
 from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.live import DUPLICATE, LATE, View
+from nvrx_slo.exporter.live import DUPLICATE, IMPLAUSIBLE, LATE, View
 from nvrx_slo.exporter.snapshot import RestartRecord
 from nvrx_slo.exporter.tail import JournalTail
 from nvrx_slo.exporter.timeline import RestartBand, TimelineBuilder
@@ -84,7 +84,8 @@ def build(journal_dir: str | Path, targets: Targets) -> str:
     replay.builder.decide(replay.engine.take_verdicts())
     history = replay.engine.history()
     tl = replay.builder.build([_band(r, snap.now_wall) for r in history.restarts], history.checkpoints)
-    view = View(snap, {**tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late}, {}, {})
+    view = View(snap, {**tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late,
+                       IMPLAUSIBLE: snap.implausible}, {}, {})
     rejected = sum(view.rejected.values())
     warning = (f'<p class="fail">{rejected} journal lines were rejected and not accounted '
                f"(see Exporter below).</p>") if rejected else ""

@@ -137,6 +137,7 @@ class Snapshot:
     duplicates: int  # same (pid, seq) seen again: ignored
     out_of_order: int  # arrived behind a newer event of its rank, within the reorder window: accounted
     late: int  # older than the reorder window when it arrived: counted, not accounted
+    implausible: int  # times contradicting themselves, their process or the clock: counted, not accounted
     journal_lag_s: float | None  # now_mono - newest event's mono
 
     @property

@@ -99,6 +99,7 @@ class JournalTail:
         self._max_open = max_open
         self._round_bytes = round_bytes
         self._log = BoundedLog(log)
+        self._not_after: Callable[[], float] = lambda: float("inf")
 
     # --- persistence -------------------------------------------------------------------------
 
@@ -118,13 +119,18 @@ class JournalTail:
     # --- reading -----------------------------------------------------------------------------
 
     def poll(self, ingest: Ingest, stop: Callable[[], bool] = lambda: False,
-             guard: AbstractContextManager[Any] = _NO_GUARD) -> int:
+             guard: AbstractContextManager[Any] = _NO_GUARD,
+             not_after: Callable[[], float] = lambda: float("inf")) -> int:
         """Hand every complete new line's event to ``ingest``, merged by time; returns lines handed on.
 
         ``stop()`` is checked between rounds; the state is consistent whenever ``poll`` returns.
         Each hand-on (``ingest`` and the rejection counts) runs inside ``guard``, the caller's
         lock, so whoever reads ``rejected`` and the engine under it sees both move together.
+        ``not_after()``: the latest plausible ``mono`` now; a record past it (which the engine
+        rejects) does not move its file's merge key, or it would hold back the file's later lines
+        behind every other file's and make them late.
         """
+        self._not_after = not_after
         listing = self._scan()
         if listing is None:
             return 0
@@ -245,13 +251,13 @@ class JournalTail:
         else:
             nonempty = [i for i, line in enumerate(lines) if line]
             lines = [lines[i] for i in nonempty]
-        key, items = src.key, src.items
+        key, items, limit = src.key, src.items, self._not_after()
         for i, item in zip(nonempty, decode_batch(lines), strict=True):
             if isinstance(item, JournalError):
                 items.append((key, start + ends[i] + i + 1, (name, item)))
             else:
                 mono = item.mono
-                if mono > key:
+                if key < mono <= limit:
                     key = mono
                 items.append((key, start + ends[i] + i + 1, item))
         if not nonempty or nonempty[-1] != len(ends) - 1:

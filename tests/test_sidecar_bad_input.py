@@ -197,10 +197,10 @@ def test_an_unusable_state_file_means_a_rebuild_from_the_journal(tmp_path):
 
 def test_a_record_the_engine_raises_on_is_skipped_counted_and_the_rest_accounted(tmp_path, caplog):
     class Buggy(Engine):  # stands in for an engine bug, the one thing this test is about
-        def ingest(self, record: Event) -> None:
+        def ingest(self, record: Event, not_after: float = float("inf")) -> None:
             if record.type == "step" and record.step == 7 and record.rank == 1:
                 raise ZeroDivisionError("a bug")
-            super().ingest(record)
+            super().ingest(record, not_after)
 
     write_clean(tmp_path / "journal")
     live = Live(Buggy(), JournalTail(tmp_path / "journal"))

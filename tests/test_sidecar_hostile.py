@@ -5,6 +5,7 @@ rejection counted by reason, the process never exits on input and never hangs.""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,28 @@ def test_a_state_file_holding_absurd_numbers_means_a_rebuild_not_a_crash(tmp_pat
     assert code == 0, (tmp_path / "log").read_text()
     assert "reading the journal from the start" in (tmp_path / "log").read_text()
     assert_same_accounting(clean, got)
+
+
+def test_absurd_but_schema_valid_times_are_rejected_as_implausible(tmp_path):
+    name, near = rank0_file()
+    step = next(r for r in story() if r["type"] == "step" and r["rank"] == 0 and r["step"] == 10)
+    save = next(r for r in story() if r["type"] == "checkpoint_scheduled" and r["rank"] == 0)
+    future = time.monotonic() + 8000  # the sidecar's clock is this machine's: 8000 s ahead of it
+    forged = [
+        {**step, "mono": future, "start": future - 0.5},  # from the future: would stretch every rank's wall
+        {**step, "mono": step["mono"] - 8000, "start": step["start"] - 8000},  # long before its process began
+        {**step, "start": step["mono"] + 5},  # ends before it starts
+        {**step, "data_s": -100.0},  # a negative phase
+        {**step, "compute_s": 1e6},  # a phase longer than its span
+        {**step, "start": step["mono"] - 30 * 86400},  # a month-long step
+        {**save, "bytes": -(2**50)},  # a counter would go down
+        {**save, "stage_s": -5.0},
+    ]
+    lines = [schema.encode({**r, "seq": 10**6 + i})[:-1] for i, r in enumerate(forged)]
+    write_with(tmp_path / "dirty", {name: lines})
+    write_clean(tmp_path / "clean")
+    clean = scrape_in_process(tmp_path / "clean")
+    dirty, code = run_sidecar(tmp_path / "dirty", tmp_path)
+    assert code == 0
+    assert rejected(dirty) == {"implausible": len(forged)}
+    assert_same_accounting(clean, dirty)
