@@ -69,6 +69,21 @@ def order_key(name: str) -> tuple[str, int, str]:
     return ".".join(parts), 0, name
 
 
+def _decoded(lines: list[bytes]) -> list[Event | JournalError]:
+    """``decode_batch``, and if it raises (a decoder bug on some hostile line), line by line, so
+    that only the lines it raises on are lost — each counted as malformed — never the chunk."""
+    try:
+        return decode_batch(lines)
+    except Exception:  # noqa: BLE001 - whatever it is, it must not take the valid lines with it
+        out: list[Event | JournalError] = []
+        for line in lines:
+            try:
+                out += decode_batch([line])
+            except Exception as exc:  # noqa: BLE001
+                out.append(JournalError(RejectReason.MALFORMED, f"undecodable: {type(exc).__name__}"))
+        return out
+
+
 @dataclass
 class _Source:
     """An open journal file: where reading got to, and lines read but not yet handed on."""
@@ -252,7 +267,7 @@ class JournalTail:
             nonempty = [i for i, line in enumerate(lines) if line]
             lines = [lines[i] for i in nonempty]
         key, items, limit = src.key, src.items, self._not_after()
-        for i, item in zip(nonempty, decode_batch(lines), strict=True):
+        for i, item in zip(nonempty, _decoded(lines), strict=True):
             if isinstance(item, JournalError):
                 items.append((key, start + ends[i] + i + 1, (name, item)))
             else:

@@ -117,3 +117,19 @@ def test_absurd_but_schema_valid_times_are_rejected_as_implausible(tmp_path):
     assert code == 0
     assert rejected(dirty) == {"implausible": len(forged)}
     assert_same_accounting(clean, dirty)
+
+
+@pytest.mark.parametrize("depth", [1000, 100_000])
+def test_a_deeply_nested_line_is_rejected_alone(tmp_path, depth):
+    """It used to raise RecursionError out of the batch decoder: the whole read chunk (every valid
+    line read with it) was dropped, uncounted."""
+    name, near = rank0_file()
+    deep = b'{"v":1,"type":"step","x":' + b"[" * depth + b"]" * depth + b"}"
+    also = b"[" * depth  # not even closed
+    write_with(tmp_path / "dirty", {name: [deep, also]})
+    write_clean(tmp_path / "clean")
+    clean = scrape_in_process(tmp_path / "clean")
+    dirty, code = run_sidecar(tmp_path / "dirty", tmp_path)
+    assert code == 0
+    assert rejected(dirty) == {"malformed": 2}
+    assert_same_accounting(clean, dirty)
