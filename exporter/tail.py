@@ -14,7 +14,9 @@ byte offset that stays valid for the file's whole life. What this reader guarant
   the older one's records "late". Reads go round by round, a chunk per file; a round hands on
   every buffered record up to the lowest "read so far" time of the files that still have more.
 * A file deleted under the reader is still read to its end through the descriptor held open for
-  it; only then is it forgotten. Descriptors of quiet files are closed (``idle_close_s``,
+  it; only then is it forgotten. A file that shrinks under its offset (truncated: writers never
+  do) is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after
+  the cut are not lost (lines read twice are the engine's duplicates). Descriptors of quiet files are closed (``idle_close_s``,
   ``max_open``) and reopened by offset when the file grows.
 * Bad lines are rejected by ``schema.RejectReason`` value, I/O trouble by this module's
   ``UNREADABLE`` / ``FILE_TRUNCATED``; every rejection is counted once and logged at a bounded
@@ -187,6 +189,10 @@ class JournalTail:
             if name not in listing or listing[name][0] != src.inode:
                 src.vanished = True  # read what is left through the descriptor, then forget it
                 src.more = True
+            elif listing[name][1] < src.read_pos and not src.vanished:  # truncated under us
+                self._reject(FILE_TRUNCATED, name, f"size {listing[name][1]} < offset {src.read_pos}; "
+                             "reading it again from the start")
+                src.vanished, src.more, src.pending, src.skipping = True, True, b"", False
             else:
                 src.more = listing[name][1] > src.read_pos  # grown since last read (no read otherwise)
         for name in [n for n in self.offsets if n not in listing and n not in self._open]:
@@ -199,11 +205,11 @@ class JournalTail:
             known_inode, offset = self.offsets.get(name, (inode, 0))
             if known_inode != inode:
                 offset = 0  # a new file under an old name (its predecessor, if held, drains first)
-            if size < offset:
-                self._reject(FILE_TRUNCATED, name, f"size {size} < offset {offset}; going on from {size}")
-                offset = size
-            if name in self._open:  # replaced under us: the new file waits until the old one is drained
+            if name in self._open:  # replaced or truncated under us: read again once the old one is drained
                 continue
+            if size < offset:  # truncated while closed: whatever is there was written after the cut
+                self._reject(FILE_TRUNCATED, name, f"size {size} < offset {offset}; reading it again from the start")
+                offset = 0
             self.offsets[name] = (inode, offset)
             if size == offset:
                 continue

@@ -167,18 +167,20 @@ def test_an_unreadable_file_is_counted_once_and_the_rest_still_read(tmp_path):
     assert dict(t2.rejected) == {"unreadable": 1}
 
 
-def test_a_file_shrinking_under_its_offset_is_counted_not_reread(tmp_path):
+@pytest.mark.parametrize("idle_close_s", [-1.0, 30.0])  # descriptor closed after each poll / held open
+def test_a_file_shrinking_under_its_offset_is_counted_and_read_again_from_the_start(tmp_path, idle_close_s):
     path = tmp_path / file_name()
     write(path, *[step(i, 1.0 + i, i) for i in range(3)])
-    sink, t = Sink(), JournalTail(tmp_path, idle_close_s=-1)  # closes descriptors after each poll
+    sink, t = Sink(), JournalTail(tmp_path, idle_close_s=idle_close_s)
     t.poll(sink)
     with open(path, "r+b") as f:
         f.truncate(10)
-    write(path, b"\n", step(3, 9.0, 3))
+    write(path, b"\n", step(3, 9.0, 3))  # the 10 bytes left are a torn line
     t.poll(sink)
     write(path, step(4, 10.0, 4))
     t.poll(sink)
-    assert sink.seqs() == [0, 1, 2, 4] and t.rejected["file_truncated"] == 1
+    assert sink.seqs() == [0, 1, 2, 3, 4]
+    assert dict(t.rejected) == {"file_truncated": 1, "malformed": 1}
 
 
 def test_resume_from_saved_state_reads_only_what_is_new(tmp_path):
