@@ -16,8 +16,8 @@ byte offset that stays valid for the file's whole life. What this reader guarant
 * A file deleted under the reader is still read to its end through the descriptor held open for
   it; only then is it forgotten. A file that shrinks under its offset (truncated: writers never
   do) is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after
-  the cut are not lost (lines read twice are the engine's duplicates). Descriptors of quiet files are closed (``idle_close_s``,
-  ``max_open``) and reopened by offset when the file grows.
+  the cut are not lost (lines read twice are the engine's duplicates). Descriptors of quiet
+  files are closed (``idle_close_s``, ``max_open``) and reopened by offset when the file grows.
 * Bad lines are rejected by ``schema.RejectReason`` value, I/O trouble by this module's
   ``UNREADABLE`` / ``FILE_TRUNCATED``; every rejection is counted once and logged at a bounded
   rate, and nothing raises out of ``poll``.
@@ -76,12 +76,12 @@ def _decoded(lines: list[bytes]) -> list[Event | JournalError]:
     that only the lines it raises on are lost — each counted as malformed — never the chunk."""
     try:
         return decode_batch(lines)
-    except Exception:  # noqa: BLE001 - whatever it is, it must not take the valid lines with it
+    except Exception:  # whatever it is, it must not take the valid lines with it
         out: list[Event | JournalError] = []
         for line in lines:
             try:
                 out += decode_batch([line])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 out.append(JournalError(RejectReason.MALFORMED, f"undecodable: {type(exc).__name__}"))
         return out
 
