@@ -61,6 +61,7 @@ class Alert(str, Enum):
     ACCELERATOR_IDLE = "NvrxAcceleratorIdleHigh"
     STRAGGLER = "NvrxStragglerRank"
     UNATTRIBUTED = "NvrxUnattributedTimeHigh"
+    JOURNAL_RECORDS_LOST = "NvrxJournalRecordsLost"
 
 
 BURN_ALERTS: dict[Slo, Alert] = {
@@ -95,6 +96,7 @@ DASHBOARD_OF: dict[Alert, Dashboard] = {
     Alert.ACCELERATOR_IDLE: Dashboard.RANKS,
     Alert.STRAGGLER: Dashboard.RANKS,
     Alert.UNATTRIBUTED: Dashboard.OVERVIEW,
+    Alert.JOURNAL_RECORDS_LOST: Dashboard.OVERVIEW,
 }
 
 # The dashboards' template variables (dashboards/queries.py: VAR_NAMESPACE, VAR_JOB).

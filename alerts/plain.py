@@ -25,6 +25,7 @@ BY_RANK = f"by ({', '.join(cat.IDENTITY_LABELS + (cat.RANK_LABEL,))})"
 BY_POD = f"by ({', '.join(cat.IDENTITY_LABELS)})"
 BY_JOB_SOURCE = f"by ({', '.join((*JOB_LABELS, 'source'))})"
 SCRAPE_TARGET = "on (job, instance)"  # the labels Prometheus gives every series of one scrape
+RECORDS_LOST_WITHIN = 15 * 60  # any loss is worth a ticket: a condition, not a tunable quantity
 
 
 def _alert(alert: Alert, expr: str, for_: int, severity: Severity, summary: str, description: str) -> Rule:
@@ -128,6 +129,15 @@ def plain_alerts(spec: Spec) -> list[Rule]:
             "Time nvrx-slo cannot attribute is growing.",
             f"{JOB}: {{{{ $value | humanizePercentage }}}} of wall time over the last "
             f"{duration.format(a.unattributed_over)} is unattributed (alerts above {a.unattributed_ratio:.0%}).",
+        ),
+        _alert(
+            Alert.JOURNAL_RECORDS_LOST,
+            f"sum {BY_POD} (increase({cat.EXPORTER_RECORDS_LOST.name}[{duration.format(RECORDS_LOST_WITHIN)}]))\n> 0",
+            0, Severity.TICKET,
+            "An nvrx-slo sidecar lost journal records before reading them.",
+            f"{JOB} pod {{{{ $labels.pod }}}}: {{{{ $value | printf \"%.0f\" }}}} journal records were never read in "
+            f"the last {duration.format(RECORDS_LOST_WITHIN)} (rotated away before the sidecar got to them); "
+            "its accounting misses them.",
         ),
     ]
     return [stamp_links(rule, spec) for rule in rules]

@@ -224,6 +224,7 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     single(cat.EXPORTER_EVENTS, snap.events_accepted)
     for reason in sorted(set(REJECT_REASONS) | set(view.rejected)):
         single(cat.EXPORTER_REJECTED, view.rejected.get(reason, 0), (("reason", reason),))
+    single(cat.EXPORTER_RECORDS_LOST, snap.records_lost)
     single(cat.EXPORTER_LAG, snap.journal_lag_s)
     for (container, reason), n in sorted(view.pod_restarts.items()):
         single(cat.POD_RESTARTS, n, (("container", container), ("reason", reason)))

@@ -181,33 +181,54 @@ class Engine:
         self._max_restarts: int | None = None  # of the newest launcher_start
         self._identity = ("", "", "")
         self._accepted = 0  # the hot counter, apart from the rest
-        self._counts = {"duplicates": 0, "out_of_order": 0, "late": 0, "implausible": 0}
+        self._counts = {"duplicates": 0, "out_of_order": 0, "late": 0, "implausible": 0, "records_lost": 0}
         self._pid_first: dict[int, float] = {}  # pid -> the earliest instant its records began
         self._next_fold = float("-inf")
         self._shown = float("-inf")  # the furthest instant a snapshot counted wall to
 
     # --- ingest --------------------------------------------------------------------------------
-    def _duplicate(self, pid: int, seq: int) -> bool:
+    def _duplicate(self, pid: int, seq: int, mono: float) -> bool:
+        """Whether (pid, seq) was seen already; counts seqs known lost (``Snapshot.records_lost``).
+
+        Per pid: ``floor`` (every seq below it seen) and ``ahead`` (seq -> mono of the seqs seen
+        above a gap). A record in ``ahead`` is a duplicate only if its ``mono`` is the one seen:
+        a forged record claiming a seq ahead of its process's real ones does not make the real
+        one a "duplicate" (both are accounted). A gap still open a reorder window after the first
+        record above it is counted lost (rotated away unread, or a failed write) and not again
+        when ``ahead`` outgrows ``DEDUPE_AHEAD`` and the floor moves past it.
+        """
         seen = self._seen.get(pid)
         if seen is None:
-            seen = self._seen[pid] = [0, set()]
-        nxt, ahead = seen
-        if seq < nxt or seq in ahead:
+            seen = self._seen[pid] = [0, {}, float("inf"), 0]
+        floor, ahead, gap_mono, declared = seen
+        if seq < floor:
             return True
-        if seq == nxt:
-            nxt += 1
-            while nxt in ahead:
-                ahead.discard(nxt)
-                nxt += 1
-            seen[0] = nxt
-        else:
-            ahead.add(seq)
+        if seq in ahead:
+            return bool(ahead[seq] == mono)
+        if seq == floor:
+            floor += 1
+            while floor in ahead:
+                del ahead[floor]
+                floor += 1
+            seen[0] = floor
+            if not ahead:
+                seen[2] = float("inf")
+            return False
+        if not ahead:
+            seen[2] = gap_mono = mono
+        ahead[seq] = mono
+        if len(ahead) > DEDUPE_AHEAD or mono > gap_mono + self.window:
+            low = min(ahead)
+            if low > max(floor, declared):
+                self._counts["records_lost"] += low - max(floor, declared)
+                seen[3] = low
             if len(ahead) > DEDUPE_AHEAD:  # the seqs in between were rotated away unread
-                nxt = min(ahead)
-                while nxt in ahead:
-                    ahead.discard(nxt)
-                    nxt += 1
-                seen[0] = nxt
+                floor = low
+                while floor in ahead:
+                    del ahead[floor]
+                    floor += 1
+                seen[0] = floor
+                seen[2] = mono if ahead else float("inf")
         return False
 
     @staticmethod
@@ -248,7 +269,7 @@ class Engine:
         seen = self._seen.get(pid)
         if seen is not None and seq == seen[0] and not seen[1]:
             seen[0] = seq + 1  # the common case: the next record of a file read in order
-        elif self._duplicate(pid, seq):
+        elif self._duplicate(pid, seq, mono):
             self._counts["duplicates"] += 1
             return
         rank: int | None = record.rank
@@ -396,7 +417,7 @@ class Engine:
             predicted_efficiency=derived.ettr(interval, cost, restarts.mean_duration(), mtbf),
             events_accepted=self._accepted, duplicates=self._counts["duplicates"],
             out_of_order=self._counts["out_of_order"], late=self._counts["late"],
-            implausible=self._counts["implausible"],
+            implausible=self._counts["implausible"], records_lost=self._counts["records_lost"],
             journal_lag_s=None if self._origin is None else max(0.0, now_mono - self._newest))
 
     def _settled(self, finished: bool) -> tuple[Restarts, dict[int, Ledger]]:
@@ -464,7 +485,8 @@ class Engine:
             "lanes": {str(rank): _lane_state(lane) for rank, lane in self._lanes.items()},
             "restarts": self._restarts.to_state(),
             "checkpoints": self._checkpoints.to_state(),
-            "seen": {str(pid): [nxt, sorted(ahead)] for pid, (nxt, ahead) in self._seen.items()},
+            "seen": {str(pid): [floor, sorted(ahead.items()), _finite(-gap), declared]
+                     for pid, (floor, ahead, gap, declared) in self._seen.items()},
             "pid_first": {str(pid): first for pid, first in self._pid_first.items()},
             "origin": [self._origin, self._origin_wall],
             "newest": _finite(self._newest),
@@ -486,7 +508,8 @@ class Engine:
             engine._lanes = {int(rank): _lane_from_state(int(rank), lane) for rank, lane in state["lanes"].items()}
             engine._restarts = Restarts.from_state(state["restarts"])
             engine._checkpoints = Checkpoints.from_state(engine.window, state["checkpoints"])
-            engine._seen = {int(pid): [int(nxt), set(ahead)] for pid, (nxt, ahead) in state["seen"].items()}
+            engine._seen = {int(pid): [int(floor), {int(q): float(m) for q, m in ahead}, -_infinite(gap), int(declared)]
+                            for pid, (floor, ahead, gap, declared) in state["seen"].items()}
             engine._pid_first = {int(pid): float(first) for pid, first in state["pid_first"].items()}
             engine._origin, engine._origin_wall = state["origin"]
             engine._newest = _infinite(state["newest"])

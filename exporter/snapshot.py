@@ -138,6 +138,7 @@ class Snapshot:
     out_of_order: int  # arrived behind a newer event of its rank, within the reorder window: accounted
     late: int  # older than the reorder window when it arrived: counted, not accounted
     implausible: int  # times contradicting themselves, their process or the clock: counted, not accounted
+    records_lost: int  # seqs a process wrote that were never read (rotated away unread, failed writes)
     journal_lag_s: float | None  # now_mono - newest event's mono
 
     @property

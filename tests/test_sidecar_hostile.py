@@ -5,11 +5,13 @@ rejection counted by reason, the process never exits on input and never hangs.""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
+from journal_fixtures import step
 from nvrx_slo.contracts import schema
 from sidecar_process import SidecarProcess
 from test_sidecar_bad_input import ACCOUNTING, by_file, scrape_in_process, story, write_clean
@@ -133,3 +135,44 @@ def test_a_deeply_nested_line_is_rejected_alone(tmp_path, depth):
     assert code == 0
     assert rejected(dirty) == {"malformed": 2}
     assert_same_accounting(clean, dirty)
+
+
+def wait_for(proc: SidecarProcess, check, timeout: float = 60.0) -> dict:
+    """Scrape until ``check(samples)`` holds (bounded): the samples that satisfied it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = proc.scrape()
+        if check(got):
+            return got
+        assert time.monotonic() < deadline, got
+        time.sleep(0.1)
+
+
+def test_records_rotated_away_under_a_stopped_sidecar_are_counted_as_lost(tmp_path):
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    base = time.monotonic() - 1000  # the records lie in the past of the sidecar's clock
+
+    def generation(gen: int) -> None:
+        lines = [schema.encode(step(seq, base + seq, seq, dur=0.5)) for seq in range(100 * gen, 100 * gen + 100)]
+        (journal / schema.journal_file_name("pod-0", 0, 100, gen)).write_bytes(b"".join(lines))
+
+    def total(samples: dict, name: str) -> float:
+        return sum(v for (n, _), v in samples.items() if n == name)
+
+    generation(0)
+    with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "log") as proc:
+        proc.wait_ready(timeout=60)
+        wait_for(proc, lambda s: total(s, "nvrx_steps_total") == 100)
+        proc.proc.send_signal(signal.SIGSTOP)  # the writer outruns it: generations 1 and 2 rotate away unread
+        try:
+            for gen in (1, 2, 3):
+                generation(gen)
+            for gen in (1, 2):
+                (journal / schema.journal_file_name("pod-0", 0, 100, gen)).unlink()
+        finally:
+            proc.proc.send_signal(signal.SIGCONT)
+        got = wait_for(proc, lambda s: total(s, "nvrx_steps_total") == 200)
+        got = wait_for(proc, lambda s: total(s, "nvrx_exporter_journal_records_lost_total") == 200)
+        assert proc.stop()[0] == 0
+    assert rejected(got) == {}

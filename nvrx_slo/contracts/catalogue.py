@@ -160,6 +160,10 @@ GPU_IDLE = _m("gpu_idle_seconds_total", Kind.COUNTER, "Rank-seconds the accelera
 EXPORTER_EVENTS = _m("exporter_events_total", Kind.COUNTER, "Journal events accepted.")
 EXPORTER_REJECTED = _m("exporter_rejected_events_total", Kind.COUNTER, "Journal lines rejected, by reason.",
                        labels=("reason",))
+EXPORTER_RECORDS_LOST = _m(
+    "exporter_journal_records_lost_total", Kind.COUNTER,
+    "Journal records a process wrote that the sidecar never read (sequence gaps: rotated away before they were "
+    "read, or a failed write).")
 EXPORTER_LAG = _m("exporter_journal_lag_seconds", Kind.GAUGE, "Age of the newest event read, relative to now.")
 POD_RESTARTS = _m("pod_container_restarts_total", Kind.COUNTER,
                   "Container restarts seen by the pod watcher, by container and reason.",
