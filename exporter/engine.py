@@ -70,7 +70,7 @@ from nvrx_slo.exporter.snapshot import CheckpointRecord, CheckpointStats, RankSn
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 5  # 5: pid_first, counts.implausible; 4: pools keep step ends, saves start wall and incarnation
+STATE_VERSION = 5  # 5: pid_first, counts.implausible/records_lost, seen with monos; 4: pools keep step ends
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
@@ -190,26 +190,29 @@ class Engine:
     def _duplicate(self, pid: int, seq: int, mono: float) -> bool:
         """Whether (pid, seq) was seen already; counts seqs known lost (``Snapshot.records_lost``).
 
-        Per pid: ``floor`` (every seq below it seen) and ``ahead`` (seq -> mono of the seqs seen
-        above a gap). A record in ``ahead`` is a duplicate only if its ``mono`` is the one seen:
-        a forged record claiming a seq ahead of its process's real ones does not make the real
-        one a "duplicate" (both are accounted). A gap still open a reorder window after the first
+        Per pid: ``floor`` (every seq below it seen), ``ahead`` (seq -> mono of the seqs seen
+        above a gap) and ``passed`` (the same for seqs the floor moved over from ``ahead``, the
+        latest ``DEDUPE_AHEAD``). A record in either is a duplicate only if its ``mono`` is the
+        one seen: a forged record claiming a seq ahead of its process's real ones does not make
+        the real one a "duplicate" (both are accounted). A gap still open a reorder window after the first
         record above it is counted lost (rotated away unread, or a failed write) and not again
         when ``ahead`` outgrows ``DEDUPE_AHEAD`` and the floor moves past it.
         """
         seen = self._seen.get(pid)
         if seen is None:
-            seen = self._seen[pid] = [0, {}, float("inf"), 0]
-        floor, ahead, gap_mono, declared = seen
+            seen = self._seen[pid] = [0, {}, float("inf"), 0, {}]
+        floor, ahead, gap_mono, declared, passed = seen
         if seq < floor:
-            return True
+            return seq not in passed or bool(passed[seq] == mono)
         if seq in ahead:
             return bool(ahead[seq] == mono)
         if seq == floor:
             floor += 1
             while floor in ahead:
-                del ahead[floor]
+                passed[floor] = ahead.pop(floor)
                 floor += 1
+            while len(passed) > DEDUPE_AHEAD:
+                del passed[next(iter(passed))]
             seen[0] = floor
             if not ahead:
                 seen[2] = float("inf")
@@ -225,8 +228,10 @@ class Engine:
             if len(ahead) > DEDUPE_AHEAD:  # the seqs in between were rotated away unread
                 floor = low
                 while floor in ahead:
-                    del ahead[floor]
+                    passed[floor] = ahead.pop(floor)
                     floor += 1
+                while len(passed) > DEDUPE_AHEAD:
+                    del passed[next(iter(passed))]
                 seen[0] = floor
                 seen[2] = mono if ahead else float("inf")
         return False
@@ -485,8 +490,8 @@ class Engine:
             "lanes": {str(rank): _lane_state(lane) for rank, lane in self._lanes.items()},
             "restarts": self._restarts.to_state(),
             "checkpoints": self._checkpoints.to_state(),
-            "seen": {str(pid): [floor, sorted(ahead.items()), _finite(-gap), declared]
-                     for pid, (floor, ahead, gap, declared) in self._seen.items()},
+            "seen": {str(pid): [floor, sorted(ahead.items()), _finite(-gap), declared, list(passed.items())]
+                     for pid, (floor, ahead, gap, declared, passed) in self._seen.items()},
             "pid_first": {str(pid): first for pid, first in self._pid_first.items()},
             "origin": [self._origin, self._origin_wall],
             "newest": _finite(self._newest),
@@ -508,8 +513,9 @@ class Engine:
             engine._lanes = {int(rank): _lane_from_state(int(rank), lane) for rank, lane in state["lanes"].items()}
             engine._restarts = Restarts.from_state(state["restarts"])
             engine._checkpoints = Checkpoints.from_state(engine.window, state["checkpoints"])
-            engine._seen = {int(pid): [int(floor), {int(q): float(m) for q, m in ahead}, -_infinite(gap), int(declared)]
-                            for pid, (floor, ahead, gap, declared) in state["seen"].items()}
+            engine._seen = {int(pid): [int(floor), {int(q): float(m) for q, m in ahead}, -_infinite(gap),
+                                       int(declared), {int(q): float(m) for q, m in passed}]
+                            for pid, (floor, ahead, gap, declared, passed) in state["seen"].items()}
             engine._pid_first = {int(pid): float(first) for pid, first in state["pid_first"].items()}
             engine._origin, engine._origin_wall = state["origin"]
             engine._newest = _infinite(state["newest"])

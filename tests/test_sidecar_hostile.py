@@ -176,3 +176,18 @@ def test_records_rotated_away_under_a_stopped_sidecar_are_counted_as_lost(tmp_pa
         got = wait_for(proc, lambda s: total(s, "nvrx_exporter_journal_records_lost_total") == 200)
         assert proc.stop()[0] == 0
     assert rejected(got) == {}
+
+
+def test_a_forged_seq_ahead_of_a_process_does_not_drop_its_real_records(tmp_path):
+    """Dedupe by (pid, seq) alone let a record claiming seqs ahead of its process's real ones make
+    those real records "duplicates". A duplicate is now the same (pid, seq) at the same mono."""
+    name, near = rank0_file()
+    forged = [schema.encode({**near, "type": "warning", "message": "forged", "seq": near["seq"] + k,
+                             "mono": near["mono"] - 0.001})[:-1] for k in range(1, 50)]
+    write_with(tmp_path / "dirty", {name: forged})
+    write_clean(tmp_path / "clean")
+    clean = scrape_in_process(tmp_path / "clean")
+    dirty, code = run_sidecar(tmp_path / "dirty", tmp_path)
+    assert code == 0
+    assert rejected(dirty) == {}
+    assert_same_accounting(clean, dirty)
