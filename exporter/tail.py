@@ -172,11 +172,16 @@ class JournalTail:
             with os.scandir(self.directory) as it:
                 listing = {}
                 for entry in it:
-                    if entry.name.endswith(schema.JOURNAL_SUFFIX) and entry.is_file():
-                        try:
-                            listing[entry.name] = (entry.inode(), entry.stat().st_size)
-                        except OSError:
-                            continue  # deleted between listing and stat
+                    if not entry.name.endswith(schema.JOURNAL_SUFFIX):
+                        continue
+                    try:  # follows a symlink: its target is read (and a file is named by the target's inode)
+                        if entry.is_file():
+                            stat = entry.stat()
+                            listing[entry.name] = (stat.st_ino, stat.st_size)
+                    except FileNotFoundError:
+                        continue  # deleted between listing and stat
+                    except OSError as exc:  # a symlink loop, a dangling permission: this file only
+                        self._unreadable(entry.name, entry.inode(), exc)
         except OSError as exc:
             self.directory_ok = False
             self._log.warning("dir", "cannot list journal directory %s: %s", self.directory, exc)

@@ -191,3 +191,23 @@ def test_a_forged_seq_ahead_of_a_process_does_not_drop_its_real_records(tmp_path
     assert code == 0
     assert rejected(dirty) == {}
     assert_same_accounting(clean, dirty)
+
+
+def test_a_symlink_loop_is_counted_and_a_symlinked_journal_file_is_read(tmp_path):
+    """A loop stopped the directory scan (nothing read, for the whole pod); a journal file that was
+    a symlink was never read (its link's inode never matched the opened file's) and not counted."""
+    write_clean(tmp_path / "clean")
+    clean = scrape_in_process(tmp_path / "clean")
+    dirty = tmp_path / "dirty"
+    write_clean(dirty)
+    (dirty / "loop-a.jsonl").symlink_to("loop-b.jsonl")
+    (dirty / "loop-b.jsonl").symlink_to("loop-a.jsonl")
+    launcher = next(p for p in dirty.iterdir() if ".launcher." in p.name)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    launcher.rename(elsewhere / launcher.name)
+    launcher.symlink_to(elsewhere / launcher.name)
+    got, code = run_sidecar(dirty, tmp_path)
+    assert code == 0
+    assert rejected(got) == {"unreadable": 2}
+    assert_same_accounting(clean, got)
