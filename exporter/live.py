@@ -70,7 +70,7 @@ class Live:
             with self.lock:
                 self._ingest(records)
             handed += len(records)
-        if self.tail.directory_ok and not stop():  # read to the end: everything written before `began`
+        if self.tail.directory_ok and self.tail.complete:  # read to the end: everything written before `began`
             with self.lock:
                 self._horizon = began
         return handed

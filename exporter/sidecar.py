@@ -138,6 +138,15 @@ def parse_args(argv: Sequence[str]) -> Config:
         raise  # unreachable: error() exits
 
 
+def _max_open() -> int:
+    """Journal descriptors the reader may hold: a share of RLIMIT_NOFILE (after ``main`` raised it),
+    leaving the rest to the HTTP server, NVML, the state file and the libraries."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 256
+    return max(4, min(256, (soft - 64) // 2))
+
+
 @contextmanager
 def _gc_paused() -> Iterator[None]:
     """A scrape allocates ~100k short-lived objects without cycles (refcounting frees them); meanwhile
@@ -172,7 +181,7 @@ class Sidecar:
     def _fresh_live(self) -> Live:
         cycles = (CycleInfoReader(self.config.cycle_info_dir, self.identity)
                   if self.config.cycle_info_dir is not None else None)
-        return Live(Engine(), JournalTail(self.config.journal_dir), cycles=cycles)
+        return Live(Engine(), JournalTail(self.config.journal_dir, max_open=_max_open()), cycles=cycles)
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -243,7 +252,7 @@ class Sidecar:
                 self._log.exception("poll", "reading the journal failed; retrying")
                 self.stop.wait(self.config.poll_interval_s)
                 continue
-            if not self._caught_up and self.live.tail.directory_ok and not self.stop.is_set():
+            if not self._caught_up and self.live.tail.complete and not self.stop.is_set():
                 self._caught_up = True
                 log.info("caught up with the journal (%d lines)", handed)
             if sampler is not None:

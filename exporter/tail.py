@@ -14,7 +14,9 @@ byte offset that stays valid for the file's whole life. What this reader guarant
   the older one's records "late". Reads go round by round, a chunk per file; a round hands on
   every buffered record up to the lowest "read so far" time of the files that still have more.
 * A file deleted under the reader is still read to its end through the descriptor held open for
-  it; only then is it forgotten. A file that shrinks under its offset (truncated: writers never
+  it; only then is it forgotten. At most ``max_open`` descriptors are held: with more files
+  holding new data, the rest wait (oldest generations first) until drained files are closed,
+  within the same poll; ``complete`` says whether the last poll read every file to its end. A file that shrinks under its offset (truncated: writers never
   do) is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after
   the cut are not lost (lines read twice are the engine's duplicates). Descriptors of quiet
   files are closed (``idle_close_s``, ``max_open``) and reopened by offset when the file grows.
@@ -25,6 +27,7 @@ byte offset that stays valid for the file's whole life. What this reader guarant
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -109,6 +112,8 @@ class JournalTail:
         self.offsets: dict[str, tuple[int, int]] = {}  # name -> (inode, offset past the last line handed on)
         self.rejected: Counter[str] = Counter()
         self.directory_ok = False  # the last scan could list the directory
+        self.complete = False  # the last poll read every file with new data to its end
+        self._waiting = False  # files with new data left unopened (max_open, or out of descriptors)
         self._failing: set[tuple[str, int]] = set()  # (name, inode) counted as unreadable until read
         self._open: dict[str, _Source] = {}
         self._clock = clock
@@ -148,19 +153,31 @@ class JournalTail:
         behind every other file's and make them late.
         """
         self._not_after = not_after
+        self.complete = False
         listing = self._scan()
         if listing is None:
             return 0
+        self._waiting = False
         self._open_sources(listing)
         handed = 0
         while not stop():
             self._read_round()
             live = [s for s in self._open.values() if s.items]
             if not live:
-                break
+                if not self._waiting:
+                    break
+                # Out of descriptors with files still unread: close the drained ones, open the next.
+                self._retire()
+                opened = len(self._open)
+                self._waiting = False
+                self._open_sources(listing)
+                if len(self._open) <= opened and not any(s.more for s in self._open.values()):
+                    break  # nothing could be opened (no descriptor at all): try again next poll
+                continue
             with guard:
                 handed += self._hand_on(ingest)
         self._retire()
+        self.complete = not self._waiting and not stop()
         return handed
 
     def close(self) -> None:
@@ -218,9 +235,15 @@ class JournalTail:
             self.offsets[name] = (inode, offset)
             if size == offset:
                 continue
+            if len(self._open) >= self._max_open:
+                self._waiting = True  # the rest wait for descriptors to be retired
+                break
             try:
                 fd = os.open(self.directory / name, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors: not this file's fault
+                    self._waiting = True
+                    break
                 self._unreadable(name, inode, exc)
                 continue
             if os.fstat(fd).st_ino != inode:  # replaced between scan and open: next poll
@@ -329,7 +352,9 @@ class JournalTail:
         by_age = sorted(self._open, key=lambda n: self._open[n].last_growth)
         excess = len(by_age) - self._max_open
         for i, name in enumerate(by_age):
-            if i < excess or now - self._open[name].last_growth > self._idle_close_s:
+            src = self._open[name]
+            drained = self._waiting and not src.more and not src.items  # make room for the waiting
+            if i < excess or drained or now - src.last_growth > self._idle_close_s:
                 self._close(name)
 
     def _reject(self, reason: str, name: str, detail: str) -> None:

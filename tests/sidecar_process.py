@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,14 +19,15 @@ _SERVING = re.compile(rb"serving http://127\.0\.0\.1:(\d+)/metrics")
 
 
 class SidecarProcess:
-    def __init__(self, journal_dir: Path, state_file: Path, log_file: Path, *extra: str) -> None:
+    def __init__(self, journal_dir: Path, state_file: Path, log_file: Path, *extra: str,
+                 preexec_fn: Callable[[], object] | None = None) -> None:
         self.log_file = log_file
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
         self._log = open(log_file, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir),
              "--state-file", str(state_file), "--host", "127.0.0.1", "--port", "0", "--poll-interval", "0.1",
-             *extra], stdout=subprocess.PIPE, stderr=self._log, env=env)
+             *extra], stdout=subprocess.PIPE, stderr=self._log, env=env, preexec_fn=preexec_fn)
         self.port = self._wait_for_port()
 
     def _wait_for_port(self, timeout: float = 30.0) -> int:

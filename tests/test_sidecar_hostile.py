@@ -5,6 +5,7 @@ rejection counted by reason, the process never exits on input and never hangs.""
 from __future__ import annotations
 
 import json
+import resource
 import signal
 import time
 from pathlib import Path
@@ -211,3 +212,26 @@ def test_a_symlink_loop_is_counted_and_a_symlinked_journal_file_is_read(tmp_path
     assert code == 0
     assert rejected(got) == {"unreadable": 2}
     assert_same_accounting(clean, got)
+
+
+def test_more_files_with_data_than_descriptors_are_all_read(tmp_path):
+    """With more journal files holding data than RLIMIT_NOFILE allows, the reader opened until the
+    process ran out of descriptors: files counted unreadable, /healthz and /metrics unanswerable."""
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    base = time.monotonic() - 1000
+    files = 300
+    for pid in range(1000, 1000 + files):
+        lines = [schema.encode(step(seq, base + seq, seq, pid=pid)) for seq in range(3)]
+        (journal / schema.journal_file_name("pod-0", 0, pid)).write_bytes(b"".join(lines))
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "log", preexec_fn=few_descriptors) as proc:
+        proc.wait_ready(timeout=120)
+        got = proc.scrape()
+        assert proc.get("/healthz") == (200, b"ok\n")
+        assert proc.stop()[0] == 0
+    assert rejected(got) == {}
+    assert sum(v for (n, _), v in got.items() if n == "nvrx_exporter_events_total") == 3 * files
