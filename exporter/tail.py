@@ -14,12 +14,13 @@ byte offset that stays valid for the file's whole life. What this reader guarant
   the older one's records "late". Reads go round by round, a chunk per file; a round hands on
   every buffered record up to the lowest "read so far" time of the files that still have more.
 * A file deleted under the reader is still read to its end through the descriptor held open for
-  it; only then is it forgotten. At most ``max_open`` descriptors are held: with more files
-  holding new data, the rest wait (oldest generations first) until drained files are closed,
-  within the same poll; ``complete`` says whether the last poll read every file to its end. A file that shrinks under its offset (truncated: writers never
+  it; only then is it forgotten. A file that shrinks under its offset (truncated: writers never
   do) is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after
   the cut are not lost (lines read twice are the engine's duplicates). Descriptors of quiet
   files are closed (``idle_close_s``, ``max_open``) and reopened by offset when the file grows.
+* At most ``max_open`` descriptors are held: with more files holding new data, the rest wait
+  (oldest generations first) until drained files are closed, within the same poll;
+  ``complete`` says whether the last poll read every file to its end.
 * Bad lines are rejected by ``schema.RejectReason`` value, I/O trouble by this module's
   ``UNREADABLE`` / ``FILE_TRUNCATED``; every rejection is counted once and logged at a bounded
   rate, and nothing raises out of ``poll``.
