@@ -8,6 +8,7 @@ metrics. A route that raises answers 500 and is logged; the server never goes do
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,11 +59,16 @@ def _handler(routes: Mapping[str, Route]) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 class Server:
     """Serves ``routes`` on ``host:port`` (port 0 picks a free one; see ``port``) in a daemon thread."""
 
     def __init__(self, host: str, port: int, routes: Mapping[str, Route]) -> None:
-        self._httpd = ThreadingHTTPServer((host, port), _handler(dict(routes)))
+        server = _IPv6Server if ":" in host else ThreadingHTTPServer  # "::", "::1": an IPv6 address
+        self._httpd = server((host, port), _handler(dict(routes)))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import math
 import os
 import resource
 import signal
@@ -33,6 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 
@@ -52,6 +54,17 @@ from nvrx_slo.exporter.tail import JournalTail
 log = logging.getLogger("nvrx_slo.sidecar")
 
 DEFAULT_PORT = 9400
+MAX_INTERVAL_S = 86400.0  # an interval longer than a day is a typo (and inf would overflow a wait)
+MAX_RANKS = 1 << 20
+
+
+def _http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 HTML = "text/html; charset=utf-8"
 
 
@@ -74,17 +87,36 @@ class Config:
     report_file: str | None = None  # a path, or "-" for stdout
 
     def __post_init__(self) -> None:
+        def interval(flag: str, value: float) -> tuple[bool, str]:
+            return (math.isfinite(value) and 0 < value <= MAX_INTERVAL_S,
+                    f"{flag} must be > 0 and <= {MAX_INTERVAL_S:g} seconds, got {value}")
+
+        def not_a_directory(flag: str, path: Path | None) -> tuple[bool, str]:
+            return path is None or not path.is_dir(), f"{flag} {path} is a directory"
+
+        def directory(flag: str, path: Path | None, must_exist: bool) -> tuple[bool, str]:
+            ok = path is None or path.is_dir() or (not must_exist and not path.exists())
+            return ok, f"{flag} {path} is not a directory"
+
+        report = None if self.report_file is None or self.report_file == "-" else Path(self.report_file)
         checks = [
             (0 <= self.port <= 65535, f"--port must be 0..65535, got {self.port}"),
-            (self.poll_interval_s > 0, f"--poll-interval must be > 0, got {self.poll_interval_s}"),
-            (self.state_interval_s > 0, f"--state-interval must be > 0, got {self.state_interval_s}"),
-            (self.max_ranks >= 1, f"--max-ranks must be >= 1, got {self.max_ranks}"),
-            (self.otlp_interval_s > 0, f"--otlp-interval must be > 0, got {self.otlp_interval_s}"),
-            (self.otlp_endpoint is None or self.otlp_endpoint.startswith(("http://", "https://")),
-             f"--otlp-endpoint must be an http(s) URL, got {self.otlp_endpoint!r}"),
+            interval("--poll-interval", self.poll_interval_s),
+            interval("--state-interval", self.state_interval_s),
+            interval("--otlp-interval", self.otlp_interval_s),
+            (1 <= self.max_ranks <= MAX_RANKS, f"--max-ranks must be 1..{MAX_RANKS}, got {self.max_ranks}"),
+            (self.otlp_endpoint is None or _http_url(self.otlp_endpoint),
+             f"--otlp-endpoint must be an http(s) URL with a host, got {self.otlp_endpoint!r}"),
             (self.state_file.resolve().parent != self.journal_dir.resolve() or
              not self.state_file.name.endswith(".jsonl"),
              "--state-file must not be a .jsonl file in the journal directory"),
+            directory("--journal-dir", self.journal_dir, must_exist=False),  # may appear later
+            not_a_directory("--state-file", self.state_file),
+            directory("--podinfo-dir", self.podinfo_dir, must_exist=True),
+            directory("--ft-cycle-info-dir", self.cycle_info_dir, must_exist=False),
+            not_a_directory("--report-file", report),
+            (report is None or report.parent.is_dir(),
+             f"--report-file {report}: no such directory {report and report.parent}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -302,7 +334,10 @@ def main(argv: list[str], targets: Targets) -> int:
     # container allows (the soft limit is often 1024, the hard one far higher).
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    sidecar = Sidecar(config, targets)
+    try:
+        sidecar = Sidecar(config, targets)
+    except OSError as exc:  # the address cannot be listened on: a wrong flag, not a crash
+        parser().error(f"--host/--port: cannot listen on {config.host!r} port {config.port}: {exc.strerror or exc}")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sidecar.stop.set())
     return sidecar.run()

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 
@@ -34,13 +39,84 @@ def test_defaults_and_the_journal_dir_from_the_trainers_variable(monkeypatch, tm
     (["--poll-interval", "0"], "--poll-interval"),
     (["--otlp-endpoint", "collector:4318"], "--otlp-endpoint"),
     (["--state-file", "JOURNAL/x.jsonl"], "--state-file"),
+    (["--poll-interval", "inf"], "--poll-interval"),
+    (["--poll-interval", "1e308"], "--poll-interval"),
+    (["--poll-interval", "nan"], "--poll-interval"),
+    (["--state-interval", "-inf"], "--state-interval"),
+    (["--otlp-interval", "1e9"], "--otlp-interval"),
+    (["--max-ranks", "99999999999999999999"], "--max-ranks"),
+    (["--otlp-endpoint", "http://"], "--otlp-endpoint"),
+    (["--otlp-endpoint", "http://collector:99999"], "--otlp-endpoint"),
+    (["--otlp-endpoint", "ftp://collector:4318"], "--otlp-endpoint"),
+    (["--state-file", "JOURNAL"], "--state-file"),
+    (["--podinfo-dir", "JOURNAL/missing"], "--podinfo-dir"),
+    (["--podinfo-dir", "FILE"], "--podinfo-dir"),
+    (["--ft-cycle-info-dir", "FILE"], "--ft-cycle-info-dir"),
+    (["--report-file", "JOURNAL"], "--report-file"),
+    (["--report-file", "JOURNAL/missing/report.txt"], "--report-file"),
 ])
 def test_a_wrong_flag_exits_2_naming_it(argv, named, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
-    argv = [a.replace("JOURNAL", str(tmp_path)) for a in argv]
+    (tmp_path / "file").write_text("")
+    argv = [a.replace("JOURNAL", str(tmp_path)).replace("FILE", str(tmp_path / "file")) for a in argv]
     with pytest.raises(SystemExit) as exit_:
         sidecar.parse_args(["--journal-dir", str(tmp_path), *argv])
     assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_a_journal_dir_that_is_a_file_names_the_flag(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        sidecar.parse_args(["--journal-dir", str(tmp_path / "file")])
+    assert exit_.value.code == 2 and "--journal-dir" in capsys.readouterr().err
+
+
+def _listening() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+@pytest.mark.parametrize("host, port", [
+    ("127.0.0.1", "IN_USE"),  # another process has the port
+    ("192.0.2.1", "0"),  # TEST-NET-1: an address this machine does not have
+    ("no-such-host.invalid", "0"),
+])
+def test_an_address_the_sidecar_cannot_listen_on_exits_2_naming_the_flags(tmp_path, host, port):
+    with _listening() as busy:
+        port = port.replace("IN_USE", str(busy.getsockname()[1]))
+        bad = subprocess.run([sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(tmp_path),
+                              "--host", host, "--port", port], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--host/--port" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_an_ipv6_host_is_served(tmp_path):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no ::1 here")
+    log = tmp_path / "log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(tmp_path),
+                                 "--host", "::1", "--port", "0"], stderr=err)
+    try:
+        deadline = time.monotonic() + 60
+        while not (match := re.search(r"serving http://::1:(\d+)/", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        with urllib.request.urlopen(f"http://[::1]:{match.group(1)}/healthz", timeout=10) as resp:
+            assert resp.read() == b"ok\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_no_journal_dir_names_the_flag_and_the_variable(capsys, monkeypatch):
