@@ -1,7 +1,9 @@
 """Logging at a bounded rate: a journal full of bad lines must not flood the sidecar's log.
 
 Each key (a reject reason, a file) may log ``burst`` lines per ``period`` seconds; what is held
-back is summarised in the next line that gets through ("… and N more like it").
+back is summarised in the next line that gets through ("… and N more like it"). String
+arguments (file names, journal text) are escaped (``printable``): one log line per call, never a
+forged one, and no terminal escapes.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+
+from nvrx_slo.exporter.printable import printable
 
 
 class BoundedLog:
@@ -38,4 +42,4 @@ class BoundedLog:
         if held:
             msg += f" (and {held} more like it held back)"
         self._windows[key] = (start, logged + 1, 0)
-        sink(msg, *args)
+        sink(msg, *(printable(arg) if isinstance(arg, str) else arg for arg in args))

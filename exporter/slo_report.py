@@ -2,7 +2,8 @@
 
 Efficiency, where every rank-second went (productive plus each badput category, summing to 100%
 of wall — the engine's invariant), checkpoint overlap and blocking share, restart latency by
-level and by phase, and the spec's SLOs judged pass/fail. The SLO judgement is the status
+level and by phase, and the spec's SLOs judged pass/fail. Journal strings (job, pod, causes)
+are escaped for the terminal (``printable``). The SLO judgement is the status
 page's (``status_page.slo_results``), so the page and the report never disagree.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
+from nvrx_slo.exporter.printable import printable
 from nvrx_slo.exporter.snapshot import Histogram, Snapshot
 from nvrx_slo.exporter.status_page import CATEGORY_LABELS, slo_results
 
@@ -39,7 +41,8 @@ def breakdown(snap: Snapshot) -> dict[Category, float]:
 def render(snap: Snapshot, targets: Targets) -> str:
     wall = snap.wall_s
     lines = [
-        f"nvrx-slo SLO report — job {snap.job or '?'}, pod {snap.pod or '?'}, {len(snap.ranks)} rank(s)"
+        f"nvrx-slo SLO report — job {printable(snap.job) or '?'}, pod {printable(snap.pod) or '?'}, "
+        f"{len(snap.ranks)} rank(s)"
         f"{', finished' if snap.finished else ', running'}",
         "",
         f"Efficiency (productive / wall): {_ratio(snap.efficiency)}",
@@ -77,7 +80,7 @@ def render(snap: Snapshot, targets: Targets) -> str:
         lines.append("  most recent:")
         for r in rs.recent[-5:]:
             phases = ", ".join(f"{p.value} {v:.2f} s" for p, v in r.phases.items())
-            lines.append(f"    {r.level.value:<9} {_secs(r.duration_s):>9}  cause: {r.cause or '?'}"
+            lines.append(f"    {r.level.value:<9} {_secs(r.duration_s):>9}  cause: {printable(r.cause or '?')}"
                          f"{'  (' + phases + ')' if phases else ''}")
     lines.append(f"  MTBF {_secs(rs.mtbf_s)}")
 

@@ -235,3 +235,24 @@ def test_more_files_with_data_than_descriptors_are_all_read(tmp_path):
         assert proc.stop()[0] == 0
     assert rejected(got) == {}
     assert sum(v for (n, _), v in got.items() if n == "nvrx_exporter_events_total") == 3 * files
+
+
+def test_journal_strings_reach_the_text_report_and_the_log_escaped(tmp_path):
+    evil = "\x1b[2J\x1b[31m\x07\nFORGED 2026-01-01 ERROR nvrx_slo: all good\u202e"
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    for name, records in by_file(story()).items():
+        body = b"".join(schema.encode({**r, "job": "job" + evil, "pod": "pod" + evil}) for r in records)
+        (journal / name).write_bytes(body)
+    (journal / f"bad{evil}.jsonl").write_bytes(b"not json\n")
+    with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "log", "--report-file", "-") as proc:
+        proc.wait_ready(timeout=60)
+        code, out = proc.stop()
+    assert code == 0
+    log = (tmp_path / "log").read_bytes()
+    report = out.decode()
+    assert "SLO report" in report and "\\x1b[2J" in report and "\\u202e" in report
+    for text in (report, log.decode()):
+        assert not any(c in text for c in "\x1b\x07\u202e"), text
+        assert not any(line.startswith("FORGED") for line in text.splitlines())
+    assert b"rejected (malformed)" in log and b"bad\\x1b" in log
