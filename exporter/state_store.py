@@ -4,7 +4,7 @@ Why one file: offsets and the engine state that already holds the lines before t
 saved together, or a restart either re-counts lines (offsets older than the state) or forgets
 them (offsets newer). The file is written to a temporary name, fsynced and renamed over the old
 one (then the directory is fsynced), so a SIGKILL at any instant leaves the old or the new state,
-never a torn one.
+never a torn one; the temporary file such a kill leaves is removed at the next ``load``.
 
 ``load`` returns ``None`` when there is nothing usable — no file, another format, another
 journal directory, or a corrupt file (logged) — and the sidecar then rebuilds from the journal
@@ -20,6 +20,7 @@ either and goes on with the last good file in place.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 from pathlib import Path
@@ -54,7 +55,7 @@ def save(path: str | os.PathLike[str], journal_dir: str | os.PathLike[str], part
         body = orjson.dumps({"format": FORMAT, "journal_dir": str(Path(journal_dir).resolve()), **parts})
     except orjson.JSONEncodeError as exc:  # e.g. an integer past 64 bits
         raise ValueError(f"state not writable as JSON: {exc}") from None
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp")  # one name: a save killed midway leaves one file, overwritten next
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         view = memoryview(body)
@@ -71,9 +72,23 @@ def save(path: str | os.PathLike[str], journal_dir: str | os.PathLike[str], part
         os.close(dir_fd)
 
 
-def load(path: str | os.PathLike[str], journal_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The parts saved for ``journal_dir``, or ``None`` when there is no usable state (see module doc)."""
+def remove_stale_temps(path: str | os.PathLike[str]) -> None:
+    """Delete temporary files that saves killed midway left beside ``path`` (``.<name>.tmp``, and
+    ``.<name>.<pid>.tmp`` as earlier versions named them, one per killed process)."""
     path = Path(path)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*tmp"):
+        if stale.name == f".{path.name}.tmp" or stale.name[len(path.name) + 2:-4].isdigit():
+            try:
+                stale.unlink()
+            except OSError as exc:
+                log.warning("cannot remove stale temporary state file %s: %s", stale, exc)
+
+
+def load(path: str | os.PathLike[str], journal_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The parts saved for ``journal_dir``, or ``None`` when there is no usable state (see module doc).
+    Removes the temporary files of saves killed midway first."""
+    path = Path(path)
+    remove_stale_temps(path)
     try:
         data = orjson.loads(path.read_bytes())
     except FileNotFoundError:

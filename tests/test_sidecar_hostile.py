@@ -256,3 +256,29 @@ def test_journal_strings_reach_the_text_report_and_the_log_escaped(tmp_path):
         assert not any(c in text for c in "\x1b\x07\u202e"), text
         assert not any(line.startswith("FORGED") for line in text.splitlines())
     assert b"rejected (malformed)" in log and b"bad\\x1b" in log
+
+
+def test_temporary_state_files_of_killed_saves_are_removed(tmp_path):
+    """Each SIGKILL inside a save left a .<state>.<pid>.tmp behind, forever (one per restart)."""
+    write_clean(tmp_path / "journal")
+    stale = [tmp_path / f".state.json.{pid}.tmp" for pid in (111, 222)] + [tmp_path / ".state.json.tmp"]
+    for path in stale:
+        path.write_bytes(b'{"format": 1, "torn')
+    unrelated = tmp_path / ".state.json.notes.tmp"
+    unrelated.write_text("not ours")
+    got, code = run_sidecar(tmp_path / "journal", tmp_path, "--state-interval", "0.1")
+    assert code == 0 and not any(p.exists() for p in stale) and unrelated.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".state")) == [unrelated.name]
+    assert (tmp_path / "state.json").stat().st_size > 100
+
+
+def test_invalid_utf8_in_an_unknown_field_is_malformed(tmp_path):
+    """msgspec skips unknown fields without checking their UTF-8: the line was accepted."""
+    name, near = rank0_file()
+    line = schema.encode({**near, "seq": 10**6, "extra": "XX"})[:-1].replace(b"XX", b"\xff\xfe")
+    write_with(tmp_path / "dirty", {name: [line]})
+    write_clean(tmp_path / "clean")
+    clean = scrape_in_process(tmp_path / "clean")
+    dirty, code = run_sidecar(tmp_path / "dirty", tmp_path)
+    assert code == 0 and rejected(dirty) == {"malformed": 1}
+    assert_same_accounting(clean, dirty)
