@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import resource
+import selectors
+import socket
+import struct
 import signal
 import time
 from pathlib import Path
@@ -14,6 +17,7 @@ import pytest
 
 from journal_fixtures import step
 from nvrx_slo.contracts import schema
+from nvrx_slo.exporter.server import Server
 from sidecar_process import SidecarProcess
 from test_sidecar_bad_input import ACCOUNTING, by_file, scrape_in_process, story, write_clean
 
@@ -282,3 +286,71 @@ def test_invalid_utf8_in_an_unknown_field_is_malformed(tmp_path):
     dirty, code = run_sidecar(tmp_path / "dirty", tmp_path)
     assert code == 0 and rejected(dirty) == {"malformed": 1}
     assert_same_accounting(clean, dirty)
+
+
+def _burst(port: int, n: int, path: str = "/healthz", timeout: float = 60.0) -> list[float]:
+    """``n`` connections at once, each sending one GET: the seconds each took to its full answer."""
+    socks, started, done = [], {}, {}
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        socks.append(s)
+    pending = {s.fileno(): s for s in socks}
+    sent: set[int] = set()
+    buffers: dict[int, bytes] = {fd: b"" for fd in pending}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        for fd, s in pending.items():
+            sel.register(s, selectors.EVENT_WRITE)
+            started[fd] = time.monotonic()
+        while pending and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=1.0):
+                fd, s = key.fd, key.fileobj
+                if fd not in sent:
+                    s.send(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                    sent.add(fd)
+                    sel.modify(s, selectors.EVENT_READ)
+                    continue
+                chunk = s.recv(65536)
+                buffers[fd] += chunk
+                if not chunk:
+                    done[fd] = time.monotonic() - started[fd]
+                    sel.unregister(s)
+                    del pending[fd]
+    for s in socks:
+        s.close()
+    assert not pending, f"{len(pending)} of {n} connections unanswered"
+    assert all(b.startswith(b"HTTP/1.1 200") for b in buffers.values())
+    return sorted(done.values())
+
+
+def test_the_server_answers_a_burst_of_a_thousand_connections_and_ignores_hang_ups(tmp_path):
+    """Backlog 5 made a burst of probes wait for SYN retries (up to 17 s) or go unanswered; a client
+    hanging up mid-answer logged a full traceback."""
+    write_clean(tmp_path / "journal")
+    with SidecarProcess(tmp_path / "journal", tmp_path / "state.json", tmp_path / "log") as proc:
+        proc.wait_ready(timeout=60)
+        took = _burst(proc.port, 1000)
+        # on a shared 2-core test machine; the issue's bar (100 ms) is for a dedicated core
+        assert took[len(took) // 2] < 5.0, f"median {took[len(took) // 2]:.3f} s, max {took[-1]:.3f} s"
+        for _ in range(50):  # ask for /metrics and hang up at once, with a reset
+            s = socket.create_connection(("127.0.0.1", proc.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.close()
+        assert proc.get("/healthz") == (200, b"ok\n")
+        assert proc.stop()[0] == 0
+    assert "Traceback" not in (tmp_path / "log").read_text()
+
+
+def test_an_idle_connection_is_closed():
+    server = Server("127.0.0.1", 0, {"/healthz": lambda: (200, "text/plain", b"ok\n")}, idle_timeout_s=0.5)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            began = time.monotonic()
+            assert s.recv(1) == b""  # closed by the server, not by our timeout
+            assert time.monotonic() - began < 20
+    finally:
+        server.stop()
