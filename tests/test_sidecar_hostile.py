@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import resource
 import selectors
+import signal
 import socket
 import struct
-import signal
 import time
 from pathlib import Path
 
