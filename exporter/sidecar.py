@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,17 +295,7 @@ class Sidecar:
             self.stop.wait(self.config.poll_interval_s)
 
     def _load_state(self) -> None:
-        parts = state_store.load(self.config.state_file, self.config.journal_dir)
-        if parts is None:
-            log.info("no saved state: reading the journal from the start")
-            return
-        try:
-            self.live.load_state(parts)
-        except Exception as exc:  # any state that is not one of ours: never a crash loop on it
-            log.error("saved state %s unusable (%s): reading the journal from the start", self.config.state_file, exc)
-            self.live = self._fresh_live()
-            return
-        log.info("resumed from %s", self.config.state_file)
+        self.live = resume(self.config, self._fresh_live)
 
     def _save_state(self) -> None:
         try:
@@ -323,6 +313,30 @@ class Sidecar:
             Path(self.config.report_file).write_text(text)  # type: ignore[arg-type]
         except OSError as exc:
             log.error("cannot write the SLO report to %s: %s", self.config.report_file, exc)
+
+
+def resume(config: Config, fresh: Callable[[], Live]) -> Live:
+    """A ``Live`` resumed from ``config.state_file``, or ``fresh()`` where there is no usable state.
+
+    A state file is not trusted because it loads: the resumed state must also render a view and
+    save again, or it would fail every scrape or every save from now on. Anything else (a file
+    edited by hand, another version's, a bug) means a rebuild from the journal, never a crash.
+    """
+    parts = state_store.load(config.state_file, config.journal_dir)
+    if parts is None:
+        log.info("no saved state: reading the journal from the start")
+        return fresh()
+    live = fresh()
+    try:
+        live.load_state(parts)
+        live.view()
+        state_store.save(os.devnull, config.journal_dir, live.to_state(), dry_run=True)
+    except Exception as exc:  # any state that is not one of ours: never a crash loop on it
+        log.error("saved state %s unusable (%s: %s): reading the journal from the start", config.state_file,
+                  type(exc).__name__, str(exc)[:200])
+        return fresh()
+    log.info("resumed from %s", config.state_file)
+    return live
 
 
 def main(argv: list[str], targets: Targets) -> int:

@@ -48,13 +48,17 @@ def _bounded(value: Any) -> bool:
     return True
 
 
-def save(path: str | os.PathLike[str], journal_dir: str | os.PathLike[str], parts: dict[str, Any]) -> None:
-    """Atomically replace ``path`` with ``parts`` (JSON-able), tagged with the journal directory."""
+def save(path: str | os.PathLike[str], journal_dir: str | os.PathLike[str], parts: dict[str, Any], *,
+         dry_run: bool = False) -> None:
+    """Atomically replace ``path`` with ``parts`` (JSON-able), tagged with the journal directory.
+    ``dry_run``: only check that ``parts`` can be saved (``ValueError`` if not); write nothing."""
     path = Path(path)
     try:
         body = orjson.dumps({"format": FORMAT, "journal_dir": str(Path(journal_dir).resolve()), **parts})
     except orjson.JSONEncodeError as exc:  # e.g. an integer past 64 bits
         raise ValueError(f"state not writable as JSON: {exc}") from None
+    if dry_run:
+        return
     tmp = path.with_name(f".{path.name}.tmp")  # one name: a save killed midway leaves one file, overwritten next
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
