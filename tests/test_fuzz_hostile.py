@@ -82,7 +82,8 @@ def test_hostile_journal_lines_never_break_reading_accounting_or_saving(lines, r
         view = live.view()
         assert render(live)
         written = sum(1 for body in (journal / n for n in names) for ln in body.read_bytes().split(b"\n") if ln)
-        assert view.snapshot.events_accepted + sum(view.rejected.values()) == written
+        # a late record is accepted (counted) and then left out of the accounting (counted again as late)
+        assert view.snapshot.events_accepted + sum(view.rejected.values()) - view.rejected["late"] == written
         state = Path(tmp) / "state.json"
         state_store.save(state, journal, live.to_state())  # never raises for what was accepted
         resumed = resume(Config(journal_dir=journal, state_file=state), lambda: Live(Engine(), JournalTail(journal)))
