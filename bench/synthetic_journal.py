@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 from nvrx_slo.contracts import schema
@@ -36,15 +37,19 @@ class _Proc:
 
 def write(directory: str | os.PathLike[str], ranks: int, steps: int, *, pod: str = "pod-0", step_s: float = 0.5,
           checkpoint_every: int = 50, restart_at: int | None = None) -> int:
-    """Write the journal; returns the number of events. ``restart_at``: an in-job restart at that step."""
+    """Write the journal; returns the number of events. ``restart_at``: an in-job restart at that step.
+
+    The job ends before now on this machine's monotonic clock, as a journal read after the fact
+    does: the sidecar rejects records from its clock's future as implausible."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    origin = time.monotonic() - (steps * step_s + 60.0)
     launcher = _Proc(directory, pod, None, 10, 0)
-    launcher.ev("launcher_start", 100.0, max_restarts=3)
-    launcher.ev("launcher_worker_start", 100.1)
+    launcher.ev("launcher_start", origin, max_restarts=3)
+    launcher.ev("launcher_worker_start", origin + 0.1)
     events = 2
     for rank in range(ranks):
-        t = 101.0
+        t = origin + 1.0
         proc = _Proc(directory, pod, rank, 1000 + rank, 0)
         proc.ev("process_start", t, world_size=ranks)
         proc.ev("restore", t + 1.0, start=t + 0.5, step=None, path=None, fallback=None)
@@ -72,10 +77,10 @@ def write(directory: str | os.PathLike[str], ranks: int, steps: int, *, pod: str
         proc.flush()
         events += proc.seq
     if restart_at is not None:
-        launcher.ev("launcher_failure_detected", 101.0 + restart_at * step_s + 0.3)
-        launcher.ev("launcher_worker_start", 101.0 + restart_at * step_s + 1.5)
+        launcher.ev("launcher_failure_detected", origin + 1.0 + restart_at * step_s + 0.3)
+        launcher.ev("launcher_worker_start", origin + 1.0 + restart_at * step_s + 1.5)
         events += 2
-    launcher.ev("launcher_exit", 102.0 + steps * step_s + 10, code=0)
+    launcher.ev("launcher_exit", origin + 2.0 + steps * step_s + 10, code=0)
     launcher.flush()
     return events + 1
 
