@@ -354,3 +354,30 @@ def test_an_idle_connection_is_closed():
             assert time.monotonic() - began < 20
     finally:
         server.stop()
+
+
+def test_lines_written_after_a_truncation_are_read(tmp_path):
+    """A file truncated under the descriptor the reader held: the lines written after the cut were
+    never read (the reader waited for the file to outgrow its old offset, then read from there)."""
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    base = time.monotonic() - 1000
+    path = journal / schema.journal_file_name("pod-0", 0, 100)
+    lines = [schema.encode(step(seq, base + seq, seq, dur=0.5)) for seq in range(60)]
+    path.write_bytes(b"".join(lines[:40]))
+
+    def total(samples: dict, name: str) -> float:
+        return sum(v for (n, _), v in samples.items() if n == name)
+
+    with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "log") as proc:
+        proc.wait_ready(timeout=60)
+        wait_for(proc, lambda s: total(s, "nvrx_steps_total") == 40)
+        with open(path, "r+b") as f:  # cut to nothing, as copytruncate does; then the writer goes on
+            f.truncate(0)
+        path.write_bytes(lines[40])
+        wait_for(proc, lambda s: rejected(s).get("file_truncated") == 1)
+        with open(path, "ab") as f:
+            f.write(b"".join(lines[41:]))  # past the old offset again
+        got = wait_for(proc, lambda s: total(s, "nvrx_steps_total") == 60)
+        assert proc.stop()[0] == 0
+    assert rejected(got) == {"file_truncated": 1}
