@@ -161,6 +161,17 @@ class History:
 Verdict = tuple[float, float, bool]
 
 
+def _raise_floor(seen: list[Any], floor: int, ahead: dict[int, float], passed: dict[int, float]) -> None:
+    """Move a pid's dedupe floor to ``floor`` and past the seqs already seen that follow it; they
+    and their monos are remembered as passed (the newest ``DEDUPE_AHEAD`` of them)."""
+    while floor in ahead:
+        passed[floor] = ahead.pop(floor)
+        floor += 1
+    while len(passed) > DEDUPE_AHEAD:
+        del passed[next(iter(passed))]
+    seen[0] = floor
+
+
 class Engine:
     """Accounts one pod's journal. ``ingest`` costs a few µs per step event."""
 
@@ -207,13 +218,7 @@ class Engine:
         if seq in ahead:
             return bool(ahead[seq] == mono)
         if seq == floor:
-            floor += 1
-            while floor in ahead:
-                passed[floor] = ahead.pop(floor)
-                floor += 1
-            while len(passed) > DEDUPE_AHEAD:
-                del passed[next(iter(passed))]
-            seen[0] = floor
+            _raise_floor(seen, floor + 1, ahead, passed)
             if not ahead:
                 seen[2] = float("inf")
             return False
@@ -226,13 +231,7 @@ class Engine:
                 self._counts["records_lost"] += low - max(floor, declared)
                 seen[3] = low
             if len(ahead) > DEDUPE_AHEAD:  # the seqs in between were rotated away unread
-                floor = low
-                while floor in ahead:
-                    passed[floor] = ahead.pop(floor)
-                    floor += 1
-                while len(passed) > DEDUPE_AHEAD:
-                    del passed[next(iter(passed))]
-                seen[0] = floor
+                _raise_floor(seen, low, ahead, passed)
                 seen[2] = mono if ahead else float("inf")
         return False
 
