@@ -70,14 +70,17 @@ def _union(types: tuple[Any, ...]) -> Any:
 
 
 def _struct(event: schema.EventType) -> Any:
-    """The event's fields as a struct: every field required, the schema's types exactly (a
-    number is ``int | float``, never ``bool``), tagged by ``type``, which is also a class attribute.
+    """The event's fields as a struct: every field required but the optional ones (``None`` when
+    absent), the schema's types exactly (a number is ``int | float``, never ``bool``), tagged by
+    ``type``, which is also a class attribute.
     Its fields are scalars and strings, so it can be in no reference cycle: the garbage collector
     need not track it (``gc=False``)."""
-    fields: list[tuple[str, Any]] = [("v", Literal[schema.SCHEMA_VERSION])]
+    fields: list[tuple[Any, ...]] = [("v", Literal[schema.SCHEMA_VERSION])]
     for name, types in {**schema.COMMON_FIELDS, **schema.PAYLOAD_FIELDS[event]}.items():
         if name not in ("v", "type"):
             fields.append((name, _union(types)))
+    for name, types in schema.OPTIONAL_FIELDS.get(event, {}).items():
+        fields.append((name, _union(types), None))
     return msgspec.defstruct(event.value, fields, tag_field="type", tag=event.value,
                              namespace={"type": event.value}, module=__name__, gc=False)
 

@@ -70,7 +70,7 @@ from nvrx_slo.exporter.snapshot import CheckpointRecord, CheckpointStats, RankSn
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 5  # 5: pid_first, counts.implausible/records_lost, seen with monos; 4: pools keep step ends
+STATE_VERSION = 6
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
@@ -86,7 +86,7 @@ class _Lane:
     __slots__ = ("ledger", "pending", "newest", "newest_pid", "newest_kind", "newest_restart",
                  "newest_iter", "applied",
                  "steps", "step", "step_mono", "step_wall", "hist", "recent", "worker", "worker_mono",
-                 "worker_pid", "world_size", "pids")
+                 "worker_pid", "local_world_size", "pids")
 
     def __init__(self, rank: int) -> None:
         self.ledger = Ledger(rank)
@@ -106,7 +106,7 @@ class _Lane:
         self.worker: bool | None = None
         self.worker_mono = float("-inf")
         self.worker_pid = -1
-        self.world_size = 0
+        self.local_world_size = 0  # the most workers its pod was said to run (0: not said)
         self.pids: dict[int, float] = {}  # pid -> its oldest record's mono
 
     def count(self, record: Event, kind: str, mono: float) -> None:
@@ -125,7 +125,7 @@ class _Lane:
             if mono > self.worker_mono:
                 self.worker, self.worker_mono, self.worker_pid = record.alive, mono, record.pid
         elif kind == "process_start":
-            self.world_size = max(self.world_size, record.world_size)
+            self.local_world_size = max(self.local_world_size, record.local_world_size or 0)
         pid = record.pid
         if pid != self.newest_pid or mono < self.newest:  # else: its first record is older already
             first = self.pids.get(pid)
@@ -373,14 +373,17 @@ class Engine:
         """The pod's launcher exited after its last start, and every rank it ran ended cleanly.
 
         A pod decides from its own ranks: in a job of many pods it sees only its share of the
-        world, and the launcher's exit says none of its workers is left. Without a journaled
-        launcher a pod never counts as finished: a launcher read late could still show it running,
-        and un-finishing would take settled seconds back.
+        world, and the launcher's exit says none of its workers is left. Its ranks' own
+        ``local_world_size`` says how many there are, so a rank whose file is read after the
+        launcher's exit still keeps the pod running. Without a journaled launcher a pod never
+        counts as finished: a launcher read late could still show it running, and un-finishing
+        would take settled seconds back.
         """
         lanes = self._lanes.values()
         if self._launcher_exit is None or (self._launcher_start or float("-inf")) > self._launcher_exit:
             return False
-        return bool(lanes) and all(lane.newest_kind == "process_end" for lane in lanes)
+        return (len(lanes) >= max((lane.local_world_size for lane in lanes), default=1)
+                and all(lane.newest_kind == "process_end" for lane in lanes))
 
     def snapshot(self, now_mono: float, now_wall: float) -> Snapshot:
         """Everything known at ``now_mono`` (the journal's monotonic clock, ideally a read horizon: see
@@ -541,7 +544,7 @@ def _infinite(value: float | None) -> float:
 
 
 _LANE_FIELDS = ("newest_pid", "newest_kind", "newest_restart", "newest_iter", "steps", "step", "step_wall",
-                "worker", "worker_pid", "world_size")
+                "worker", "worker_pid", "local_world_size")
 
 
 def _lane_state(lane: _Lane) -> dict[str, Any]:

@@ -31,8 +31,8 @@ class Proc:
         return record
 
     # the common events, with the payloads the schema requires
-    def start(self, mono: float, world_size: int = 2) -> None:
-        self.ev("process_start", mono, world_size=world_size)
+    def start(self, mono: float, world_size: int = 2, local_world_size: int | None = None) -> None:
+        self.ev("process_start", mono, world_size=world_size, local_world_size=local_world_size)
 
     def end(self, mono: float) -> None:
         self.ev("process_end", mono)

@@ -384,3 +384,36 @@ def test_a_pod_of_a_many_pod_job_finishes_with_its_own_ranks():
     snap = run(pod, 100.0)
     assert snap.finished and [r.rank for r in snap.ranks] == [2, 3]
     assert snap.ranks[0].wall_s == pytest.approx(14.2)  # the launcher's start to its exit
+
+
+def test_a_rank_read_after_the_launchers_exit_keeps_its_pod_running_until_it_ends():
+    """The reader may list a rank's file after reading its launcher's exit (a slow poll). The
+    ranks read first say their pod runs two workers, so the pod is not finished on one: finishing
+    would settle rank 0's wall, and the late rank 1 would take it back."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    r0, r1 = pod.proc(0), pod.proc(1)
+    r0.start(0.54, world_size=2, local_world_size=2)
+    r1.start(0.53, world_size=2, local_world_size=2)
+    r0.end(1.12)
+    r1.end(1.11)
+    launcher.ev("launcher_exit", 1.2, code=0)
+    early, late = [r for r in pod.records if r["rank"] != 1], [r for r in pod.records if r["rank"] == 1]
+    engine = Engine(reorder_window_s=0.0)
+    walls = []
+    for record in early + late:
+        engine.ingest(as_event(record))
+        snap = engine.snapshot(1.2, 1.2)
+        walls.append((snap.finished, [(r.rank, r.gpu_idle_s) for r in snap.ranks]))
+    assert [finished for finished, _ in walls] == [False] * 5 + [True]
+    idle = [dict(ranks)[0] for _, ranks in walls if ranks]
+    assert idle == sorted(idle)  # never goes down
+    assert walls[-1][1] == [(0, pytest.approx(1.2)), (1, pytest.approx(1.2))]  # no step ran: all idle
+
+
+def test_a_pod_whose_ranks_do_not_say_their_count_finishes_on_the_ranks_read():
+    """Journals of hooks older than ``local_world_size``: the pod finishes on the ranks it has read."""
+    pod = scenarios.healthy()
+    for record in pod.records:
+        record.pop("local_world_size", None)
+    assert run(pod, 100.0).finished

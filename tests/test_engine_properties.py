@@ -45,7 +45,7 @@ def journals(draw: Any) -> Pod:
         nonlocal procs, t, step
         procs = [pod.proc(r, restart=restart) for r in range(n)]
         for p in procs:
-            p.start(t + jitter(), world_size=n)
+            p.start(t + jitter(), world_size=n, local_world_size=n)
         t += 0.2
         if restore:
             for p in procs:

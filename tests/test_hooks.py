@@ -32,6 +32,17 @@ def test_a_step_journals_its_span_and_phases(tmp_path):
     assert step["data_s"] + step["compute_s"] + step["optimizer_s"] <= span + 2e-6  # µs rounding
 
 
+@pytest.mark.parametrize(("env", "journaled"), [("4", 4), (None, None), ("auto", None)])
+def test_the_start_says_how_many_workers_the_launcher_runs_in_this_pod(tmp_path, monkeypatch, env, journaled):
+    if env is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", env)
+    Hooks.start(world_size=8, journal_dir=str(tmp_path)).close()
+    start = _records(tmp_path)[0]
+    assert start["local_world_size"] == journaled
+
+
 def test_a_step_that_raises_leaves_no_record(tmp_path):
     hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path))
     with pytest.raises(RuntimeError):

@@ -12,8 +12,9 @@ from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.schema import JournalError
 from nvrx_slo.exporter.decode import as_event, decode_batch
 
-VALID = [step(1, 10.0,
-              1), record("process_start", 0, 5.0, world_size=2), record("launcher_exit", 3, 9.0, rank=None, code=0),
+VALID = [step(1, 10.0, 1), record("process_start", 0, 5.0, world_size=2),
+         record("process_start", 0, 5.0, world_size=2, local_world_size=2),
+         record("launcher_exit", 3, 9.0, rank=None, code=0),
          record("checkpoint_end", 4, 8.0, ckpt="c1", step=3, ok=True, written=7.5, error=None)]
 
 values = st.one_of(st.none(), st.booleans(), st.integers(-2**53, 2**53), st.text(max_size=5),
@@ -37,13 +38,16 @@ def lines(draw) -> bytes:
 
 
 def contract(line: bytes) -> object:
-    """What the schema makes of a line, less the extra fields it lets writers add and readers ignore."""
+    """What the schema makes of a line, less the extra fields it lets writers add and readers ignore,
+    with the optional fields it leaves out as ``None``."""
     try:
         record = schema.decode(line)
     except JournalError as exc:
         return exc.reason
-    known = {**schema.COMMON_FIELDS, **schema.PAYLOAD_FIELDS[schema.EventType(record["type"])]}
-    return {k: v for k, v in record.items() if k in known}
+    event = schema.EventType(record["type"])
+    optional = dict.fromkeys(schema.OPTIONAL_FIELDS.get(event, {}))
+    known = {**schema.COMMON_FIELDS, **schema.PAYLOAD_FIELDS[event], **optional}
+    return {**optional, **{k: v for k, v in record.items() if k in known}}
 
 
 @settings(max_examples=300, deadline=None)
@@ -63,7 +67,11 @@ def test_events_read_like_records_and_ignore_extra_fields():
 
 
 def test_a_record_built_in_code_is_checked_by_the_contract():
-    assert as_record(as_event(VALID[1])) == VALID[1]
+    assert as_record(as_event(VALID[1])) == {**VALID[1], "local_world_size": None}  # optional, left out
+    assert as_record(as_event(VALID[2])) == VALID[2]
+    with pytest.raises(JournalError) as bad:
+        as_event({**VALID[2], "local_world_size": "2"})
+    assert bad.value.reason is schema.RejectReason.BAD_FIELD
     with pytest.raises(JournalError) as missing:
         as_event({k: v for k, v in VALID[1].items() if k != "world_size"})
     assert missing.value.reason is schema.RejectReason.MISSING_FIELD

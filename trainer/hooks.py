@@ -25,6 +25,7 @@ the journal counts its own failures.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
-from nvrx_slo.trainer.journal import Journal, open_journal
+from nvrx_slo.trainer.journal import Journal, int_env, open_journal
 
 log = logging.getLogger("nvrx_slo.hooks")
 
@@ -253,9 +254,11 @@ class Hooks:
 
     @classmethod
     def start(cls, world_size: int, journal_dir: str | None = None) -> Hooks:
-        """Open the journal (``journal_dir`` or ``$NVRX_SLO_JOURNAL_DIR``) and journal the start."""
+        """Open the journal (``journal_dir`` or ``$NVRX_SLO_JOURNAL_DIR``) and journal the start,
+        with the pod's worker count from the launcher's ``$LOCAL_WORLD_SIZE``."""
         hooks = cls(open_journal(journal_dir))
-        hooks.journal.emit(EventType.PROCESS_START, world_size=world_size)
+        hooks.journal.emit(EventType.PROCESS_START, world_size=world_size,
+                           local_world_size=int_env(os.environ, "LOCAL_WORLD_SIZE"))
         return hooks
 
     def step(self, step: int) -> StepTimer:

@@ -71,7 +71,7 @@ def _encode_payload(payload: dict[str, Any]) -> str:
     return out
 
 
-def _int_env(env: Mapping[str, str], name: str) -> int | None:
+def int_env(env: Mapping[str, str], name: str) -> int | None:
     value = env.get(name, "")
     return int(value) if value.strip().lstrip("-").isdigit() else None
 
@@ -101,10 +101,10 @@ class Identity:
             job=env.get("NVRX_SLO_JOB", ""),
             pod=pod,
             node=env.get("NODE_NAME", ""),
-            rank=None if launcher else (_int_env(env, "RANK") or 0),
-            local_rank=None if launcher else (_int_env(env, "LOCAL_RANK") or 0),
+            rank=None if launcher else (int_env(env, "RANK") or 0),
+            local_rank=None if launcher else (int_env(env, "LOCAL_RANK") or 0),
             pid=os.getpid(),
-            restart=_int_env(env, "TORCHELASTIC_RESTART_COUNT") or 0,
+            restart=int_env(env, "TORCHELASTIC_RESTART_COUNT") or 0,
         )
 
 

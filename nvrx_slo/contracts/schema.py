@@ -147,6 +147,14 @@ PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
     EventType.LAUNCHER_EXIT: {"code": (int,)},
 }
 
+# Payload fields a writer may leave out (a reader built later than its writer still reads it);
+# checked like the required ones when present (so they are nullable), ``None`` to a reader when absent.
+OPTIONAL_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
+    # local_world_size: the worker processes of this rank's pod (``LOCAL_WORLD_SIZE``), so a pod
+    # knows of ranks whose records it has not read yet.
+    EventType.PROCESS_START: {"local_world_size": _OPT_INT},
+}
+
 _TYPES = {t.value: t for t in EventType}
 
 # Every number a reader accepts lies within ±MAX_NUMBER (2**53: the integers a float holds
@@ -205,6 +213,9 @@ def validate(record: Any) -> dict[str, Any]:
         raise JournalError(RejectReason.UNKNOWN_TYPE, repr(record.get("type")))
     _check(record, COMMON_FIELDS)
     _check(record, PAYLOAD_FIELDS[event_type])
+    optional = OPTIONAL_FIELDS.get(event_type)
+    if optional:
+        _check(record, {name: types for name, types in optional.items() if name in record})
     return record
 
 
