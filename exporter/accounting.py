@@ -56,12 +56,16 @@ class RestartSink(Protocol):
 
     def ended(self, rank: int, key: str, end: float) -> None: ...
 
+    def relaunch(self, since: float, until: float) -> float | None:
+        """The instant the pod's own launcher last started workers in (``since``, ``until``], if it
+        did and was not itself started again in that stretch; else None."""
+
 
 class Ledger:
     """The accounted state of one rank. ``apply`` events in (mono, pid, seq) order."""
 
     __slots__ = ("rank", "first", "t", "state", "blocking", "fault", "fault_wall", "cause", "pid",
-                 "restart", "iter", "gen", "inproc", "fact", "fact_inprocess", "fact_reinit",
+                 "restart", "iter", "gen", "launch", "inproc", "fact", "fact_inprocess", "fact_reinit",
                  "seconds", "pool_steps", "pool_work", "pool_first", "pool_last", "pool_sum", "last_wall",
                  "verdicts")
 
@@ -78,6 +82,7 @@ class Ledger:
         self.restart = 0
         self.iter = 0
         self.gen = 0  # pod restarts seen
+        self.launch = "0"  # which start of the launcher made this process (keys its in-process restarts)
         self.inproc = 0  # in-process restarts in this pid
         self.fact: str | None = None  # key of the open restart
         self.fact_inprocess = False
@@ -146,16 +151,22 @@ class Ledger:
 
     def _new_process(self, ev: Event, sink: RestartSink) -> None:
         if ev.restart > self.restart:
-            level, key = RestartLevel.INJOB, f"injob/{self.gen}/{ev.restart}"
+            level, launch = RestartLevel.INJOB, str(ev.restart)
+        elif (relaunch := sink.relaunch(self.t, ev.mono)) is not None:
+            # Restarted by the same launcher without a failure of its own (another pod's worker
+            # failed, or a pod joined: a new rendezvous round), which keeps the restart count.
+            level, launch = RestartLevel.INJOB, f"{ev.restart}@{relaunch!r}"
+            self.cause = self.cause or "restarted by its launcher for a new rendezvous round"
         else:
             self.gen += 1
-            level, key = RestartLevel.POD, f"pod/{self.gen}"
-        self._begin(key, level, sink, inprocess=False)
-        self.pid, self.restart, self.iter, self.inproc = ev.pid, ev.restart, ev.iter, 0
+            level, launch = RestartLevel.POD, str(ev.restart)
+        self._begin(f"injob/{self.gen}/{launch}" if level is RestartLevel.INJOB else f"pod/{self.gen}",
+                    level, sink, inprocess=False)
+        self.pid, self.restart, self.iter, self.inproc, self.launch = ev.pid, ev.restart, ev.iter, 0, launch
 
     def _inprocess(self, sink: RestartSink) -> None:
         self.inproc += 1
-        self._begin(f"inprocess/{self.gen}/{self.restart}/{self.inproc}", RestartLevel.INPROCESS, sink, inprocess=True)
+        self._begin(f"inprocess/{self.gen}/{self.launch}/{self.inproc}", RestartLevel.INPROCESS, sink, inprocess=True)
 
     # --- events ------------------------------------------------------------------------------
     def apply(self, ev: Event, sink: RestartSink) -> None:
@@ -172,6 +183,7 @@ class Ledger:
         if self.first is None:
             self.first = self.t = min(mono, ev.start) if kind in SPAN_EVENTS else mono
             self.pid, self.restart, self.iter, self.last_wall = ev.pid, ev.restart, ev.iter, ev.wall
+            self.launch = str(ev.restart)
         elif ev.pid != self.pid:
             self._new_process(ev, sink)
         elif (ev.iter > self.iter or kind in _INPROCESS_FAULT) and not (

@@ -117,6 +117,17 @@ class Restarts:
         if len(self.launcher) > LAUNCHER_KEPT:
             del self.launcher[0]
 
+    def relaunch(self, since: float, until: float) -> float | None:
+        started = None
+        for mono, kind in self.launcher[bisect_left(self.launcher, (since, "\uffff")):]:
+            if mono > until:
+                break
+            if kind == "launcher_start":
+                return None
+            if kind == "launcher_worker_start":
+                started = mono
+        return started
+
     # --- records -------------------------------------------------------------------------------
     def _first_launcher(self, kind: str, after: float, until: float | None) -> float | None:
         for mono, k in self.launcher[bisect_left(self.launcher, (after, "")):]:

@@ -179,3 +179,28 @@ def killed_from_outside(raised: bool = False) -> Pod:
         p.end(9.5)
     launcher.ev("launcher_exit", 10.0, code=0)
     return pod
+
+
+def survivor_of_another_pods_fault() -> Pod:
+    """One pod of a two-pod job (rank 0 here) whose peer pod's worker died: steps 1-3 of 1 s from
+    2.0, then rank 0's step 4 fails at 5.4 (its collective lost the peer). Its own launcher saw no
+    failure: it stops its worker for the new rendezvous round (exit 5.8, terminated 5.9) and starts
+    it again (7.0) with the restart count unchanged; the new process restores nothing and steps
+    from 8.0, exiting at 9.5."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    old = pod.proc(0)
+    old.start(1.0, world_size=2, local_world_size=1)
+    _steps([old], 1, 3, 2.0)  # -> 5.0
+    old.ev("step_failed", 5.4, step=4, start=5.0, error="DistBackendError: peer gone")
+    launcher.ev("launcher_worker_exit", 5.8, worker_pid=old.pid)
+    for kind, mono in (("launcher_workers_terminated", 5.9), ("launcher_rendezvous_start", 6.0),
+                       ("launcher_rendezvous_done", 6.8), ("launcher_worker_start", 7.0)):
+        launcher.ev(kind, mono)
+    new = pod.proc(0)
+    new.start(7.2, world_size=2, local_world_size=1)
+    new.restore(None, 7.5, 7.6)
+    new.step(1, 8.0, 9.0)
+    new.end(9.5)
+    launcher.ev("launcher_exit", 10.0, code=0)
+    return pod

@@ -417,3 +417,66 @@ def test_a_pod_whose_ranks_do_not_say_their_count_finishes_on_the_ranks_read():
     for record in pod.records:
         record.pop("local_world_size", None)
     assert run(pod, 100.0).finished
+
+
+def test_a_survivor_restarted_by_its_own_launcher_is_an_in_job_restart_not_a_pod_restart():
+    """A pod whose peer pod failed: its launcher restarts its worker for a new rendezvous round and
+    keeps the restart count. The same launcher (no new launcher_start) means in-job, from the
+    rank's own fault (the failed step) to its first step again."""
+    snap = run(scenarios.survivor_of_another_pods_fault(), 100.0)
+    assert snap.finished
+    counts = snap.restarts.counts
+    assert (counts[RestartLevel.INJOB], counts[RestartLevel.POD], counts[RestartLevel.INPROCESS]) == (1, 0, 0)
+    (record,) = snap.restarts.recent
+    assert record.duration_s == pytest.approx(8.0 - 5.4)
+    assert set(record.phases) >= {RestartPhase.TEARDOWN, RestartPhase.RENDEZVOUS}
+    check_invariant(snap)
+
+
+def test_a_second_relaunch_with_the_same_restart_count_is_a_second_restart():
+    """Each rendezvous round its launcher starts the worker in is its own restart (a folded key is
+    never reused), and a new launcher (a container restart) is a pod restart."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    t = 1.0
+    for _ in range(3):  # three processes under one launcher, restart count 0 throughout
+        proc = pod.proc(0)
+        proc.start(t, world_size=2, local_world_size=1)
+        proc.step(1, t + 1.0, t + 2.0)
+        proc.ev("step_failed", t + 2.5, step=2, start=t + 2.0, error="DistBackendError: peer gone")
+        launcher.ev("launcher_worker_exit", t + 2.6, worker_pid=proc.pid)
+        launcher.ev("launcher_worker_start", t + 3.0)
+        t += 3.2
+    pod.launcher(t)  # the container restarted: a new launcher, a new process
+    proc = pod.proc(0)
+    proc.start(t + 0.5, world_size=2, local_world_size=1)
+    proc.step(1, t + 1.0, t + 2.0)
+    proc.step(2, t + 2.0, t + 3.0)  # a reorder window after the start: it is applied
+    snap = run(pod, t + 10.0)
+    counts = snap.restarts.counts
+    assert (counts[RestartLevel.INJOB], counts[RestartLevel.POD]) == (2, 1)
+
+
+def test_in_process_restarts_of_a_relaunched_process_count_as_well():
+    """The relaunched process keeps the restart count and starts its Wrapper iterations from 0
+    again: its in-process restart is a new one, not the earlier process's again."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    t = 1.0
+    for _ in range(2):
+        proc = pod.proc(0)
+        proc.start(t, world_size=2, local_world_size=1)
+        proc.step(1, t + 1.0, t + 2.0)
+        proc.ev("inprocess_abort", t + 2.2)
+        proc.iter = 1
+        proc.ev("inprocess_initialize", t + 2.4)
+        proc.step(1, t + 2.5, t + 3.0)
+        launcher.ev("launcher_worker_exit", t + 3.1, worker_pid=proc.pid)
+        launcher.ev("launcher_worker_start", t + 3.5)
+        t += 3.7
+    proc = pod.proc(0)
+    proc.start(t, world_size=2, local_world_size=1)
+    proc.step(1, t + 1.0, t + 2.0)
+    proc.step(2, t + 2.0, t + 3.0)
+    counts = run(pod, t + 10.0).restarts.counts
+    assert (counts[RestartLevel.INPROCESS], counts[RestartLevel.INJOB]) == (2, 2)
