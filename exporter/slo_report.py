@@ -32,6 +32,12 @@ def _mean(hist: Histogram) -> float | None:
     return hist.sum / hist.count if hist.count else None
 
 
+def _scope(pods: str) -> str:
+    """``pod a`` for a pod's snapshot; ``2 pods (a, b)`` for a job's (``job.job_snapshot``)."""
+    names = [printable(name) for name in pods.split(", ")] if pods else ["?"]
+    return f"pod {names[0]}" if len(names) == 1 else f"{len(names)} pods ({', '.join(names)})"
+
+
 def breakdown(snap: Snapshot) -> dict[Category, float]:
     """Rank-seconds per category, unprotected included: the values sum to ``snap.wall_s``."""
     seconds = snap.seconds
@@ -41,8 +47,7 @@ def breakdown(snap: Snapshot) -> dict[Category, float]:
 def render(snap: Snapshot, targets: Targets) -> str:
     wall = snap.wall_s
     lines = [
-        f"nvrx-slo SLO report — job {printable(snap.job) or '?'}, pod {printable(snap.pod) or '?'}, "
-        f"{len(snap.ranks)} rank(s)"
+        f"nvrx-slo SLO report — job {printable(snap.job) or '?'}, {_scope(snap.pod)}, {len(snap.ranks)} rank(s)"
         f"{', finished' if snap.finished else ', running'}",
         "",
         f"Efficiency (productive / wall): {_ratio(snap.efficiency)}",

@@ -1,0 +1,128 @@
+"""One job from its pods' snapshots: what a person reads after a run of many pods.
+
+Each pod's sidecar accounts only its own ranks, and its snapshot is the truth about them; the job
+is their sum. Time adds up (rank-seconds of every pod), and so do the checkpoint histograms
+(rank-seconds of blocking and background). Restarts do not: a job in lock step restarts every
+pod at each fault, and each pod records its share — the failed pod an in-job restart, a survivor
+an in-process attempt and then an in-job restart by its launcher's new rendezvous round. The job
+had one restart: the pods' records whose spans overlap, from the earliest fault any pod saw to
+the last rank back to training, at the most disruptive level any pod needed.
+
+The restarts come from each snapshot's ``restarts.recent`` (the newest ``restarts.RECENT`` per
+pod): a report over a long job's full history replays its journals instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from nvrx_slo.contracts.catalogue import RESTART_BUCKETS, Category, RestartLevel, RestartPhase
+from nvrx_slo.exporter import derived
+from nvrx_slo.exporter.histogram import Buckets
+from nvrx_slo.exporter.snapshot import CheckpointStats, Histogram, RestartRecord, RestartStats, Snapshot
+
+_DISRUPTION = (RestartLevel.INPROCESS, RestartLevel.INJOB, RestartLevel.POD)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRestart:
+    record: RestartRecord  # job level: earliest fault, the last pod back; ``ranks`` summed
+    pods: tuple[str, ...]  # the pods whose records it merges, in fault order
+
+
+def merge_restarts(pods: Sequence[Snapshot]) -> list[JobRestart]:
+    """The pods' restart records, one per job restart (overlapping spans merged), oldest first.
+
+    A record still in progress (``duration_s`` None) stays open: every later record joins it.
+    Phases are those of the pod that came back last, its detect phase widened by however much
+    earlier the job's first fault was, so they still sum to the job's duration.
+    """
+    records = sorted(((r, snap.pod) for snap in pods for r in snap.restarts.recent), key=lambda x: x[0].fault_wall)
+    groups: list[list[tuple[RestartRecord, str]]] = []
+    end = float("-inf")
+    for record, pod in records:
+        if groups and record.fault_wall <= end:
+            groups[-1].append((record, pod))
+        else:
+            groups.append([(record, pod)])
+            end = float("-inf")
+        end = max(end, float("inf") if record.duration_s is None else record.fault_wall + record.duration_s)
+    return [_merged(group) for group in groups]
+
+
+def _merged(group: list[tuple[RestartRecord, str]]) -> JobRestart:
+    first = group[0][0]
+    level = max((r.level for r, _ in group), key=_DISRUPTION.index)
+    if any(r.duration_s is None for r, _ in group):
+        duration, phases = None, {}
+    else:
+        last = max((r for r, _ in group), key=lambda r: r.fault_wall + (r.duration_s or 0.0))
+        duration = last.fault_wall + (last.duration_s or 0.0) - first.fault_wall
+        lead = last.fault_wall - first.fault_wall
+        phases = {phase: last.phases.get(phase, 0.0) + (lead if phase is RestartPhase.DETECT else 0.0)
+                  for phase in RestartPhase if phase in last.phases or (phase is RestartPhase.DETECT and lead)}
+    cause = next((r.cause for r, _ in group if r.cause), None)
+    record = RestartRecord(level, cause, first.fault_wall, duration, phases, sum(r.ranks for r, _ in group))
+    return JobRestart(record, tuple(dict.fromkeys(pod for _, pod in group)))
+
+
+def _hist_sum(hists: Sequence[Histogram]) -> Histogram:
+    return Histogram(hists[0].bounds, tuple(map(sum, zip(*(h.counts for h in hists), strict=True))),
+                     sum(h.sum for h in hists), sum(h.count for h in hists))
+
+
+def _restart_stats(restarts: list[JobRestart], elapsed: float) -> RestartStats:
+    duration = {level: Buckets(RESTART_BUCKETS) for level in RestartLevel}
+    phases = {(lv, ph): Buckets(RESTART_BUCKETS) for lv in RestartLevel for ph in RestartPhase}
+    counts = {level: 0 for level in RestartLevel}
+    for job_restart in restarts:
+        r = job_restart.record
+        counts[r.level] += 1
+        if r.duration_s is not None:
+            duration[r.level].observe(r.duration_s)
+        for phase, seconds in r.phases.items():
+            phases[(r.level, phase)].observe(seconds)
+    return RestartStats(counts, {k: b.frozen() for k, b in duration.items()},
+                        {k: b.frozen() for k, b in phases.items()}, derived.mtbf(elapsed, len(restarts)),
+                        tuple(r.record for r in restarts), None)
+
+
+def job_snapshot(pods: Sequence[Snapshot]) -> Snapshot:
+    """The job as one snapshot (every pod's ranks; ``pod`` lists the pods), for the same views.
+
+    A save is durable for the job once every pod's share is, so the job counts the fewest saves
+    any pod counted. A pod-level estimate that does not add up across pods (the ETTR prediction,
+    checkpoint age and interval, the Young/Daly interval, journal lag) is left out (None); the
+    readers' counts are summed.
+    """
+    if not pods:
+        raise ValueError("a job needs at least one pod's snapshot")
+    ranks = tuple(sorted((r for snap in pods for r in snap.ranks), key=lambda r: r.rank))
+    starts = [snap.job_start_wall for snap in pods if snap.job_start_wall is not None]
+    elapsed = max((snap.now_wall for snap in pods), default=0.0) - min(starts, default=0.0)
+    restarts = merge_restarts(pods)
+    cks = [snap.checkpoints for snap in pods]
+    blocking, background = _hist_sum([c.blocking for c in cks]), _hist_sum([c.background for c in cks])
+    both = blocking.sum + background.sum
+    wall = sum(r.wall_s for r in ranks)
+    blocked = sum(r.seconds[Category.CHECKPOINT_BLOCKING] for r in ranks)
+    successes = [c for c in cks if c.last_success_wall is not None]
+    newest = max(successes, key=lambda c: c.last_success_wall or 0.0) if successes else None
+    checkpoints = CheckpointStats(
+        saves=min(c.saves for c in cks), failures=max(c.failures for c in cks),
+        in_flight=max(c.in_flight for c in cks), bytes_total=sum(c.bytes_total for c in cks),
+        blocking=blocking, background=background, overlap_ratio=background.sum / both if both > 0 else None,
+        blocking_fraction=blocked / wall if wall > 0 else None,
+        last_success_wall=None if newest is None else newest.last_success_wall,
+        last_success_step=None if newest is None else newest.last_success_step,
+        age_s=None, interval_s=None, optimal_interval_s=None, recent=())
+    return Snapshot(
+        now_mono=max(snap.now_mono for snap in pods), now_wall=max(snap.now_wall for snap in pods),
+        job=pods[0].job, pod=", ".join(snap.pod for snap in pods), node=", ".join(snap.node for snap in pods),
+        job_start_wall=min(starts, default=None), finished=all(snap.finished for snap in pods), ranks=ranks,
+        checkpoints=checkpoints, restarts=_restart_stats(restarts, elapsed), predicted_efficiency=None,
+        events_accepted=sum(snap.events_accepted for snap in pods), duplicates=sum(s.duplicates for s in pods),
+        out_of_order=sum(s.out_of_order for s in pods), late=sum(s.late for s in pods),
+        implausible=sum(s.implausible for s in pods), records_lost=sum(s.records_lost for s in pods),
+        journal_lag_s=None)

@@ -1,0 +1,81 @@
+"""The job from its pods' snapshots: time adds up, one restart per fault however many pods saw it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.exporter import job, slo_report
+from nvrx_slo.exporter.snapshot import RestartRecord, Snapshot
+from snapshot_fixtures import TARGETS, rank, snapshot
+
+T0 = 1.7e9
+IN, IJ, POD = RestartLevel.INPROCESS, RestartLevel.INJOB, RestartLevel.POD
+D, TD, RV, RI, RS = RestartPhase.DETECT, RestartPhase.TEARDOWN, RestartPhase.RENDEZVOUS, RestartPhase.REINIT, \
+    RestartPhase.RESTORE
+
+
+def pod(name: str, ranks: list[int], records: list[RestartRecord], **kw: object) -> Snapshot:
+    snap = snapshot(pod=name, ranks=tuple(rank(r) for r in ranks), **kw)
+    return dataclasses.replace(snap, restarts=dataclasses.replace(snap.restarts, recent=tuple(records)))
+
+
+def rec(level: RestartLevel, fault: float, duration: float | None, phases: dict | None = None,
+        cause: str | None = None) -> RestartRecord:
+    return RestartRecord(level, cause, T0 + fault, duration, phases or {}, 1)
+
+
+def test_one_fault_seen_by_every_pod_is_one_restart_at_the_most_disruptive_level():
+    """Pod 1's worker crashed (in-job); pod 0's rank failed its collective, tried in-process, and its
+    launcher restarted it for the new rendezvous round (in-job); pod 2 was restarted by its
+    launcher only. One restart: pod 1's fault to the last pod back."""
+    pods = [pod("pod-0", [0], [rec(IN, 10.1, 1.5, cause="RuntimeError: gloo"),
+                               rec(IJ, 11.8, 11.0, {TD: 0.3, RV: 1.3, RI: 5.4, RS: 4.0})]),
+            pod("pod-1", [1], [rec(IJ, 10.0, 12.5, {D: 0.5, TD: 0.1, RV: 2.9, RI: 5.0, RS: 4.0},
+                                   cause="fault_injected: crash")]),
+            pod("pod-2", [2], [rec(IJ, 10.4, 12.2, {TD: 0.4, RV: 2.0, RI: 5.0, RS: 4.8})])]
+    (merged,) = job.merge_restarts(pods)
+    r = merged.record
+    assert (r.level, r.fault_wall, r.cause, merged.pods) == (IJ, T0 + 10.0, "fault_injected: crash",
+                                                             ("pod-1", "pod-0", "pod-2"))
+    assert r.duration_s == pytest.approx(22.8 - 10.0)  # pod 0 came back last, at 11.8 + 11.0
+    assert sum(r.phases.values()) == pytest.approx(r.duration_s)
+    assert list(r.phases) == [D, TD, RV, RI, RS]  # pod 0 had no detect phase: the job's lead-in is it
+    assert r.phases[D] == pytest.approx(1.8) and r.phases[RI] == pytest.approx(5.4)
+
+
+def test_faults_apart_are_restarts_apart_and_an_open_one_takes_every_later_record():
+    pods = [pod("pod-0", [0], [rec(IN, 10.0, 2.0), rec(IJ, 50.0, 5.0), rec(IJ, 80.0, None)]),
+            pod("pod-1", [1], [rec(IN, 10.2, 1.9), rec(IJ, 50.1, 4.0), rec(IJ, 200.0, 3.0)])]
+    merged = job.merge_restarts(pods)
+    assert [(m.record.level, m.record.fault_wall - T0, m.record.duration_s) for m in merged] == [
+        (IN, 10.0, pytest.approx(2.1)), (IJ, 50.0, pytest.approx(5.0)), (IJ, 80.0, None)]
+    assert merged[-1].pods == ("pod-0", "pod-1")
+
+
+def test_the_job_snapshot_adds_up_its_pods_and_counts_restarts_once():
+    pods = [pod("pod-0", [0, 1], [rec(IJ, 10.0, 3.0)], finished=True),
+            pod("pod-1", [2, 3], [rec(IJ, 10.1, 4.0)], finished=True)]
+    snap = job.job_snapshot(pods)
+    assert [r.rank for r in snap.ranks] == [0, 1, 2, 3] and snap.finished
+    assert snap.wall_s == sum(p.wall_s for p in pods)
+    assert snap.seconds[Category.PRODUCTIVE] == sum(p.seconds[Category.PRODUCTIVE] for p in pods)
+    assert snap.efficiency == pytest.approx(sum(p.seconds[Category.PRODUCTIVE] for p in pods) / snap.wall_s)
+    assert snap.restarts.counts[IJ] == 1 and snap.restarts.duration[IJ].sum == pytest.approx(4.1)
+    assert snap.checkpoints.blocking.count == 2 * pods[0].checkpoints.blocking.count
+    assert not job.job_snapshot([pods[0], dataclasses.replace(pods[1], finished=False)]).finished
+
+
+def test_the_job_report_names_its_pods_and_judges_the_job():
+    pods = [pod("pod-0", [0], [rec(IJ, 10.0, 3.0)]), pod("pod-1", [1], [rec(IJ, 10.1, 30.0)])]
+    text = slo_report.render(job.job_snapshot(pods), TARGETS)
+    assert "2 pods (pod-0, pod-1), 2 rank(s)" in text
+    assert "injob     1 restart(s), mean 30.10 s" in text
+    assert "FAIL     recovery latency: 0.0%" in text
+
+
+def test_a_job_of_no_pods_is_an_error():
+    with pytest.raises(ValueError, match="at least one pod"):
+        job.job_snapshot([])
