@@ -34,6 +34,7 @@ class JobRestart:
 def merge_restarts(pods: Sequence[Snapshot]) -> list[JobRestart]:
     """The pods' restart records, one per job restart (overlapping spans merged), oldest first.
 
+    Its fault is the earliest journaled fault instant among them (else the earliest bound).
     A record still in progress (``duration_s`` None) stays open: every later record joins it.
     Phases are those of the pod that came back last, its detect phase widened by however much
     earlier the job's first fault was, so they still sum to the job's duration.
@@ -52,19 +53,34 @@ def merge_restarts(pods: Sequence[Snapshot]) -> list[JobRestart]:
 
 
 def _merged(group: list[tuple[RestartRecord, str]]) -> JobRestart:
-    first = group[0][0]
+    # a journaled fault instant is the true one; a pod's last record before it only bounds it
+    first = next((r for r, _ in group if r.fault_journaled), group[0][0])
     level = max((r.level for r, _ in group), key=_DISRUPTION.index)
     if any(r.duration_s is None for r, _ in group):
         duration, phases = None, {}
     else:
         last = max((r for r, _ in group), key=lambda r: r.fault_wall + (r.duration_s or 0.0))
         duration = last.fault_wall + (last.duration_s or 0.0) - first.fault_wall
-        lead = last.fault_wall - first.fault_wall
-        phases = {phase: last.phases.get(phase, 0.0) + (lead if phase is RestartPhase.DETECT else 0.0)
-                  for phase in RestartPhase if phase in last.phases or (phase is RestartPhase.DETECT and lead)}
-    cause = next((r.cause for r, _ in group if r.cause), None)
-    record = RestartRecord(level, cause, first.fault_wall, duration, phases, sum(r.ranks for r, _ in group))
+        phases = _phases_since(last, first.fault_wall)
+    cause = first.cause or next((r.cause for r, _ in group if r.cause), None)
+    record = RestartRecord(level, cause, first.fault_wall, duration, phases, sum(r.ranks for r, _ in group),
+                           first.fault_journaled)
     return JobRestart(record, tuple(dict.fromkeys(pod for _, pod in group)))
+
+
+def _phases_since(last: RestartRecord, fault_wall: float) -> dict[RestartPhase, float]:
+    """``last``'s phases from the job's fault on: its detect phase takes the lead when that pod's
+    fault came later; when it came earlier (a bound), its first phases lose the excess."""
+    lead = last.fault_wall - fault_wall
+    phases = {phase: last.phases.get(phase, 0.0) + (max(lead, 0.0) if phase is RestartPhase.DETECT else 0.0)
+              for phase in RestartPhase if phase in last.phases or (phase is RestartPhase.DETECT and lead > 0)}
+    excess = -lead
+    for phase, seconds in phases.items():
+        if excess <= 0:
+            break
+        phases[phase] = max(0.0, seconds - excess)
+        excess -= seconds
+    return phases
 
 
 def _hist_sum(hists: Sequence[Histogram]) -> Histogram:

@@ -141,7 +141,7 @@ class Restarts:
         # a journaled fault instant (injected, a step that raised, a worker's exit) is the true one;
         # a rank's last event only bounds it from below
         order = sorted(rec.faults, key=lambda r: (not rec.faults[r][2], rec.faults[r][0], r))
-        fault, fault_wall, _ = rec.faults[order[0]]
+        fault, fault_wall, journaled = rec.faults[order[0]]
         end = max(rec.ends.values()) if rec.done() else None
         instants: dict[RestartPhase, float | None] = {}
         launcher = _LAUNCHER_MARKS.get(rec.level)
@@ -162,7 +162,7 @@ class Restarts:
             prev = at
         cause = next((rec.causes[r] for r in order if r in rec.causes), None)  # the faulting rank's first
         return RestartRecord(rec.level, cause, fault_wall, None if end is None else end - fault, phases,
-                             len(rec.faults))
+                             len(rec.faults), journaled)
 
     def _observe(self, record: RestartRecord, duration: dict[RestartLevel, Buckets],
                  phases: dict[tuple[RestartLevel, RestartPhase], Buckets]) -> None:
@@ -240,7 +240,7 @@ class Restarts:
             "duration": {lv.value: b.to_state() for lv, b in self.duration.items()},
             "phases": {f"{lv.value}/{ph.value}": b.to_state() for (lv, ph), b in self.phases.items()},
             "recent": [[r.level.value, r.cause, r.fault_wall, r.duration_s,
-                        {ph.value: s for ph, s in r.phases.items()}, r.ranks] for r in self.recent],
+                        {ph.value: s for ph, s in r.phases.items()}, r.ranks, r.fault_journaled] for r in self.recent],
             "launcher": [list(x) for x in self.launcher],
             "ended_since_fold": self.ended_since_fold,
         }
@@ -261,8 +261,8 @@ class Restarts:
             level, phase = key.split("/")
             out.phases[(RestartLevel(level), RestartPhase(phase))] = Buckets.from_state(RESTART_BUCKETS, value)
         out.recent = deque((RestartRecord(RestartLevel(lv), cause, fw, d, {RestartPhase(p): s for p, s in ph.items()},
-                                          n)
-                            for lv, cause, fw, d, ph, n in state["recent"]), maxlen=RECENT)
+                                          n, bool(journaled))
+                            for lv, cause, fw, d, ph, n, journaled in state["recent"]), maxlen=RECENT)
         out.launcher = [(float(m), str(k)) for m, k in state["launcher"]]
         out.ended_since_fold = bool(state["ended_since_fold"])
         return out

@@ -108,6 +108,7 @@ class RestartRecord:
     duration_s: float | None  # fault -> first step of the restarted loop; None while in progress
     phases: Mapping[RestartPhase, float]  # only the phases whose boundaries were journaled
     ranks: int
+    fault_journaled: bool  # the fault's instant was journaled (else a rank's last record before it: a bound)
 
 
 @dataclass(frozen=True)

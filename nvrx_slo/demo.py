@@ -1,5 +1,8 @@
 """``nvrx-slo demo``: the reference job with the real sidecar beside it, ending in the SLO report.
 
+With ``--pods N`` the job runs as N pods, each a launcher with its own journal and sidecar, and
+the report is the job's: every pod's sidecar accounting, added up by ``exporter/job.py``.
+
 It spans the rooms, so it lives here rather than in ``trainer/`` (which may not import the
 exporter) or ``exporter/`` (which may not import torch): the job is ``nvrx_slo.trainer.demo.run_demo``, the
 sidecar is the ``nvrx-slo sidecar`` process a pod would run, and what is printed at the end is
@@ -20,7 +23,10 @@ import urllib.request
 from pathlib import Path
 
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter import progress, report
+from nvrx_slo.exporter import job as job_view
+from nvrx_slo.exporter import progress, report, slo_report, state_store
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.snapshot import Snapshot
 from nvrx_slo.trainer import demo as job
 
 _SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")
@@ -30,14 +36,16 @@ class _Sidecar:
     """``nvrx-slo sidecar`` on a free loopback port, following a journal directory."""
 
     def __init__(self, run_dir: Path, journal_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.journal_dir = journal_dir
         self.report_file = run_dir / "slo-report.txt"
+        self.state_file = run_dir / "sidecar-state.json"
         self.log_path = run_dir / "sidecar.log"
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir), "--host", "127.0.0.1",
-             "--port", "0", "--state-file", str(run_dir / "sidecar-state.json"),
-             "--report-file", str(self.report_file)],
+             "--port", "0", "--state-file", str(self.state_file), "--report-file", str(self.report_file)],
             stdout=subprocess.DEVNULL, stderr=self._log, env=env)
         self.url = self._wait_for_url()
 
@@ -73,6 +81,20 @@ class _Sidecar:
             raise RuntimeError(f"the sidecar wrote no SLO report; see {self.log_path}")
         return self.report_file.read_text()
 
+    def snapshot(self) -> Snapshot:
+        """What the stopped sidecar had accounted, from the state it saved on its way out."""
+        parts = state_store.load(self.state_file, self.journal_dir)
+        if parts is None:
+            raise RuntimeError(f"the sidecar saved no state; see {self.log_path}")
+        return Engine.from_state(parts["engine"]).snapshot(time.monotonic(), time.time())
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
 
 def main(argv: list[str], targets: Targets) -> int:
     parser = argparse.ArgumentParser(prog="nvrx-slo demo", description=__doc__.splitlines()[0])
@@ -81,6 +103,9 @@ def main(argv: list[str], targets: Targets) -> int:
                         help="a fresh directory for the journal, checkpoints, logs and reports "
                              "(default: runs/demo-<time>)")
     parser.add_argument("--steps", type=int, default=50, help="training steps (default: 50)")
+    parser.add_argument("--pods", type=_positive, default=1,
+                        help="pods of the job, each one launcher with its own journal and sidecar: 1 runs "
+                             "2 ranks in one pod, N > 1 one rank in each of N pods (default: 1)")
     args = parser.parse_args(argv)
     last_fault = max(f.step for f in job.DEFAULT_FAULTS)
     if args.steps <= last_fault:
@@ -88,22 +113,34 @@ def main(argv: list[str], targets: Targets) -> int:
 
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    journal_dir = run_dir / "journal"
+    pods = args.pods
     faults = ", ".join(f"{f.kind} at step {f.step}" for f in job.DEFAULT_FAULTS)
-    print(f"nvrx-slo demo: 2 CPU ranks under ft_launcher, {faults}; run directory {run_dir}", flush=True)
-    sidecar = _Sidecar(run_dir, journal_dir)
-    print(f"sidecar: {sidecar.url}/ (status page), {sidecar.url}/metrics", flush=True)
+    shape = "2 CPU ranks under ft_launcher" if pods == 1 else f"{pods} pods of 1 CPU rank, each under ft_launcher"
+    print(f"nvrx-slo demo: {shape}, {faults}; run directory {run_dir}", flush=True)
+    journal_dirs = job.journal_dirs(run_dir, pods)
+    sidecars = [_Sidecar(run_dir if pods == 1 else d.parent, d) for d in journal_dirs]
+    for sidecar, journal_dir in zip(sidecars, journal_dirs, strict=True):
+        print(f"sidecar of {journal_dir}: {sidecar.url}/ (status page), {sidecar.url}/metrics", flush=True)
     try:
-        with progress.Progress(journal_dir):
-            result = job.run_demo(run_dir, steps=args.steps)
+        with progress.Progress(journal_dirs[0]):
+            result = job.run_demo(run_dir, steps=args.steps, pods=pods)
     finally:
-        records = job.read_journal(journal_dir) if journal_dir.exists() else []
-        slo_report = sidecar.stop(len(records))
+        records = [job.read_journal(d) if d.exists() else [] for d in journal_dirs]
+        slo_reports = [sidecar.stop(len(r)) for sidecar, r in zip(sidecars, records, strict=True)]
     print()
-    print(job.format_summary(job.summarize(records)))
+    print(job.format_summary(job.summarize([r for pod in records for r in pod])))
     print()
-    print(slo_report, end="")
-    print(f"\nHTML report with a timeline: {report.write(journal_dir, run_dir / 'report.html', targets)}")
+    if pods == 1:
+        print(slo_reports[0], end="")
+        print(f"\nHTML report with a timeline: {report.write(journal_dirs[0], run_dir / 'report.html', targets)}")
+    else:
+        snapshots = [sidecar.snapshot() for sidecar in sidecars]
+        for snap, sidecar in zip(snapshots, sidecars, strict=True):
+            eff = "—" if snap.efficiency is None else f"{100 * snap.efficiency:.2f}%"
+            print(f"{snap.pod}: {len(snap.ranks)} rank(s), efficiency {eff}, "
+                  f"{'finished' if snap.finished else 'running'}; its sidecar's report: {sidecar.report_file}")
+        print()
+        print(slo_report.render(job_view.job_snapshot(snapshots), targets), end="")
     if result.returncode != 0:
         print(f"the job failed (exit code {result.returncode}); see {result.log_path}", file=sys.stderr)
     return result.returncode

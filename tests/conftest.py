@@ -35,7 +35,7 @@ def demo_command(tmp_path_factory: pytest.TempPathFactory) -> DemoCommand:
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
     proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", "--run-dir", str(run_dir)],
                           capture_output=True, text=True, timeout=600, env=env)
-    result = DemoResult(run_dir, run_dir / "journal", run_dir / "checkpoints", run_dir / "demo.log", proc.returncode)
+    result = DemoResult(run_dir, (run_dir / "journal",), run_dir / "checkpoints", run_dir / "demo.log", proc.returncode)
     return DemoCommand(result, proc.stdout, proc.stderr)
 
 

@@ -46,7 +46,7 @@ def snapshot(n_ranks: int = 2, **kw: object) -> Snapshot:
                 for lv in levels for ph in RestartPhase},
         mtbf_s=200.0,
         recent=(RestartRecord(RestartLevel.INJOB, "SIGKILL", 1.7e9 + 50, 3.0,
-                              {ph: 0.5 for ph in RestartPhase}, n_ranks),),
+                              {ph: 0.5 for ph in RestartPhase}, n_ranks, True),),
         launcher_remaining=2,
     )
     checkpoints = CheckpointStats(

@@ -23,8 +23,8 @@ def pod(name: str, ranks: list[int], records: list[RestartRecord], **kw: object)
 
 
 def rec(level: RestartLevel, fault: float, duration: float | None, phases: dict | None = None,
-        cause: str | None = None) -> RestartRecord:
-    return RestartRecord(level, cause, T0 + fault, duration, phases or {}, 1)
+        cause: str | None = None, journaled: bool = True) -> RestartRecord:
+    return RestartRecord(level, cause, T0 + fault, duration, phases or {}, 1, journaled)
 
 
 def test_one_fault_seen_by_every_pod_is_one_restart_at_the_most_disruptive_level():
@@ -79,3 +79,17 @@ def test_the_job_report_names_its_pods_and_judges_the_job():
 def test_a_job_of_no_pods_is_an_error():
     with pytest.raises(ValueError, match="at least one pod"):
         job.job_snapshot([])
+
+
+def test_a_journaled_fault_starts_the_job_restart_not_a_survivors_last_record_before_it():
+    """The survivor's in-process restart began at its last step's end (a bound, journaled nothing
+    of the fault); the failing pod journaled its exception later. The job's fault is the exception."""
+    pods = [pod("pod-0", [0], [rec(IN, 47.3, 3.5, {D: 1.3, RS: 2.2}, cause="RuntimeError: gloo timeout",
+                                   journaled=False)]),
+            pod("pod-1", [1], [rec(IN, 47.6, 3.1, {D: 1.0, RS: 2.1}, cause="fault_injected: exception")])]
+    (merged,) = job.merge_restarts(pods)
+    r = merged.record
+    assert (r.fault_wall, r.cause, r.fault_journaled) == (T0 + 47.6, "fault_injected: exception", True)
+    assert r.duration_s == pytest.approx(50.8 - 47.6)  # pod 0 back last, at 47.3 + 3.5
+    assert r.phases == {D: pytest.approx(1.0), RS: pytest.approx(2.2)}  # pod 0's, less the 0.3 s before 47.6
+    assert sum(r.phases.values()) == pytest.approx(r.duration_s)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,52 +32,83 @@ _FLAGS = {"crash": "--crash-at", "exception": "--raise-at", "hang": "--hang-at"}
 @dataclasses.dataclass(frozen=True)
 class DemoResult:
     run_dir: Path
-    journal_dir: Path
-    checkpoint_dir: Path
-    log_path: Path  # the launcher's and ranks' combined output
-    returncode: int
+    journal_dirs: tuple[Path, ...]  # one per pod, each followed by its own sidecar
+    checkpoint_dir: Path  # shared by every pod, as a job's checkpoint volume is
+    log_path: Path  # the launchers' and ranks' combined output
+    returncode: int  # the first non-zero exit among the pods' launchers, else 0
+
+    @property
+    def journal_dir(self) -> Path:
+        """The journal of a one-pod run."""
+        (journal_dir,) = self.journal_dirs
+        return journal_dir
+
+
+def journal_dirs(run_dir: Path, pods: int) -> tuple[Path, ...]:
+    """Where a run's pods journal: ``run_dir/journal``, or ``run_dir/pod-<i>/journal`` for several."""
+    return (run_dir / "journal",) if pods == 1 else tuple(run_dir / f"pod-{i}" / "journal" for i in range(pods))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: int = 50,
-             checkpoint_every: int = 10, extra_args: Sequence[str] = (),
+             checkpoint_every: int = 10, pods: int = 1, extra_args: Sequence[str] = (),
              extra_env: Mapping[str, str] | None = None, timeout_s: float = 300) -> DemoResult:
-    """Run the reference job (2 ranks, ``--inprocess``) under ``nvrx-slo ft-launcher`` in ``run_dir``.
+    """Run the reference job (``--inprocess``) under ``nvrx-slo ft-launcher`` in ``run_dir``.
 
+    One pod: a standalone launcher with 2 ranks, journal in ``run_dir/journal``. Several: one
+    launcher per pod (``pod-<i>``, 1 rank each, its own journal in ``run_dir/pod-<i>/journal``)
+    meeting in a c10d rendezvous on loopback, as the pods of a job on N nodes do.
     ``run_dir`` must not hold an earlier run (faults fire once per checkpoint directory).
-    ``extra_args`` go to ``nvrx-slo train``. Returns when the launcher exits; a run still going
-    after ``timeout_s`` is killed (launcher, ranks and writers) and reported with code -9.
+    ``extra_args`` go to ``nvrx-slo train``. Returns when every launcher exits; a run still going
+    after ``timeout_s`` is killed (launchers, ranks and writers) and reported with code -9.
     """
     run_dir = Path(run_dir)
-    journal_dir, checkpoint_dir, log_path = run_dir / "journal", run_dir / "checkpoints", run_dir / "demo.log"
-    if checkpoint_dir.exists() or journal_dir.exists():
+    checkpoint_dir, log_path = run_dir / "checkpoints", run_dir / "demo.log"
+    pod_journals = journal_dirs(run_dir, pods)
+    if checkpoint_dir.exists() or any(d.exists() for d in pod_journals):
         raise FileExistsError(f"{run_dir} already holds a run; choose a fresh directory")
     run_dir.mkdir(parents=True, exist_ok=True)
     train = ["-m", "nvrx_slo", "train", "--steps", str(steps), "--checkpoint-every", str(checkpoint_every),
              "--checkpoint-dir", str(checkpoint_dir), "--inprocess"]
     for fault in faults:
         train += [_FLAGS[fault.kind], str(fault.step)]
-    cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher", "--standalone", "--nproc-per-node", "2",
-           "--max-restarts", "3", "--monitor-interval", "0.5",
-           *train, *extra_args]
-    # GROUP_RANK: this standalone launcher is node 0. NVRx 0.5 refuses to rendezvous without an
-    # infrastructure rank (GROUP_RANK or SLURM_PROCID); 0.4.1 ignores it, 0.6+ assigns ranks by it.
-    env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": "demo", "GROUP_RANK": "0",
-           "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", **(extra_env or {})}
+    if pods == 1:
+        topology = ["--standalone", "--nproc-per-node", "2"]
+    else:
+        topology = ["--nnodes", f"{pods}:{pods}", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "demo"]
+    cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher", *topology, "--max-restarts", "3",
+           "--monitor-interval", "0.5", *train, *extra_args]
+    deadline = time.monotonic() + timeout_s
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = -signal.SIGKILL
-    return DemoResult(run_dir, journal_dir, checkpoint_dir, log_path, code)
+        procs = []
+        for i, journal_dir in enumerate(pod_journals):
+            # GROUP_RANK: the pod's node index. NVRx 0.5 refuses to rendezvous without an
+            # infrastructure rank (GROUP_RANK or SLURM_PROCID); 0.4.1 ignores it, 0.6+ assigns ranks by it.
+            env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": "demo",
+                   "GROUP_RANK": str(i), "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
+                   **({} if pods == 1 else {"POD_NAME": f"pod-{i}"}), **(extra_env or {})}
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        codes = []
+        for proc in procs:
+            try:
+                codes.append(proc.wait(timeout=max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                codes.append(-signal.SIGKILL)
+    return DemoResult(run_dir, pod_journals, checkpoint_dir, log_path, next((c for c in codes if c), 0))
 
 
-def read_journal(journal_dir: Path) -> list[dict[str, Any]]:
+def read_journal(*journal_dirs: Path) -> list[dict[str, Any]]:
     """Every valid record of every process, in time order (invalid lines are skipped)."""
     records = []
-    for path in sorted(Path(journal_dir).glob(f"*{schema.JOURNAL_SUFFIX}")):
+    for path in sorted(p for d in journal_dirs for p in Path(d).glob(f"*{schema.JOURNAL_SUFFIX}")):
         for line in path.read_bytes().splitlines():
             try:
                 records.append(schema.decode(line))
@@ -91,11 +124,15 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         by_type.setdefault(r["type"], []).append(r)
     steps = by_type.get(EventType.STEP.value, [])
     checkpoints: dict[str, dict[str, Any]] = {}
+    faults = [r["mono"] for r in by_type.get(EventType.FAULT_INJECTED.value, [])]
+    keys: dict[tuple[int, int, str], str] = {}  # (pid, iter, ckpt) -> the save it is part of
     for r in records:
         if r["type"] in schema.CHECKPOINT_EVENTS:
-            # a checkpoint id can recur after a rollback: key by incarnation as well
-            c = checkpoints.setdefault(f"{r['ckpt']} r{r['restart']}i{r['iter']}",
-                                       {"blocking": {}, "background": {}, "ok": None})
+            # a checkpoint id can recur after a rollback: a save is also keyed by the faults before
+            # its start (ranks in other pods count restarts differently)
+            key = keys.setdefault((r["pid"], r["iter"], r["ckpt"]),
+                                  f"{r['ckpt']} after {sum(1 for f in faults if f < r['mono'])} faults")
+            c = checkpoints.setdefault(key, {"blocking": {}, "background": {}, "ok": None})
             rank = r["rank"]
             if r["type"] == EventType.CHECKPOINT_START.value:
                 c.setdefault("start", {})[rank] = r["mono"]
@@ -109,13 +146,17 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 c["ok"] = r["ok"] if c["ok"] is None else (c["ok"] and r["ok"])
     restarts = []
     for fault in by_type.get(EventType.FAULT_INJECTED.value, []):
-        after = sorted((s for s in steps if s["start"] > fault["mono"]
-                        and (s["restart"], s["iter"]) != (fault["restart"], fault["iter"])), key=lambda s: s["start"])
+        # the loops running at the fault (a process and its Wrapper iteration), in every pod
+        running = {(s["pid"], s["iter"]) for s in steps if s["start"] <= fault["mono"]}
+        after = sorted((s for s in steps if s["start"] > fault["mono"] and (s["pid"], s["iter"]) not in running),
+                       key=lambda s: s["start"])
         firsts: dict[Any, dict[str, Any]] = {}
         for s in after:  # each rank's first step of the restarted loop; the last of them ends the restart
             firsts.setdefault(s["rank"], s)
         resumed = max(firsts.values(), key=lambda s: s["start"]) if firsts else None
-        level = "in-process" if resumed and resumed["restart"] == fault["restart"] else "in-job"
+        # in-process if every rank came back in a process that was stepping before the fault
+        pids = {pid for pid, _ in running}
+        level = "in-process" if firsts and all(s["pid"] in pids for s in firsts.values()) else "in-job"
         restores = [r for r in by_type.get(EventType.RESTORE.value, []) if r["mono"] > fault["mono"]]
         restarts.append({"kind": fault["kind"], "step": fault["step"], "level": level,
                          "latency": None if resumed is None else resumed["start"] - fault["mono"],
