@@ -190,6 +190,7 @@ class Engine:
         self._launcher_start: float | None = None
         self._launcher_exit: float | None = None
         self._max_restarts: int | None = None  # of the newest launcher_start
+        self._world_size: int | None = None  # the most ranks a process was started among
         self._identity = ("", "", "")
         self._accepted = 0  # the hot counter, apart from the rest
         self._counts = {"duplicates": 0, "out_of_order": 0, "late": 0, "implausible": 0, "records_lost": 0}
@@ -310,6 +311,8 @@ class Engine:
         else:
             if kind in CHECKPOINT_EVENTS:
                 self._checkpoints.add(record, lane.ledger.rank)
+            elif kind == "process_start" and record.world_size > (self._world_size or 0):
+                self._world_size = record.world_size
             self._lane_ingest(lane, record)
         if self._restarts.open and (self._newest >= self._next_fold or self._restarts.ended_since_fold):
             lanes = self._lanes
@@ -426,7 +429,8 @@ class Engine:
             events_accepted=self._accepted, duplicates=self._counts["duplicates"],
             out_of_order=self._counts["out_of_order"], late=self._counts["late"],
             implausible=self._counts["implausible"], records_lost=self._counts["records_lost"],
-            journal_lag_s=None if self._origin is None else max(0.0, now_mono - self._newest))
+            journal_lag_s=None if self._origin is None else max(0.0, now_mono - self._newest),
+            world_size=self._world_size, absent_s=0.0)
 
     def _settled(self, finished: bool) -> tuple[Restarts, dict[int, Ledger]]:
         """The restarts and ledgers by rank as of now; a finished job's buffers applied, on copies."""
@@ -500,6 +504,7 @@ class Engine:
             "newest": _finite(self._newest),
             "launcher": [self._launcher_start, self._launcher_exit],
             "max_restarts": self._max_restarts,
+            "world_size": self._world_size,
             "identity": list(self._identity),
             "counts": {"accepted": self._accepted, **self._counts},
             "next_fold": _finite(self._next_fold),
@@ -524,6 +529,7 @@ class Engine:
             engine._newest = _infinite(state["newest"])
             engine._launcher_start, engine._launcher_exit = state["launcher"]
             engine._max_restarts = state["max_restarts"]
+            engine._world_size = state["world_size"]
             job, pod, node = state["identity"]
             engine._identity = (str(job), str(pod), str(node))
             engine._counts = {k: int(state["counts"][k]) for k in engine._counts}

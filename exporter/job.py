@@ -15,7 +15,7 @@ pod): a report over a long job's full history replays its journals instead.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from nvrx_slo.contracts.catalogue import RESTART_BUCKETS, Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter import derived
@@ -104,21 +104,39 @@ def _restart_stats(restarts: list[JobRestart], elapsed: float) -> RestartStats:
                         tuple(r.record for r in restarts), None)
 
 
-def job_snapshot(pods: Sequence[Snapshot]) -> Snapshot:
+def _finished(pods: Sequence[Snapshot], world: int | None) -> bool:
+    """Every rank of the world ended in a finished pod (a lost pod's ranks, in its replacement's);
+    without a known world size, every pod finished."""
+    if world is None:
+        return all(snap.finished for snap in pods)
+    done = {r.rank for snap in pods if snap.finished for r in snap.ranks}
+    return done >= set(range(world))
+
+
+def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapshot:
     """The job as one snapshot (every pod's ranks; ``pod`` lists the pods), for the same views.
 
-    A save is durable for the job once every pod's share is, so the job counts the fewest saves
-    any pod counted. A pod-level estimate that does not add up across pods (the ETTR prediction,
+    The job's wall is its world size × its span (the first pod's first event to the last pod's
+    end): the rank-seconds no pod accounted are ``absent_s`` — a pod scheduled late, a lost node
+    until its replacement runs its ranks. A save is durable for the job once every pod's share is,
+    so the job counts the fewest saves any pod counted — among the pods not ``lost`` (named by the
+    caller, who saw them go: a lost pod's last snapshot misses every save after its loss). A pod-level estimate that does not add up across pods (the ETTR prediction,
     checkpoint age and interval, the Young/Daly interval, journal lag) is left out (None); the
     readers' counts are summed.
     """
     if not pods:
         raise ValueError("a job needs at least one pod's snapshot")
     ranks = tuple(sorted((r for snap in pods for r in snap.ranks), key=lambda r: r.rank))
-    starts = [snap.job_start_wall for snap in pods if snap.job_start_wall is not None]
-    elapsed = max((snap.now_wall for snap in pods), default=0.0) - min(starts, default=0.0)
+    # each pod's span on the wall clock: its first event to its ranks' end (the job's clock: the
+    # pods' monotonic clocks are their nodes')
+    spans = [(snap.job_start_wall, snap.job_start_wall + max((r.wall_s for r in snap.ranks), default=0.0))
+             for snap in pods if snap.job_start_wall is not None]
+    start, end = min((s for s, _ in spans), default=0.0), max((e for _, e in spans), default=0.0)
+    elapsed = end - start
+    world = max((snap.world_size for snap in pods if snap.world_size is not None), default=None)
+    absent = 0.0 if world is None else max(0.0, world * elapsed - sum(r.wall_s for r in ranks))
     restarts = merge_restarts(pods)
-    cks = [snap.checkpoints for snap in pods]
+    cks = [snap.checkpoints for snap in pods if snap.pod not in lost] or [snap.checkpoints for snap in pods]
     blocking, background = _hist_sum([c.blocking for c in cks]), _hist_sum([c.background for c in cks])
     both = blocking.sum + background.sum
     wall = sum(r.wall_s for r in ranks)
@@ -136,9 +154,9 @@ def job_snapshot(pods: Sequence[Snapshot]) -> Snapshot:
     return Snapshot(
         now_mono=max(snap.now_mono for snap in pods), now_wall=max(snap.now_wall for snap in pods),
         job=pods[0].job, pod=", ".join(snap.pod for snap in pods), node=", ".join(snap.node for snap in pods),
-        job_start_wall=min(starts, default=None), finished=all(snap.finished for snap in pods), ranks=ranks,
+        job_start_wall=start if spans else None, finished=_finished(pods, world), ranks=ranks,
         checkpoints=checkpoints, restarts=_restart_stats(restarts, elapsed), predicted_efficiency=None,
         events_accepted=sum(snap.events_accepted for snap in pods), duplicates=sum(s.duplicates for s in pods),
         out_of_order=sum(s.out_of_order for s in pods), late=sum(s.late for s in pods),
         implausible=sum(s.implausible for s in pods), records_lost=sum(s.records_lost for s in pods),
-        journal_lag_s=None)
+        journal_lag_s=None, world_size=world, absent_s=absent)

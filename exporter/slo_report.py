@@ -13,7 +13,7 @@ from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.printable import printable
 from nvrx_slo.exporter.snapshot import Histogram, Snapshot
-from nvrx_slo.exporter.status_page import CATEGORY_LABELS, slo_results
+from nvrx_slo.exporter.status_page import CATEGORY_LABELS, breakdown, slo_results
 
 
 def _pct(part: float, whole: float) -> str:
@@ -38,16 +38,11 @@ def _scope(pods: str) -> str:
     return f"pod {names[0]}" if len(names) == 1 else f"{len(names)} pods ({', '.join(names)})"
 
 
-def breakdown(snap: Snapshot) -> dict[Category, float]:
-    """Rank-seconds per category, unprotected included: the values sum to ``snap.wall_s``."""
-    seconds = snap.seconds
-    return {c: snap.unprotected_s if c is Category.UNPROTECTED else seconds.get(c, 0.0) for c in Category}
-
-
 def render(snap: Snapshot, targets: Targets) -> str:
     wall = snap.wall_s
     lines = [
-        f"nvrx-slo SLO report — job {printable(snap.job) or '?'}, {_scope(snap.pod)}, {len(snap.ranks)} rank(s)"
+        f"nvrx-slo SLO report — job {printable(snap.job) or '?'}, {_scope(snap.pod)}, "
+        f"{len({r.rank for r in snap.ranks})} rank(s)"
         f"{', finished' if snap.finished else ', running'}",
         "",
         f"Efficiency (productive / wall): {_ratio(snap.efficiency)}",

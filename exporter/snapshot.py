@@ -141,10 +141,13 @@ class Snapshot:
     implausible: int  # times contradicting themselves, their process or the clock: counted, not accounted
     records_lost: int  # seqs a process wrote that were never read (rotated away unread, failed writes)
     journal_lag_s: float | None  # now_mono - newest event's mono
+    world_size: int | None  # the job's ranks, as its processes were started with (None: none started yet)
+    absent_s: float  # job level: rank-seconds no pod accounted (Category.ABSENT); 0 for a pod
 
     @property
     def wall_s(self) -> float:
-        return sum(r.wall_s for r in self.ranks)
+        """Rank-seconds of wall: every rank's, and for a job the absent ranks' too."""
+        return sum(r.wall_s for r in self.ranks) + self.absent_s
 
     @property
     def seconds(self) -> dict[Category, float]:

@@ -42,6 +42,7 @@ CATEGORY_LABELS: dict[Category, str] = {
     Category.SHUTDOWN: "shutdown",
     Category.DATA_WAIT: "data wait",
     Category.UNATTRIBUTED: "unattributed",
+    Category.ABSENT: "absent (no pod ran the rank)",
 }
 
 
@@ -128,9 +129,15 @@ def slo_results(snap: Snapshot, targets: Targets) -> list[SloResult]:
 
 # --- sections ----------------------------------------------------------------------------------
 
-def _breakdown(snap: Snapshot) -> dict[Category, float]:
+def breakdown(snap: Snapshot) -> dict[Category, float]:
+    """Rank-seconds per category, unprotected included (and a job's absent ranks when there were
+    any): the values sum to ``snap.wall_s``."""
     seconds = snap.seconds
-    return {c: (snap.unprotected_s if c is Category.UNPROTECTED else seconds.get(c, 0.0)) for c in Category}
+    parts: dict[Category, float] = {c: seconds.get(c, 0.0) for c in Category if c is not Category.ABSENT}
+    parts[Category.UNPROTECTED] = snap.unprotected_s
+    if snap.absent_s:
+        parts[Category.ABSENT] = snap.absent_s
+    return parts
 
 
 def _bar_svg(parts: dict[Category, float], label: str, y: int) -> str:
@@ -150,7 +157,7 @@ def _bar_svg(parts: dict[Category, float], label: str, y: int) -> str:
 
 
 def _time_section(snap: Snapshot) -> str:
-    parts = _breakdown(snap)
+    parts = breakdown(snap)
     wall = snap.wall_s
     bars = [_bar_svg(parts, "job", 4)]
     ranks = snap.ranks if len(snap.ranks) <= MAX_RANK_BARS else ()

@@ -30,6 +30,7 @@ from nvrx_slo.exporter.snapshot import Snapshot
 from nvrx_slo.trainer import demo as job
 
 _SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")
+LOSS_STEP = 15  # --node-loss: the step the lost pod's rank reaches before its node goes
 
 
 class _Sidecar:
@@ -81,12 +82,13 @@ class _Sidecar:
             raise RuntimeError(f"the sidecar wrote no SLO report; see {self.log_path}")
         return self.report_file.read_text()
 
-    def snapshot(self) -> Snapshot:
-        """What the stopped sidecar had accounted, from the state it saved on its way out."""
+    def snapshot(self, at: tuple[float, float] | None = None) -> Snapshot:
+        """What the stopped sidecar had accounted, from the state it saved on its way out, as of
+        ``at`` (monotonic, wall: when it stopped with its pod) or now."""
         parts = state_store.load(self.state_file, self.journal_dir)
         if parts is None:
             raise RuntimeError(f"the sidecar saved no state; see {self.log_path}")
-        return Engine.from_state(parts["engine"]).snapshot(time.monotonic(), time.time())
+        return Engine.from_state(parts["engine"]).snapshot(*(at or (time.monotonic(), time.time())))
 
 
 def _positive(text: str) -> int:
@@ -106,41 +108,76 @@ def main(argv: list[str], targets: Targets) -> int:
     parser.add_argument("--pods", type=_positive, default=1,
                         help="pods of the job, each one launcher with its own journal and sidecar: 1 runs "
                              "2 ranks in one pod, N > 1 one rank in each of N pods (default: 1)")
+    parser.add_argument("--node-loss", type=int, metavar="K",
+                        help=f"kill every process of pod K (and its sidecar) at step {LOSS_STEP}, as when its "
+                             "node is lost, instead of the crash and the exception; needs --pods 2 or more, "
+                             "and K from 1 (pod 0 hosts the rendezvous)")
+    parser.add_argument("--replace-after", type=float, default=10.0, metavar="S",
+                        help="with --node-loss: start a replacement pod (a new journal and sidecar) S seconds "
+                             "after the loss, as Kubernetes reschedules it (default: 10)")
     args = parser.parse_args(argv)
-    last_fault = max(f.step for f in job.DEFAULT_FAULTS)
-    if args.steps <= last_fault:
-        parser.error(f"--steps must be above {last_fault}, the step of the last injected fault")
+    faults = job.DEFAULT_FAULTS if args.node_loss is None else ()
+    last = max(f.step for f in faults) if faults else LOSS_STEP
+    if args.steps <= last:
+        parser.error(f"--steps must be above {last}, the step of the last injected fault")
+    if args.node_loss is not None and not 0 < args.node_loss < args.pods:
+        parser.error(f"--node-loss must name a pod from 1 to --pods - 1 (pod 0 hosts the rendezvous), "
+                     f"not {args.node_loss}")
+    if args.replace_after < 0:
+        parser.error(f"--replace-after must not be negative, not {args.replace_after:g}")
 
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     pods = args.pods
-    faults = ", ".join(f"{f.kind} at step {f.step}" for f in job.DEFAULT_FAULTS)
+    what = (", ".join(f"{f.kind} at step {f.step}" for f in faults) if faults else
+            f"pod {args.node_loss} lost at step {LOSS_STEP}, replaced {args.replace_after:g} s later")
     shape = "2 CPU ranks under ft_launcher" if pods == 1 else f"{pods} pods of 1 CPU rank, each under ft_launcher"
-    print(f"nvrx-slo demo: {shape}, {faults}; run directory {run_dir}", flush=True)
-    journal_dirs = job.journal_dirs(run_dir, pods)
-    sidecars = [_Sidecar(run_dir if pods == 1 else d.parent, d) for d in journal_dirs]
-    for sidecar, journal_dir in zip(sidecars, journal_dirs, strict=True):
-        print(f"sidecar of {journal_dir}: {sidecar.url}/ (status page), {sidecar.url}/metrics", flush=True)
+    print(f"nvrx-slo demo: {shape}, {what}; run directory {run_dir}", flush=True)
+    sidecars: dict[Path, _Sidecar] = {}
+    lost_at: dict[Path, tuple[float, float]] = {}  # a lost pod's journal -> when its sidecar died with it
+
+    def start_sidecar(journal_dir: Path) -> None:
+        sidecars[journal_dir] = _Sidecar(run_dir if pods == 1 else journal_dir.parent, journal_dir)
+        print(f"sidecar of {journal_dir}: {sidecars[journal_dir].url}/ (status page), "
+              f"{sidecars[journal_dir].url}/metrics", flush=True)
+
+    def on_pod(event: str, journal_dir: Path) -> None:
+        if event == "lost":
+            lost_at[journal_dir] = (time.monotonic(), time.time())
+            sidecars[journal_dir].stop(len(job.read_journal(journal_dir)))
+        else:
+            start_sidecar(journal_dir)
+
+    for journal_dir in job.journal_dirs(run_dir, pods):
+        start_sidecar(journal_dir)
+    loss = None if args.node_loss is None else job.NodeLoss(args.node_loss, LOSS_STEP, args.replace_after)
     try:
-        with progress.Progress(journal_dirs[0]):
-            result = job.run_demo(run_dir, steps=args.steps, pods=pods)
+        with progress.Progress(job.journal_dirs(run_dir, pods)[0]):
+            # on a node loss the survivors must fail and restart through ft_launcher to let the
+            # replacement in: no in-process restart (it would go on without the lost rank)
+            result = job.run_demo(run_dir, steps=args.steps, pods=pods, faults=faults, node_loss=loss,
+                                  on_pod=on_pod, inprocess=loss is None,
+                                  extra_args=() if loss is None else ("--collective-timeout", "5"))
     finally:
-        records = [job.read_journal(d) if d.exists() else [] for d in journal_dirs]
-        slo_reports = [sidecar.stop(len(r)) for sidecar, r in zip(sidecars, records, strict=True)]
+        records = {d: job.read_journal(d) if d.exists() else [] for d in sidecars}
+        slo_reports = {d: sidecar.stop(len(records[d])) for d, sidecar in sidecars.items() if d not in lost_at}
     print()
-    print(job.format_summary(job.summarize([r for pod in records for r in pod])))
+    print(job.format_summary(job.summarize([r for pod in records.values() for r in pod])))
     print()
     if pods == 1:
-        print(slo_reports[0], end="")
-        print(f"\nHTML report with a timeline: {report.write(journal_dirs[0], run_dir / 'report.html', targets)}")
+        (journal_dir,) = sidecars
+        print(slo_reports[journal_dir], end="")
+        print(f"\nHTML report with a timeline: {report.write(journal_dir, run_dir / 'report.html', targets)}")
     else:
-        snapshots = [sidecar.snapshot() for sidecar in sidecars]
-        for snap, sidecar in zip(snapshots, sidecars, strict=True):
+        snapshots = [sidecar.snapshot(lost_at.get(d)) for d, sidecar in sidecars.items()]
+        for snap, (d, sidecar) in zip(snapshots, sidecars.items(), strict=True):
             eff = "—" if snap.efficiency is None else f"{100 * snap.efficiency:.2f}%"
-            print(f"{snap.pod}: {len(snap.ranks)} rank(s), efficiency {eff}, "
-                  f"{'finished' if snap.finished else 'running'}; its sidecar's report: {sidecar.report_file}")
+            state = "lost with its node" if d in lost_at else "finished" if snap.finished else "running"
+            print(f"{snap.pod}: {len(snap.ranks)} rank(s), efficiency {eff}, {state}; "
+                  f"its sidecar's report: {sidecar.report_file}")
         print()
-        print(slo_report.render(job_view.job_snapshot(snapshots), targets), end="")
+        gone = {snap.pod for snap, d in zip(snapshots, sidecars, strict=True) if d in lost_at}
+        print(slo_report.render(job_view.job_snapshot(snapshots, lost=gone), targets), end="")
     if result.returncode != 0:
         print(f"the job failed (exit code {result.returncode}); see {result.log_path}", file=sys.stderr)
     return result.returncode

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_slo.contracts.catalogue import Category
+from nvrx_slo.contracts.catalogue import Category, RestartLevel
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.snapshot import Snapshot
@@ -79,8 +79,14 @@ def test_every_pod_finishes_and_the_job_report_adds_up_what_each_sidecar_account
         assert snap.wall_s == pytest.approx(offline.wall_s, abs=1e-6)
         for category, seconds in offline.seconds.items():
             assert snap.seconds[category] == pytest.approx(seconds, abs=1e-6), (pod, category)
+    # the job's wall is its world size × its span: the pods' walls and the rank-seconds no pod ran
+    # (pod-1 starts once pod-0 hosts the rendezvous; the first to finish waits for the other)
     wall = float(re.search(r"Where the time went \(([\d.]+) rank-seconds of wall\)", run.stdout).group(1))
-    assert wall == pytest.approx(sum(snap.wall_s for snap in live), abs=0.05)
+    absent = re.search(r"^  absent \(no pod ran the rank\)\s+([\d.]+) s", run.stdout, re.M)
+    assert wall == pytest.approx(sum(snap.wall_s for snap in live) + float(absent.group(1) if absent else 0), abs=0.05)
+    starts = [snap.job_start_wall for snap in live]
+    ends = [snap.job_start_wall + snap.ranks[0].wall_s for snap in live]
+    assert wall == pytest.approx(2 * (max(ends) - min(starts)), abs=0.05)
     productive = float(re.search(r"^  productive\s+([\d.]+) s", run.stdout, re.M).group(1))
     assert productive == pytest.approx(sum(snap.seconds[Category.PRODUCTIVE] for snap in live), abs=0.01)
 
@@ -103,7 +109,69 @@ def test_each_fault_is_one_restart_of_the_job_with_the_latency_the_raw_records_g
         assert levels["pod"] == 0 and levels["injob"] == 1, (pod, levels)
 
 
-def test_a_wrong_pod_count_is_refused_naming_the_flag():
-    proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", "--pods", "0"], capture_output=True, text=True,
+@pytest.mark.parametrize(("args", "flag", "why"), [
+    (["--pods", "0"], "--pods", "at least 1"),
+    (["--pods", "2", "--node-loss", "0"], "--node-loss", "pod 0 hosts the rendezvous"),
+    (["--pods", "2", "--node-loss", "2"], "--node-loss", "from 1 to --pods - 1"),
+    (["--pods", "2", "--node-loss", "1", "--replace-after", "-1"], "--replace-after", "not be negative"),
+])
+def test_a_wrong_flag_is_refused_naming_the_flag(args, flag, why):
+    proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", *args], capture_output=True, text=True,
                           timeout=60)
-    assert proc.returncode == 2 and "--pods" in proc.stderr and "at least 1" in proc.stderr
+    assert proc.returncode == 2 and flag in proc.stderr and why in proc.stderr, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def node_loss(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    run_dir = tmp_path_factory.mktemp("node-loss") / "run"
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", "--pods", "2", "--node-loss", "1",
+                           "--replace-after", "8", "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    return Run(run_dir, proc.stdout, proc.stderr, proc.returncode)
+
+
+def _span(records: list[dict]) -> tuple[float, float]:
+    return records[0]["mono"], records[-1]["mono"]
+
+
+def test_a_lost_pods_rank_is_absent_until_its_replacement_runs_it(node_loss):
+    """pod-1's processes and sidecar are SIGKILLed at step 15; pod-1-replacement starts 8 s later
+    and takes rank 1. Ground truth from the raw journals (one monotonic clock on this machine):
+    rank 1 ran in no pod from pod-1's last record to the replacement launcher's start, and each
+    rank ran in no pod before its pod's first record and after its last."""
+    run = node_loss
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = run.stdout.split("nvrx-slo SLO report — ")[1]
+    assert report.splitlines()[0] == "job demo, 3 pods (pod-0, pod-1, pod-1-replacement), 2 rank(s), finished"
+    assert "pod-1: 1 rank(s), efficiency" in run.stdout and "lost with its node" in run.stdout
+    pods = {pod: read_journal(run.run_dir / pod / "journal") for pod in ("pod-0", "pod-1", "pod-1-replacement")}
+    spans = {pod: _span(records) for pod, records in pods.items()}
+    start, end = min(s for s, _ in spans.values()), max(e for _, e in spans.values())
+    truth = 2 * (end - start) - sum(e - s for s, e in spans.values())
+    absent = float(re.search(r"^  absent \(no pod ran the rank\)\s+([\d.]+) s", report, re.M).group(1))
+    # pod-1's accounting runs to the kill (its sidecar stopped then), at most a poll (0.2 s) and a
+    # step after its last record
+    assert truth - 1.0 <= absent <= truth + 0.01, (absent, truth)
+    assert absent >= spans["pod-1-replacement"][0] - spans["pod-1"][1] >= 8.0
+    wall = float(re.search(r"Where the time went \(([\d.]+) rank-seconds of wall\)", report).group(1))
+    assert wall == pytest.approx(2 * (end - start), abs=0.1)  # the world size × the job's span
+
+
+def test_the_survivor_restarts_in_job_and_the_job_counts_one_restart_until_both_ranks_train(node_loss):
+    run = node_loss
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = run.stdout.split("nvrx-slo SLO report — ")[1]
+    counts = dict(re.findall(r"^  (inprocess|injob|pod)\s+(none|\d+)", report, re.M))
+    assert counts == {"inprocess": "none", "injob": "1", "pod": "none"}
+    survivor = read_journal(run.run_dir / "pod-0" / "journal")
+    replacement = read_journal(run.run_dir / "pod-1-replacement" / "journal")
+    (failed,) = [r for r in survivor if r["type"] == "step_failed"]  # its collective lost the peer
+    back = max(next(r["start"] for r in records if r["type"] == "step" and r["mono"] > failed["mono"])
+               for records in (survivor, replacement))
+    recent = report.split("most recent:")[1].split("MTBF")[0]
+    (latency,) = [float(s) for s in re.findall(r"^\s+injob\s+([\d.]+) s", recent, re.M)]
+    assert latency == pytest.approx(back - failed["mono"], abs=0.1)
+    assert latency > 8.0  # the replacement came 8 s after the loss
+    assert _sidecar(run, "pod-0").restarts.counts[RestartLevel.INJOB] == 1
+    assert sum(_sidecar(run, "pod-1-replacement").restarts.counts.values()) == 0  # its first process

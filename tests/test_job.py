@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -17,8 +18,9 @@ D, TD, RV, RI, RS = RestartPhase.DETECT, RestartPhase.TEARDOWN, RestartPhase.REN
     RestartPhase.RESTORE
 
 
-def pod(name: str, ranks: list[int], records: list[RestartRecord], **kw: object) -> Snapshot:
-    snap = snapshot(pod=name, ranks=tuple(rank(r) for r in ranks), **kw)
+def pod(name: str, ranks: list[int], records: list[RestartRecord], wall: float = 100.0, **kw: object) -> Snapshot:
+    kw.setdefault("world_size", None)
+    snap = snapshot(pod=name, ranks=tuple(rank(r, wall=wall, productive=wall * 0.9) for r in ranks), **kw)
     return dataclasses.replace(snap, restarts=dataclasses.replace(snap.restarts, recent=tuple(records)))
 
 
@@ -56,8 +58,8 @@ def test_faults_apart_are_restarts_apart_and_an_open_one_takes_every_later_recor
 
 
 def test_the_job_snapshot_adds_up_its_pods_and_counts_restarts_once():
-    pods = [pod("pod-0", [0, 1], [rec(IJ, 10.0, 3.0)], finished=True),
-            pod("pod-1", [2, 3], [rec(IJ, 10.1, 4.0)], finished=True)]
+    pods = [pod("pod-0", [0, 1], [rec(IJ, 10.0, 3.0)], finished=True, world_size=4),
+            pod("pod-1", [2, 3], [rec(IJ, 10.1, 4.0)], finished=True, world_size=4)]
     snap = job.job_snapshot(pods)
     assert [r.rank for r in snap.ranks] == [0, 1, 2, 3] and snap.finished
     assert snap.wall_s == sum(p.wall_s for p in pods)
@@ -93,3 +95,27 @@ def test_a_journaled_fault_starts_the_job_restart_not_a_survivors_last_record_be
     assert r.duration_s == pytest.approx(50.8 - 47.6)  # pod 0 back last, at 47.3 + 3.5
     assert r.phases == {D: pytest.approx(1.0), RS: pytest.approx(2.2)}  # pod 0's, less the 0.3 s before 47.6
     assert sum(r.phases.values()) == pytest.approx(r.duration_s)
+
+
+def test_a_lost_pod_is_absent_until_its_replacement_runs_its_rank_and_the_replacement_finishes_the_job():
+    """World size 2 over 100 s: pod-0 ran rank 0 throughout; pod-1 ran rank 1 for 30 s and was lost
+    (its sidecar's last snapshot: not finished); its replacement ran rank 1 from 50 s to the end.
+    Rank 1's 20 s in no pod are absent, and badput: the job's wall is 2 x 100 s."""
+    pods = [pod("pod-0", [0], [], wall=100.0, finished=True, world_size=2, job_start_wall=T0),
+            pod("pod-1", [1], [], wall=30.0, finished=False, world_size=2, job_start_wall=T0),
+            pod("pod-1-replacement", [1], [], wall=50.0, finished=True, world_size=2, job_start_wall=T0 + 50)]
+    snap = job.job_snapshot(pods)
+    assert snap.absent_s == pytest.approx(20.0) and snap.wall_s == pytest.approx(200.0)
+    assert snap.efficiency == pytest.approx(0.9 * 180.0 / 200.0)
+    assert snap.finished  # rank 1 ended in the replacement
+    assert job.job_snapshot([*pods[:1], dataclasses.replace(pods[1], checkpoints=dataclasses.replace(
+        pods[1].checkpoints, saves=0)), pods[2]], lost={"pod-1"}).checkpoints.saves == 3  # not the lost pod's 0
+    text = slo_report.render(snap, TARGETS)
+    assert re.search(r"^  absent \(no pod ran the rank\)\s+20\.00 s\s+10\.00%$", text, re.M)
+    assert not job.job_snapshot(pods[:2]).finished  # before the replacement: rank 1 never ended
+    assert job.job_snapshot(pods[:1]).absent_s == pytest.approx(100.0)  # a pod not started yet is absent too
+
+
+def test_a_job_whose_world_size_is_unknown_counts_nothing_absent():
+    snap = job.job_snapshot([pod("pod-0", [0], [], world_size=None)])
+    assert snap.absent_s == 0.0 and snap.wall_s == pytest.approx(100.0)

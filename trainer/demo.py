@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +30,34 @@ _FLAGS = {"crash": "--crash-at", "exception": "--raise-at", "hang": "--hang-at"}
 
 
 @dataclasses.dataclass(frozen=True)
+class NodeLoss:
+    """Every process of one pod killed at once, as when its node is lost, and a replacement pod
+    (a new launcher with a new journal directory, as Kubernetes reschedules it) started later."""
+
+    pod: int  # the pod's index
+    at_step: int  # killed once its rank journaled this step
+    replace_after_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PodLost:
+    """What the harness did, on its own clock (CLOCK_MONOTONIC, the journal's): the ground truth."""
+
+    pod: int
+    killed_mono: float
+    killed_wall: float
+    replacement_journal: Path
+    replaced_mono: float | None  # the replacement's launcher started; None if the job ended first
+
+
+@dataclasses.dataclass(frozen=True)
 class DemoResult:
     run_dir: Path
-    journal_dirs: tuple[Path, ...]  # one per pod, each followed by its own sidecar
+    journal_dirs: tuple[Path, ...]  # one per pod (a replacement pod's last), each followed by its own sidecar
     checkpoint_dir: Path  # shared by every pod, as a job's checkpoint volume is
     log_path: Path  # the launchers' and ranks' combined output
-    returncode: int  # the first non-zero exit among the pods' launchers, else 0
+    returncode: int  # the first non-zero exit among the launchers not killed on purpose, else 0
+    lost: PodLost | None = None
 
     @property
     def journal_dir(self) -> Path:
@@ -55,14 +77,56 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process descended from it (workers run in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        out.append(todo.pop())
+        todo += children.get(out[-1], [])
+    return out
+
+
+def _kill_tree(pid: int) -> None:
+    for p in _tree(pid):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], deadline: float) -> None:
+    while proc.poll() is None and time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+
+
+def _reached(journal_dir: Path, step: int) -> bool:
+    return any(r["type"] == EventType.STEP.value and r["step"] >= step for r in read_journal(journal_dir))
+
+
 def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: int = 50,
-             checkpoint_every: int = 10, pods: int = 1, extra_args: Sequence[str] = (),
+             checkpoint_every: int = 10, pods: int = 1, inprocess: bool = True, node_loss: NodeLoss | None = None,
+             on_pod: Callable[[str, Path], None] | None = None, extra_args: Sequence[str] = (),
              extra_env: Mapping[str, str] | None = None, timeout_s: float = 300) -> DemoResult:
-    """Run the reference job (``--inprocess``) under ``nvrx-slo ft-launcher`` in ``run_dir``.
+    """Run the reference job (``--inprocess`` unless told not) under ``nvrx-slo ft-launcher`` in ``run_dir``.
 
     One pod: a standalone launcher with 2 ranks, journal in ``run_dir/journal``. Several: one
     launcher per pod (``pod-<i>``, 1 rank each, its own journal in ``run_dir/pod-<i>/journal``)
-    meeting in a c10d rendezvous on loopback, as the pods of a job on N nodes do.
+    meeting in a c10d rendezvous on loopback, as the pods of a job on N nodes do. ``node_loss``
+    kills one of them and starts ``pod-<i>-replacement`` later; ``on_pod("lost", journal_dir)``
+    is called just after the kill, ``on_pod("starting", journal_dir)`` just before the replacement
+    starts (a sidecar starts before its pod's main container).
     ``run_dir`` must not hold an earlier run (faults fire once per checkpoint directory).
     ``extra_args`` go to ``nvrx-slo train``. Returns when every launcher exits; a run still going
     after ``timeout_s`` is killed (launchers, ranks and writers) and reported with code -9.
@@ -72,37 +136,63 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
     pod_journals = journal_dirs(run_dir, pods)
     if checkpoint_dir.exists() or any(d.exists() for d in pod_journals):
         raise FileExistsError(f"{run_dir} already holds a run; choose a fresh directory")
+    if node_loss is not None and not 0 < node_loss.pod < pods:
+        raise ValueError(f"pod {node_loss.pod} cannot be lost: pods 1 to {pods - 1} can (pod 0 hosts the "
+                         "rendezvous store, and the job cannot outlive it)")
     run_dir.mkdir(parents=True, exist_ok=True)
     train = ["-m", "nvrx_slo", "train", "--steps", str(steps), "--checkpoint-every", str(checkpoint_every),
-             "--checkpoint-dir", str(checkpoint_dir), "--inprocess"]
+             "--checkpoint-dir", str(checkpoint_dir), *(["--inprocess"] if inprocess else [])]
     for fault in faults:
         train += [_FLAGS[fault.kind], str(fault.step)]
     if pods == 1:
         topology = ["--standalone", "--nproc-per-node", "2"]
     else:
+        port = _free_port()
         topology = ["--nnodes", f"{pods}:{pods}", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "demo"]
+                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "demo"]
     cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher", *topology, "--max-restarts", "3",
            "--monitor-interval", "0.5", *train, *extra_args]
     deadline = time.monotonic() + timeout_s
     with open(log_path, "wb") as log:
-        procs = []
-        for i, journal_dir in enumerate(pod_journals):
+
+        def launch(i: int, name: str, journal_dir: Path) -> subprocess.Popen[bytes]:
             # GROUP_RANK: the pod's node index. NVRx 0.5 refuses to rendezvous without an
             # infrastructure rank (GROUP_RANK or SLURM_PROCID); 0.4.1 ignores it, 0.6+ assigns ranks by it.
             env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": "demo",
                    "GROUP_RANK": str(i), "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
-                   **({} if pods == 1 else {"POD_NAME": f"pod-{i}"}), **(extra_env or {})}
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                   **({} if pods == 1 else {"POD_NAME": name}), **(extra_env or {})}
+            return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        procs = {"pod-0": launch(0, "pod-0", pod_journals[0])}
+        if pods > 1:  # pod 0 hosts the rendezvous store (its endpoint), as a job's first pod does
+            _wait_listening(port, procs["pod-0"], deadline)
+        procs.update({f"pod-{i}": launch(i, f"pod-{i}", d) for i, d in enumerate(pod_journals) if i})
+        lost: PodLost | None = None
+        killed: subprocess.Popen[bytes] | None = None
+        while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
+            if node_loss is not None and killed is None and _reached(pod_journals[node_loss.pod], node_loss.at_step):
+                killed = procs[f"pod-{node_loss.pod}"]
+                _kill_tree(killed.pid)
+                name = f"pod-{node_loss.pod}-replacement"
+                lost = PodLost(node_loss.pod, time.monotonic(), time.time(), run_dir / name / "journal", None)
+                if on_pod is not None:
+                    on_pod("lost", pod_journals[node_loss.pod])
+            if node_loss is not None and lost is not None and lost.replaced_mono is None and \
+                    time.monotonic() >= lost.killed_mono + node_loss.replace_after_s:
+                if on_pod is not None:
+                    on_pod("starting", lost.replacement_journal)
+                procs[f"pod-{node_loss.pod}-replacement"] = launch(node_loss.pod, name, lost.replacement_journal)
+                lost = dataclasses.replace(lost, replaced_mono=time.monotonic())
+            time.sleep(0.2)
         codes = []
-        for proc in procs:
-            try:
-                codes.append(proc.wait(timeout=max(0.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                codes.append(-signal.SIGKILL)
-    return DemoResult(run_dir, pod_journals, checkpoint_dir, log_path, next((c for c in codes if c), 0))
+        for proc in procs.values():
+            if proc.poll() is None:
+                _kill_tree(proc.pid)
+            code = proc.wait()
+            if proc is not killed:
+                codes.append(code)
+    dirs = pod_journals if lost is None or lost.replaced_mono is None else (*pod_journals, lost.replacement_journal)
+    return DemoResult(run_dir, dirs, checkpoint_dir, log_path, next((c for c in codes if c), 0), lost)
 
 
 def read_journal(*journal_dirs: Path) -> list[dict[str, Any]]:

@@ -55,9 +55,13 @@ class Category(str, Enum):
     SHUTDOWN = "shutdown"
     DATA_WAIT = "data_wait"
     UNATTRIBUTED = "unattributed"
+    # Job level only (``exporter/job.py``): rank-seconds of ranks the job's world size expects and
+    # no pod accounted — a lost node until its replacement runs the rank, a pod scheduled late.
+    ABSENT = "absent"
 
 
-SETTLED_CATEGORIES: tuple[Category, ...] = tuple(c for c in Category if c is not Category.UNPROTECTED)
+SETTLED_CATEGORIES: tuple[Category, ...] = tuple(c for c in Category
+                                                 if c not in (Category.UNPROTECTED, Category.ABSENT))
 BADPUT_CATEGORIES: tuple[Category, ...] = tuple(c for c in SETTLED_CATEGORIES if c is not Category.PRODUCTIVE)
 
 
