@@ -71,6 +71,7 @@ __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
 STATE_VERSION = 6
+RESTORES_KEPT = 8  # per rank, for the job view: the step a job resumed from after a pod was lost
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
@@ -86,7 +87,7 @@ class _Lane:
     __slots__ = ("ledger", "pending", "newest", "newest_pid", "newest_kind", "newest_restart",
                  "newest_iter", "applied",
                  "steps", "step", "step_mono", "step_wall", "hist", "recent", "worker", "worker_mono",
-                 "worker_pid", "local_world_size", "pids")
+                 "worker_pid", "local_world_size", "pids", "restores")
 
     def __init__(self, rank: int) -> None:
         self.ledger = Ledger(rank)
@@ -107,6 +108,7 @@ class _Lane:
         self.worker_mono = float("-inf")
         self.worker_pid = -1
         self.local_world_size = 0  # the most workers its pod was said to run (0: not said)
+        self.restores: list[tuple[float, int | None]] = []  # the newest RESTORES_KEPT (wall, step), oldest first
         self.pids: dict[int, float] = {}  # pid -> its oldest record's mono
 
     def count(self, record: Event, kind: str, mono: float) -> None:
@@ -126,6 +128,9 @@ class _Lane:
                 self.worker, self.worker_mono, self.worker_pid = record.alive, mono, record.pid
         elif kind == "process_start":
             self.local_world_size = max(self.local_world_size, record.local_world_size or 0)
+        elif kind == "restore":
+            insort(self.restores, (record.wall, record.step), key=lambda r: r[0])
+            del self.restores[:-RESTORES_KEPT]
         pid = record.pid
         if pid != self.newest_pid or mono < self.newest:  # else: its first record is older already
             first = self.pids.get(pid)
@@ -486,7 +491,8 @@ class Engine:
             rank=led.rank, wall_s=end - origin, seconds=dict(zip(SETTLED_CATEGORIES, seconds, strict=True)),
             unprotected_s=unprotected, steps=lane.steps, step=lane.step, last_step_wall=lane.step_wall,
             step_duration=lane.hist.frozen(), worker_alive=lane.worker_alive(), skew_ratio=skew, gpu_idle_s=idle,
-            state=led.state, pid=lane.newest_pid, restart=lane.newest_restart, iter=lane.newest_iter)
+            state=led.state, pid=lane.newest_pid, restart=lane.newest_restart, iter=lane.newest_iter,
+            restores=tuple(lane.restores))
 
     # --- state ---------------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
@@ -559,7 +565,7 @@ def _lane_state(lane: _Lane) -> dict[str, Any]:
                pending=[msgspec.to_builtins(ev) for ev in lane.pending],
                newest=_finite(lane.newest), step_mono=_finite(lane.step_mono), worker_mono=_finite(lane.worker_mono),
                applied=None if lane.applied is None else msgspec.to_builtins(lane.applied), hist=lane.hist.to_state(),
-               recent=list(lane.recent))
+               recent=list(lane.recent), restores=[list(r) for r in lane.restores])
     return out
 
 
@@ -575,4 +581,5 @@ def _lane_from_state(rank: int, state: dict[str, Any]) -> _Lane:
     lane.applied = None if state["applied"] is None else as_event(state["applied"])
     lane.hist = Buckets.from_state(STEP_BUCKETS, state["hist"])
     lane.recent = deque(state["recent"], maxlen=RECENT_STEPS)
+    lane.restores = [(float(wall), step) for wall, step in state["restores"]]
     return lane

@@ -61,6 +61,7 @@ class RankSnapshot:
     pid: int
     restart: int  # ft_launcher restart count of the newest process
     iter: int  # inprocess.Wrapper iteration of the newest process
+    restores: tuple[tuple[float, int | None], ...]  # the newest restores: (Unix time, step resumed from; None: fresh)
 
 
 @dataclass(frozen=True)

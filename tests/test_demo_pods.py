@@ -156,6 +156,12 @@ def test_a_lost_pods_rank_is_absent_until_its_replacement_runs_it(node_loss):
     assert absent >= spans["pod-1-replacement"][0] - spans["pod-1"][1] >= 8.0
     wall = float(re.search(r"Where the time went \(([\d.]+) rank-seconds of wall\)", report).group(1))
     assert wall == pytest.approx(2 * (end - start), abs=0.1)  # the world size × the job's span
+    # pod-1's work since its last durable save: redone by the job if it resumed from no later step
+    durable = max((r["step"] for r in pods["pod-1"] if r["type"] == "checkpoint_end" and r["ok"]), default=None)
+    resumed = next(r["step"] for r in pods["pod-0"] if r["type"] == "restore" and r["mono"] > spans["pod-1"][1])
+    unprotected = float(re.search(r"^  unprotected \(not yet checkpointed\)\s+([\d.]+) s", report, re.M).group(1))
+    redone = resumed is None or (durable is not None and resumed <= durable)
+    assert (unprotected == 0.0) == redone, (durable, resumed, unprotected)
 
 
 def test_the_survivor_restarts_in_job_and_the_job_counts_one_restart_until_both_ranks_train(node_loss):

@@ -119,3 +119,29 @@ def test_a_lost_pod_is_absent_until_its_replacement_runs_its_rank_and_the_replac
 def test_a_job_whose_world_size_is_unknown_counts_nothing_absent():
     snap = job.job_snapshot([pod("pod-0", [0], [], world_size=None)])
     assert snap.absent_s == 0.0 and snap.wall_s == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(("durable", "resumed", "verdict"), [
+    (None, None, Category.LOST),  # the job started afresh: everything since the start is gone
+    (9, 9, Category.LOST),  # resumed from the save the lost pod had: its later steps were redone
+    (9, 19, Category.PRODUCTIVE),  # a save at the lost rank's newest step landed before the loss
+    (9, 15, None),  # in between: which of its steps the save held is not known here
+])
+def test_a_lost_pods_unsettled_work_is_decided_by_the_step_the_job_resumed_from(durable, resumed, verdict):
+    """pod-1 (rank 1, at step 19, 12 s unprotected) was lost at 30 s; pod-0's rank restored at 45 s."""
+    lost = pod("pod-1", [1], [], wall=30.0, world_size=2, job_start_wall=T0)
+    lost = dataclasses.replace(
+        lost, ranks=(dataclasses.replace(lost.ranks[0], step=19, unprotected_s=12.0),),
+        checkpoints=dataclasses.replace(lost.checkpoints, last_success_step=durable))
+    survivor = pod("pod-0", [0], [], wall=100.0, world_size=2, job_start_wall=T0, finished=True)
+    survivor = dataclasses.replace(survivor, ranks=(dataclasses.replace(
+        survivor.ranks[0], restores=((T0 + 5.0, None), (T0 + 45.0, resumed), (T0 + 80.0, 3))),))
+    before = lost.ranks[0].seconds
+    (rank,) = [r for r in job.job_snapshot([survivor, lost], lost={"pod-1"}).ranks if r.rank == 1]
+    if verdict is None:
+        assert rank.unprotected_s == 12.0 and rank.seconds == before
+    else:
+        assert rank.unprotected_s == 0.0 and rank.seconds[verdict] == pytest.approx(before[verdict] + 12.0)
+    # not named lost: its pod's own accounting stands
+    (kept,) = [r for r in job.job_snapshot([survivor, lost]).ranks if r.rank == 1]
+    assert kept.unprotected_s == 12.0
