@@ -42,6 +42,8 @@ def burn_rate_record(window: int) -> str:
 
 
 ERROR_BUDGET_REMAINING = f"{_LEVEL}:nvrx_slo_error_budget_remaining:ratio"
+# Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
+ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
 
 
 class Alert(str, Enum):

@@ -62,6 +62,7 @@ def recording_rules(sli: Sli, objective: Objective, spec: Spec) -> list[Rule]:
     bad, total = sli_bad_record(base) + mine, sli_total_record(base) + mine
     p = duration.format(period)
     rules = [
+        *(_record(name, expr, sli) for name, expr in sli.records),
         _record(sli_bad_record(base), sli.bad(duration.format(base)), sli),
         _record(sli_total_record(base), sli.total(duration.format(base)), sli),
     ]

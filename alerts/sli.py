@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nvrx_slo.alerts.conventions import BY_JOB
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import ABSENT_RANKS, BY_JOB
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.contracts import catalogue as cat
 
@@ -33,6 +34,7 @@ class Sli:
     total: Callable[[str], str]
     title: str  # for humans: alert summaries
     goal: str  # the objective in words; "{good}" and "{bad}" take the target and the budget as percentages
+    records: tuple[tuple[str, str], ...] = ()  # (name, PromQL) its group records first, for ``bad``/``total``
 
     def objective_text(self, target: float) -> str:
         return self.goal.format(good=f"{target * 100:.4g}%", bad=f"{(1 - target) * 100:.4g}%")
@@ -66,6 +68,27 @@ def le_regex(bound: float) -> str:
     return "|".join(s.replace(".", "\\\\.") for s in spellings)
 
 
+def _efficiency(spec: Spec) -> Sli:
+    """Badput rank-seconds, plus the rank-seconds of ranks no pod ran, over the job's world size.
+
+    A lost pod exports nothing, so its ranks' time would be in no series at all: every pod exports
+    the job's world size and its own rank count, and the group records the difference at each
+    evaluation. Summing those samples over a window counts a rank absent only while the job had
+    series (time before the job existed stays healthy, as the young-job rule wants); the rank
+    count the time SLI divides by is the world size (a job without it falls back to its wall rate).
+    """
+    plain = _time_sli(Slo.EFFICIENCY, "", "", cat.BADPUT_CATEGORIES)
+    world = f"max {BY_JOB} ({cat.JOB_WORLD_SIZE.name})"
+    absent_now = f"clamp_min({world} - sum {BY_JOB} ({cat.POD_RANKS.name}), 0)"
+
+    def bad(w: str) -> str:
+        absent = f"sum {BY_JOB} (sum_over_time({ABSENT_RANKS}[{w}])) * {spec.evaluation_interval} / {duration.parse(w)}"
+        return f"({plain.bad(w)} + {_or_zero(absent, plain.total(w))})"
+
+    return Sli(Slo.EFFICIENCY, True, bad, lambda w: f"({world} or {plain.total(w)})", "training efficiency",
+               "productive ≥ {good} of wall rank-seconds", ((ABSENT_RANKS, absent_now),))
+
+
 def build(spec: Spec) -> dict[Slo, Sli]:
     restarts = f"{cat.RESTART_DURATION.name}_count"
     fast = _matching(f"{cat.RESTART_DURATION.name}_bucket", "le", le_regex(spec.recovery_threshold))
@@ -76,9 +99,7 @@ def build(spec: Spec) -> dict[Slo, Sli]:
         return f"({job_rate(blocking, w)} + {_or_zero(job_rate(background, w), job_rate(blocking, w))})"
 
     return {
-        Slo.EFFICIENCY: _time_sli(
-            Slo.EFFICIENCY, "training efficiency", "productive ≥ {good} of wall rank-seconds", cat.BADPUT_CATEGORIES,
-        ),
+        Slo.EFFICIENCY: _efficiency(spec),
         Slo.RECOVERY: Sli(
             Slo.RECOVERY, False,
             lambda w: f"({job_rate(restarts, w)} - {_or_zero(job_rate(fast, w), job_rate(restarts, w))})",

@@ -190,6 +190,8 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
             _add_histogram(step_family, lab, rank_items[0], _sum_histograms([r.step_duration for r in ranks]))
     per_rank_values(cat.STEP_SKEW, field(lambda r: r.skew_ratio))
     single(cat.JOB_START_TIMESTAMP, snap.job_start_wall)
+    single(cat.JOB_WORLD_SIZE, snap.world_size)
+    single(cat.POD_RANKS, len({r.rank for r in ranks}))
 
     ck = snap.checkpoints
     _add_histogram(out[cat.CKPT_BLOCKING.name], lab, base, ck.blocking)
