@@ -36,6 +36,9 @@ IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
 PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]
 RESTORE, RESTART, INIT = IDX[Category.CHECKPOINT_RESTORE], IDX[Category.RESTART], IDX[Category.INIT]
 DATA, UNATTRIBUTED, SHUTDOWN = IDX[Category.DATA_WAIT], IDX[Category.UNATTRIBUTED], IDX[Category.SHUTDOWN]
+USER = IDX[Category.USER_SPAN]
+USER_NAMES = 16  # distinct user span names kept per rank; later ones are summed as OTHER_NAME
+OTHER_NAME = "other"
 GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
         RankState.ENDED: SHUTDOWN}
 POOL_MAX = 4096  # undecided steps kept one by one before neighbours are merged
@@ -67,7 +70,7 @@ class Ledger:
     __slots__ = ("rank", "first", "t", "state", "blocking", "fault", "fault_wall", "cause", "pid",
                  "restart", "iter", "gen", "launch", "inproc", "fact", "fact_inprocess", "fact_reinit",
                  "seconds", "pool_steps", "pool_work", "pool_first", "pool_last", "pool_sum", "last_wall",
-                 "verdicts")
+                 "verdicts", "user")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -97,6 +100,7 @@ class Ledger:
         # (first, last, productive) per decided pool entry, in decision order: the steps of this
         # rank that ended in [first, last] (mono) and were undecided until then. None: not kept.
         self.verdicts: list[tuple[float, float, bool]] | None = None
+        self.user: dict[str, float] = {}  # the user_span category by span name (USER_NAMES, then OTHER_NAME)
 
     # --- time ------------------------------------------------------------------------------
     def _advance(self, to: float) -> None:
@@ -105,11 +109,15 @@ class Ledger:
             self.seconds[idx] += to - self.t
             self.t = to
 
-    def _span(self, start: float, end: float, idx: int) -> None:
+    def _span(self, start: float, end: float, idx: int) -> float:
+        """Book [start, end] to ``idx`` (what the ledger had not accounted yet); returns the seconds booked."""
         self._advance(start)
-        if end > self.t:
-            self.seconds[idx] += end - self.t
-            self.t = end
+        if end <= self.t:
+            return 0.0
+        booked = end - self.t
+        self.seconds[idx] += booked
+        self.t = end
+        return booked
 
     # --- durability --------------------------------------------------------------------------
     def _decide(self, keep_upto: int | None, drop_rest: bool) -> None:
@@ -204,6 +212,9 @@ class Ledger:
                 self.blocking = None
         elif kind == "checkpoint_finalize":
             self._span(ev.start, mono, BLOCKING)
+        elif kind == "user_span":
+            name = ev.name[:64] if ev.name[:64] in self.user or len(self.user) < USER_NAMES else OTHER_NAME
+            self.user[name] = self.user.get(name, 0.0) + self._span(ev.start, mono, USER)
         elif kind == "restore":
             self._span(ev.start, mono, RESTORE)
             self._decide(ev.step, drop_rest=True)
@@ -299,6 +310,7 @@ class Ledger:
         out.pool_steps, out.pool_work = self.pool_steps[:], self.pool_work[:]
         out.pool_first, out.pool_last = self.pool_first[:], self.pool_last[:]
         out.verdicts = None if self.verdicts is None else self.verdicts[:]
+        out.user = dict(self.user)
         return out
 
     def to_state(self) -> dict[str, Any]:

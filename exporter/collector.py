@@ -217,6 +217,8 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     single(cat.MTBF, rs.mtbf_s)
     single(cat.EFFICIENCY_PREDICTED, snap.predicted_efficiency)
 
+    for name, seconds in sorted(snap.user_spans.items()):
+        single(cat.USER_SPAN_TIME, seconds, (("name", name),))
     per_rank_values(cat.GPU_IDLE, field(lambda r: r.gpu_idle_s), (("source", GpuIdleSource.STEP_PHASES.value),))
     if view.gpu_idle_nvml:
         by_rank = dict(zip(sorted(r.rank for r in ranks), (view.gpu_idle_nvml.get(i) for i in range(len(ranks))),

@@ -492,7 +492,7 @@ class Engine:
             unprotected_s=unprotected, steps=lane.steps, step=lane.step, last_step_wall=lane.step_wall,
             step_duration=lane.hist.frozen(), worker_alive=lane.worker_alive(), skew_ratio=skew, gpu_idle_s=idle,
             state=led.state, pid=lane.newest_pid, restart=lane.newest_restart, iter=lane.newest_iter,
-            restores=tuple(lane.restores))
+            restores=tuple(lane.restores), user_spans=dict(led.user))
 
     # --- state ---------------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:

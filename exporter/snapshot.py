@@ -62,6 +62,7 @@ class RankSnapshot:
     restart: int  # ft_launcher restart count of the newest process
     iter: int  # inprocess.Wrapper iteration of the newest process
     restores: tuple[tuple[float, int | None], ...]  # the newest restores: (Unix time, step resumed from; None: fresh)
+    user_spans: Mapping[str, float]  # the user_span category by span name
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,15 @@ class Snapshot:
         for r in self.ranks:
             for category, value in r.seconds.items():
                 out[category] = out.get(category, 0.0) + value
+        return out
+
+    @property
+    def user_spans(self) -> dict[str, float]:
+        """The user_span category by span name, summed over ranks."""
+        out: dict[str, float] = {}
+        for r in self.ranks:
+            for name, value in r.user_spans.items():
+                out[name] = out.get(name, 0.0) + value
         return out
 
     @property

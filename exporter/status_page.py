@@ -41,6 +41,7 @@ CATEGORY_LABELS: dict[Category, str] = {
     Category.INIT: "init",
     Category.SHUTDOWN: "shutdown",
     Category.DATA_WAIT: "data wait",
+    Category.USER_SPAN: "user spans (eval, …)",
     Category.UNATTRIBUTED: "unattributed",
     Category.ABSENT: "absent (no pod ran the rank)",
 }

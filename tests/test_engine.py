@@ -480,3 +480,37 @@ def test_in_process_restarts_of_a_relaunched_process_count_as_well():
     proc.step(2, t + 2.0, t + 3.0)
     counts = run(pod, t + 10.0).restarts.counts
     assert (counts[RestartLevel.INPROCESS], counts[RestartLevel.INJOB]) == (2, 2)
+
+
+def test_a_user_span_between_steps_is_its_own_badput_category_by_name_not_unattributed():
+    """Steps 1-2 (1 s each from 2.0), an evaluation 4.0-6.5, step 3 from 6.5, a save of step 3."""
+    pod = Pod()
+    pod.launcher(0.0)
+    p = pod.proc(0)
+    p.start(1.0, world_size=1, local_world_size=1)
+    p.step(1, 2.0, 3.0)
+    p.step(2, 3.0, 4.0)
+    p.ev("user_span", 6.5, name="eval", start=4.0)
+    p.step(3, 6.5, 7.5)
+    p.save(3, 7.5, 7.6, written=7.9, observed=8.0)
+    p.save_end()
+    p.step(4, 7.6, 8.6)
+    p.step(5, 8.6, 9.6)
+    snap = run(pod, 20.0)
+    (rank,) = snap.ranks
+    assert rank.seconds[Category.USER_SPAN] == pytest.approx(2.5) and rank.user_spans == {"eval": pytest.approx(2.5)}
+    assert rank.seconds[U] == pytest.approx(0.0, abs=1e-9)
+    assert rank.seconds[P] == pytest.approx(3.0)
+    check_invariant(snap)
+
+
+def test_user_span_names_past_the_sixteenth_are_summed_as_other():
+    pod = Pod()
+    p = pod.proc(0)
+    p.start(1.0, world_size=1)
+    for i in range(20):
+        p.ev("user_span", 2.0 + i + 0.5, name=f"probe-{i}", start=2.0 + i)
+    p.step(1, 30.0, 31.0)
+    spans = run(pod, 40.0).ranks[0].user_spans
+    assert len(spans) == 17 and spans["other"] == pytest.approx(4 * 0.5)
+    assert sum(spans.values()) == pytest.approx(20 * 0.5)

@@ -67,3 +67,15 @@ def test_restore_journals_the_step_resumed_from_or_a_warning_when_it_fails(tmp_p
     assert restore["type"] == "restore" and restore["step"] == 40 and restore["fallback"] == "step-000050: corrupt"
     assert restore["start"] <= restore["mono"]
     assert warning["type"] == "warning" and "disk gone" in warning["message"]
+
+
+def test_a_user_span_journals_its_name_and_stretch_even_when_its_block_raises(tmp_path):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path))
+    with hooks.span("eval"):
+        time.sleep(0.03)
+    with pytest.raises(ZeroDivisionError), hooks.span("sdc-check"):
+        1 / 0  # noqa: B018 - the block raises; the span is still journaled, the exception goes on
+    hooks.close()
+    spans = [r for r in _records(tmp_path) if r["type"] == "user_span"]
+    assert [s["name"] for s in spans] == ["eval", "sdc-check"]
+    assert 0.03 <= spans[0]["mono"] - spans[0]["start"] < 0.5

@@ -141,6 +141,21 @@ class _RestoreSpan:
             self._journal.emit(EventType.WARNING, message=f"restore failed: {exc_type.__name__}: {exc}")
 
 
+class _UserSpan:
+    def __init__(self, journal: Journal, name: str) -> None:
+        self._journal = journal
+        self._name = name
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        self._start = _monotonic()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        # the time was spent whether or not the block raised; the exception goes on to the caller
+        self._journal.emit(EventType.USER_SPAN, name=self._name, start=self._start)
+
+
 class CheckpointSave:
     """One save as the training loop sees it; ``with hooks.checkpoint(step) as save:`` around the call.
 
@@ -276,6 +291,12 @@ class Hooks:
         ckpt = ckpt or f"step-{step:06d}"
         self.journal.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode=mode)
         return CheckpointSave(self.journal, ckpt, step)
+
+    def span(self, name: str) -> _UserSpan:
+        """``with hooks.span("eval"):`` around planned work that is not training (evaluation, an SDC
+        check): its own category, ``user_span``, broken down by ``name``, instead of unattributed.
+        Put it between steps, not inside one (a step's span already covers its time)."""
+        return _UserSpan(self.journal, name)
 
     def warning(self, message: str, **fields: Any) -> None:
         """Something the operator should know (a fallback restore, a missing NVRx feature)."""

@@ -54,6 +54,7 @@ class Category(str, Enum):
     INIT = "init"
     SHUTDOWN = "shutdown"
     DATA_WAIT = "data_wait"
+    USER_SPAN = "user_span"  # planned work that is not training, in spans the user named (Hooks.span)
     UNATTRIBUTED = "unattributed"
     # Job level only (``exporter/job.py``): rank-seconds of ranks the job's world size expects and
     # no pod accounted — a lost node until its replacement runs the rank, a pod scheduled late.
@@ -162,6 +163,10 @@ LAUNCHER_RESTARTS_REMAINING = _m(
 MTBF = _m("mtbf_seconds", Kind.GAUGE, "Mean wall time between faults observed in this job.")
 EFFICIENCY_PREDICTED = _m("efficiency_predicted_ratio", Kind.GAUGE,
                           "Efficiency the ETTR model predicts from measured MTBF, restart and checkpoint costs.")
+USER_SPAN_TIME = _m("user_span_seconds_total", Kind.COUNTER,
+                    "Rank-seconds in the spans the user named (evaluation, SDC checks), by name: the "
+                    "user_span category's breakdown (the first 16 names; later ones are \"other\").",
+                    labels=("name",))
 GPU_IDLE = _m("gpu_idle_seconds_total", Kind.COUNTER, "Rank-seconds the accelerator sat idle, by how it was measured.",
               labels=("source",), per_rank=True)
 

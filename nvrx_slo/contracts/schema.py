@@ -54,6 +54,7 @@ class EventType(str, Enum):
     PROCESS_END = "process_end"  # clean exit of a rank process
     STEP = "step"  # one training step, written at its end
     STEP_FAILED = "step_failed"  # an exception left a step: written when it left (the fault instant)
+    USER_SPAN = "user_span"  # planned work that is not training (evaluation, SDC checks), named by the user
     CHECKPOINT_START = "checkpoint_start"  # the save call began: training is now blocked
     CHECKPOINT_SCHEDULED = "checkpoint_scheduled"  # blocking part over, training resumes
     CHECKPOINT_FINALIZE = "checkpoint_finalize"  # a finalize span in the training thread
@@ -81,7 +82,7 @@ class EventType(str, Enum):
 
 
 # Events that cover a stretch of time: besides ``mono`` (their end) they carry ``start``.
-SPAN_EVENTS = frozenset(t.value for t in (EventType.STEP, EventType.STEP_FAILED, EventType.RESTORE,
+SPAN_EVENTS = frozenset(t.value for t in (EventType.STEP, EventType.STEP_FAILED, EventType.USER_SPAN, EventType.RESTORE,
                                           EventType.CHECKPOINT_FINALIZE))
 # The parts of one save, as each rank journals them (checkpoint_worker is liveness, no save's part).
 CHECKPOINT_EVENTS = frozenset(t.value for t in (EventType.CHECKPOINT_START, EventType.CHECKPOINT_SCHEDULED,
@@ -118,6 +119,8 @@ PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
     EventType.STEP: {"step": (int,), "start": _NUM, "data_s": _NUM, "compute_s": _NUM, "optimizer_s": _NUM},
     # step_failed: the step that never completed, [start, mono]; error: the exception that left it.
     EventType.STEP_FAILED: {"step": (int,), "start": _NUM, "error": (str,)},
+    # user_span: the span [start, mono] of work the user named (``Hooks.span(name)``).
+    EventType.USER_SPAN: {"name": (str,), "start": _NUM},
     # ckpt: an id unique within the job for one save (e.g. "step-000120"); step: the training step it holds.
     EventType.CHECKPOINT_START: {"ckpt": (str,), "step": (int,), "mode": (str,)},  # mode: "async" | "sync"
     EventType.CHECKPOINT_SCHEDULED: {"ckpt": (str,), "plan_s": _NUM, "stage_s": _NUM, "bytes": (int,)},
