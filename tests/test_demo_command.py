@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from nvrx_slo.trainer.demo import read_journal, summarize
 
 
@@ -16,6 +18,7 @@ def _restart_latencies(report: str) -> dict[str, float]:
     return {level: float(secs) for level, secs in re.findall(r"^\s+(inprocess|injob)\s+([\d.]+) s", section, re.M)}
 
 
+@pytest.mark.slow
 def test_the_demo_prints_an_slo_report_consistent_with_the_journal(demo_command):
     out = demo_command.stdout
     assert demo_command.result.returncode == 0, demo_command.stderr[-3000:]

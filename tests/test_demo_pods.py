@@ -66,6 +66,7 @@ def _replay(run: Run, pod: str) -> Snapshot:
     return engine.snapshot(*max(seen))
 
 
+@pytest.mark.slow
 def test_every_pod_finishes_and_the_job_report_adds_up_what_each_sidecar_accounted(run):
     assert run.returncode == 0, run.stderr[-3000:]
     header = run.stdout.split("nvrx-slo SLO report — ")[1].splitlines()[0]
@@ -91,6 +92,7 @@ def test_every_pod_finishes_and_the_job_report_adds_up_what_each_sidecar_account
     assert productive == pytest.approx(sum(snap.seconds[Category.PRODUCTIVE] for snap in live), abs=0.01)
 
 
+@pytest.mark.slow
 def test_each_fault_is_one_restart_of_the_job_with_the_latency_the_raw_records_give(run):
     assert run.returncode == 0, run.stderr[-3000:]
     records = read_journal(*(run.run_dir / pod / "journal" for pod in PODS))
@@ -135,6 +137,7 @@ def _span(records: list[dict]) -> tuple[float, float]:
     return records[0]["mono"], records[-1]["mono"]
 
 
+@pytest.mark.slow
 def test_a_lost_pods_rank_is_absent_until_its_replacement_runs_it(node_loss):
     """pod-1's processes and sidecar are SIGKILLed at step 15; pod-1-replacement starts 8 s later
     and takes rank 1. Ground truth from the raw journals (one monotonic clock on this machine):
@@ -164,6 +167,7 @@ def test_a_lost_pods_rank_is_absent_until_its_replacement_runs_it(node_loss):
     assert (unprotected == 0.0) == redone, (durable, resumed, unprotected)
 
 
+@pytest.mark.slow
 def test_the_survivor_restarts_in_job_and_the_job_counts_one_restart_until_both_ranks_train(node_loss):
     run = node_loss
     assert run.returncode == 0, run.stderr[-3000:]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from nvrx_slo.exporter.decode import Event
 from nvrx_slo.exporter.tail import JournalTail
 from test_report import assert_inert
@@ -29,6 +31,7 @@ def journal_facts(journal_dir) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow
 def test_the_report_of_the_demo_renders_its_timeline(demo_run, tmp_path):
     out = tmp_path / "report.html"
     done = subprocess.run([sys.executable, "-m", "nvrx_slo", "report", str(demo_run.journal_dir), "-o", str(out)],

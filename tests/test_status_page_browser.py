@@ -46,6 +46,7 @@ def total(samples: dict, name: str, **labels: str) -> float:
     return sum(hits)
 
 
+@pytest.mark.slow
 def test_the_live_page_shows_what_metrics_says(demo_run, tmp_path):
     with SidecarProcess(demo_run.journal_dir, tmp_path / "state.json", tmp_path / "sidecar.log") as sidecar:
         sidecar.wait_ready()
