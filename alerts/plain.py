@@ -77,7 +77,8 @@ def plain_alerts(spec: Spec) -> list[Rule]:
         ),
         _alert(
             Alert.RESTART_STORM,
-            f"sum {BY_JOB} (increase({cat.RESTARTS.name}[{duration.format(a.restart_storm_within)}]))\n"
+            # each pod counts every fault of a job in lock step: the pod that counted most, not their sum
+            f"max {BY_JOB} (sum {BY_POD} (increase({cat.RESTARTS.name}[{duration.format(a.restart_storm_within)}])))\n"
             f">= {a.restart_storm_restarts}",
             0, Severity.TICKET,
             "A training job is restarting over and over.",
