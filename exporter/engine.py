@@ -87,7 +87,7 @@ class _Lane:
     __slots__ = ("ledger", "pending", "newest", "newest_pid", "newest_kind", "newest_restart",
                  "newest_iter", "applied",
                  "steps", "step", "step_mono", "step_wall", "hist", "recent", "worker", "worker_mono",
-                 "worker_pid", "local_world_size", "pids", "restores")
+                 "worker_pid", "local_world_size", "pids", "restores", "first_step_wall")
 
     def __init__(self, rank: int) -> None:
         self.ledger = Ledger(rank)
@@ -109,6 +109,7 @@ class _Lane:
         self.worker_pid = -1
         self.local_world_size = 0  # the most workers its pod was said to run (0: not said)
         self.restores: list[tuple[float, int | None]] = []  # the newest RESTORES_KEPT (wall, step), oldest first
+        self.first_step_wall: float | None = None  # Unix time its first step began
         self.pids: dict[int, float] = {}  # pid -> its oldest record's mono
 
     def count(self, record: Event, kind: str, mono: float) -> None:
@@ -123,6 +124,9 @@ class _Lane:
             self.recent.append(duration)
             if mono > self.step_mono:
                 self.step, self.step_mono, self.step_wall = record.step, mono, record.wall
+            begun = record.wall - duration
+            if self.first_step_wall is None or begun < self.first_step_wall:
+                self.first_step_wall = begun
         elif kind == "checkpoint_worker":
             if mono > self.worker_mono:
                 self.worker, self.worker_mono, self.worker_pid = record.alive, mono, record.pid
@@ -492,7 +496,7 @@ class Engine:
             unprotected_s=unprotected, steps=lane.steps, step=lane.step, last_step_wall=lane.step_wall,
             step_duration=lane.hist.frozen(), worker_alive=lane.worker_alive(), skew_ratio=skew, gpu_idle_s=idle,
             state=led.state, pid=lane.newest_pid, restart=lane.newest_restart, iter=lane.newest_iter,
-            restores=tuple(lane.restores), user_spans=dict(led.user))
+            restores=tuple(lane.restores), user_spans=dict(led.user), first_step_wall=lane.first_step_wall)
 
     # --- state ---------------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
@@ -556,7 +560,7 @@ def _infinite(value: float | None) -> float:
 
 
 _LANE_FIELDS = ("newest_pid", "newest_kind", "newest_restart", "newest_iter", "steps", "step", "step_wall",
-                "worker", "worker_pid", "local_world_size")
+                "worker", "worker_pid", "local_world_size", "first_step_wall")
 
 
 def _lane_state(lane: _Lane) -> dict[str, Any]:

@@ -37,7 +37,10 @@ def merge_restarts(pods: Sequence[Snapshot]) -> list[JobRestart]:
     Its fault is the earliest journaled fault instant among them (else the earliest bound).
     A record still in progress (``duration_s`` None) stays open: every later record joins it.
     Phases are those of the pod that came back last, its detect phase widened by however much
-    earlier the job's first fault was, so they still sum to the job's duration.
+    earlier the job's first fault was, so they still sum to the job's duration. A pod that started
+    during the restart (the replacement of a lost pod: a first process, no restart of its own) ends
+    it too: the job trains again once that pod's ranks step, later than the survivors' (the wait
+    is the restore phase's, which ends at the last rank's first step).
     """
     records = sorted(((r, snap.pod) for snap in pods for r in snap.restarts.recent), key=lambda x: x[0].fault_wall)
     groups: list[list[tuple[RestartRecord, str]]] = []
@@ -49,7 +52,24 @@ def merge_restarts(pods: Sequence[Snapshot]) -> list[JobRestart]:
             groups.append([(record, pod)])
             end = float("-inf")
         end = max(end, float("inf") if record.duration_s is None else record.fault_wall + record.duration_s)
-    return [_merged(group) for group in groups]
+    return [_joined(_merged(group), pods) for group in groups]
+
+
+def _joined(restart: JobRestart, pods: Sequence[Snapshot]) -> JobRestart:
+    r = restart.record
+    if r.duration_s is None:
+        return restart
+    end = r.fault_wall + r.duration_s
+    late = [(first, snap.pod) for snap in pods if snap.pod not in restart.pods and snap.job_start_wall is not None
+            and r.fault_wall < snap.job_start_wall <= end
+            for first in (rank.first_step_wall for rank in snap.ranks) if first is not None and first > end]
+    if not late:
+        return restart
+    back = max(first for first, _ in late)
+    phases = dict(r.phases)
+    phases[RestartPhase.RESTORE] = phases.get(RestartPhase.RESTORE, 0.0) + back - end
+    record = dataclasses.replace(r, duration_s=back - r.fault_wall, phases=phases)
+    return JobRestart(record, (*restart.pods, *dict.fromkeys(pod for _, pod in late)))
 
 
 def _merged(group: list[tuple[RestartRecord, str]]) -> JobRestart:

@@ -63,6 +63,7 @@ class RankSnapshot:
     iter: int  # inprocess.Wrapper iteration of the newest process
     restores: tuple[tuple[float, int | None], ...]  # the newest restores: (Unix time, step resumed from; None: fresh)
     user_spans: Mapping[str, float]  # the user_span category by span name
+    first_step_wall: float | None  # Unix time the rank's first step (in this pod) began
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ PY=.venv/bin/python
 tag=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')
 tests=(tests/test_nvrx_compat.py tests/test_hooks_inprocess.py tests/test_trainer_checkpoint.py
        tests/test_trainer_cli.py tests/test_reference_job.py tests/test_demo_command.py
-       tests/test_sidecar_demo.py "tests/test_deploy_images.py::test_every_trainer_flag_is_one_its_parser_accepts")
+       tests/test_sidecar_demo.py tests/test_demo_pods.py
+       "tests/test_deploy_images.py::test_every_trainer_flag_is_one_its_parser_accepts")
 versions=("$@")
 [ $# -gt 0 ] || versions=(0.4.1 0.5.0 0.6.0)
 failed=()

@@ -145,3 +145,21 @@ def test_a_lost_pods_unsettled_work_is_decided_by_the_step_the_job_resumed_from(
     # not named lost: its pod's own accounting stands
     (kept,) = [r for r in job.job_snapshot([survivor, lost]).ranks if r.rank == 1]
     assert kept.unprotected_s == 12.0
+
+
+def test_a_replacement_pod_that_starts_during_the_restart_ends_it_with_its_first_step():
+    """pod-1 lost at ~10 s; the survivor's in-job restart runs 10.0-30.0; pod-1-replacement starts at
+    18 s (no restart of its own: a first process) and steps from 31.5. The job trains again at 31.5."""
+    survivor = pod("pod-0", [0], [rec(IJ, 10.0, 20.0, {D: 1.0, TD: 1.0, RV: 15.0, RI: 2.0, RS: 1.0})],
+                   world_size=2, job_start_wall=T0)
+    replacement = pod("pod-1-replacement", [1], [], wall=50.0, world_size=2, job_start_wall=T0 + 18.0)
+    replacement = dataclasses.replace(replacement, ranks=(dataclasses.replace(
+        replacement.ranks[0], first_step_wall=T0 + 31.5),))
+    (merged,) = job.merge_restarts([survivor, replacement])
+    assert merged.record.duration_s == pytest.approx(21.5) and merged.pods == ("pod-0", "pod-1-replacement")
+    assert merged.record.phases[RS] == pytest.approx(2.5)
+    assert sum(merged.record.phases.values()) == pytest.approx(21.5)
+    # a pod that started before the fault is not a replacement: its own record (or none) speaks for it
+    early = dataclasses.replace(replacement, pod="pod-2", job_start_wall=T0)
+    (alone,) = job.merge_restarts([survivor, early])
+    assert alone.record.duration_s == pytest.approx(20.0)
