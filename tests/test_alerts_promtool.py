@@ -45,6 +45,7 @@ def promtool() -> str:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suite", suites(), ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_promtool_suite(suite: Path, promtool: str, tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(_rules_for(suite.parent), encoding="utf-8")

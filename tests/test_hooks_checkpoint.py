@@ -222,6 +222,7 @@ def test_plain_dcp_save_with_the_hooks_gives_the_productive_time_the_test_measur
     _check(work, durable, productive)
 
 
+@pytest.mark.slow
 def test_nvrx_public_async_api_with_the_hooks_gives_the_productive_time_the_test_measured(tmp_path, one_rank):
     from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import save_state_dict_async_finalize
 

@@ -52,6 +52,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_every_module_under_nvrx_slo_and_nothing_else(wheel):
     names = {n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in n}
     assert names == shipped_files()

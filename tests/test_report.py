@@ -162,6 +162,7 @@ def test_a_hostile_journal_renders_a_correct_escaped_report(tmp_path):
     assert 'class="tl-lost"' in document
 
 
+@pytest.mark.slow
 def test_a_huge_journal_gives_a_small_report_quickly(tmp_path):
     expected = write_journal(story(ranks=4, steps=12_500, ckpt_every=250, fault_after=12_400, dt=0.01),
                              tmp_path / "journal", evil=False)

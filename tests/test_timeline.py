@@ -156,6 +156,7 @@ def test_restarts_are_drawn_with_their_phases_and_set_the_time_range():
                       "tl-phase tl-phase-rendezvous", "tl-phase tl-phase-reinit"]
 
 
+@pytest.mark.slow
 def test_a_huge_journal_stays_small_on_the_page():
     records = []
     ranks = timeline.MAX_LANES + 6

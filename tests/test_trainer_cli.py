@@ -27,6 +27,7 @@ def _nvrx_slo(*args: str, env: dict | None = None, timeout: float = 120) -> subp
     (["ft-launcher", "--no-such-flag", "--nproc-per-node", "2", "-m", "nvrx_slo", "train"],
      "nvrx-slo ft-launcher: error: unrecognized arguments: --no-such-flag"),
 ])
+@pytest.mark.slow
 def test_a_wrong_flag_is_named_and_exits_2(args, message):
     done = _nvrx_slo(*args)
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
