@@ -15,11 +15,22 @@ one snapshot to the next; ``unprotected_s`` is the provisional gauge (see docs/a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+
+K = TypeVar("K")
+
+
+def _summed(maps: Iterable[Mapping[K, float]]) -> dict[K, float]:
+    out: dict[K, float] = {}
+    for m in maps:
+        for key, value in m.items():
+            out[key] = out.get(key, 0.0) + value
+    return out
 
 
 @dataclass(frozen=True)
@@ -155,20 +166,12 @@ class Snapshot:
     @property
     def seconds(self) -> dict[Category, float]:
         """Settled rank-seconds per category, summed over ranks."""
-        out: dict[Category, float] = {}
-        for r in self.ranks:
-            for category, value in r.seconds.items():
-                out[category] = out.get(category, 0.0) + value
-        return out
+        return _summed(r.seconds for r in self.ranks)
 
     @property
     def user_spans(self) -> dict[str, float]:
         """The user_span category by span name, summed over ranks."""
-        out: dict[str, float] = {}
-        for r in self.ranks:
-            for name, value in r.user_spans.items():
-                out[name] = out.get(name, 0.0) + value
-        return out
+        return _summed(r.user_spans for r in self.ranks)
 
     @property
     def unprotected_s(self) -> float:
