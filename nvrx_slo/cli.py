@@ -29,7 +29,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "report": ("nvrx_slo.exporter.report:main", "sidecar",
                "offline HTML report with a timeline from a journal directory"),
     "generate": ("nvrx_slo.generate:main", "generate", "write alert rules, dashboards and Kubernetes manifests"),
-    "inject": ("nvrx_slo.inject:main", "generate", "add the sidecar to the training pods of Job, PyTorchJob, JobSet YAML"),
+    "inject": ("nvrx_slo.inject:main", "generate",
+               "add the sidecar to the training pods of Job, PyTorchJob and JobSet manifests"),
 }
 
 
