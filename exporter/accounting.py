@@ -25,7 +25,9 @@ state RESTART until the first step of the restarted loop starts. Each restart is
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
+
+import msgspec
 
 from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
 from nvrx_slo.contracts.schema import SPAN_EVENTS
@@ -64,43 +66,42 @@ class RestartSink(Protocol):
         did and was not itself started again in that stretch; else None."""
 
 
-class Ledger:
-    """The accounted state of one rank. ``apply`` events in (mono, pid, seq) order."""
+class Ledger(msgspec.Struct):
+    """The accounted state of one rank. ``apply`` events in (mono, pid, seq) order.
 
-    __slots__ = ("rank", "first", "t", "state", "blocking", "fault", "fault_wall", "cause", "pid",
-                 "restart", "iter", "gen", "launch", "inproc", "fact", "fact_inprocess", "fact_reinit",
-                 "seconds", "pool_steps", "pool_work", "pool_first", "pool_last", "pool_sum", "last_wall",
-                 "verdicts", "user")
+    A struct so that its saved state is typed: ``from_state`` checks every field, and a state
+    file edited by hand or by another version fails there instead of in a later scrape."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.first: float | None = None  # start of the rank's first event
-        self.t = 0.0  # accounted up to here (mono)
-        self.state = RankState.INIT
-        self.blocking: str | None = None  # ckpt id of the save blocking the loop now
-        self.fault: float | None = None  # journaled fault instant in the current loop (see _died)
-        self.fault_wall = 0.0
-        self.cause: str | None = None
-        self.pid = -1
-        self.restart = 0
-        self.iter = 0
-        self.gen = 0  # pod restarts seen
-        self.launch = "0"  # which start of the launcher made this process (keys its in-process restarts)
-        self.inproc = 0  # in-process restarts in this pid
-        self.fact: str | None = None  # key of the open restart
-        self.fact_inprocess = False
-        self.fact_reinit = False  # the open in-process restart has re-initialised
-        self.seconds = [0.0] * len(SETTLED_CATEGORIES)
-        self.pool_steps: list[int] = []  # undecided steps, oldest first
-        self.pool_work: list[float] = []
-        self.pool_first: list[float] = []  # end (mono) of each pool entry's first step ...
-        self.pool_last: list[float] = []  # ... and of its last (they differ once neighbours merged)
-        self.pool_sum = 0.0
-        self.last_wall = 0.0
-        # (first, last, productive) per decided pool entry, in decision order: the steps of this
-        # rank that ended in [first, last] (mono) and were undecided until then. None: not kept.
-        self.verdicts: list[tuple[float, float, bool]] | None = None
-        self.user: dict[str, float] = {}  # the user_span category by span name (USER_NAMES, then OTHER_NAME)
+    rank: int
+    first: float | None = None  # start of the rank's first event
+    t: float = 0.0  # accounted up to here (mono)
+    state: RankState = RankState.INIT
+    blocking: str | None = None  # ckpt id of the save blocking the loop now
+    fault: float | None = None  # journaled fault instant in the current loop (see _died)
+    fault_wall: float = 0.0
+    cause: str | None = None
+    pid: int = -1
+    restart: int = 0
+    iter: int = 0
+    gen: int = 0  # pod restarts seen
+    launch: str = "0"  # which start of the launcher made this process (keys its in-process restarts)
+    inproc: int = 0  # in-process restarts in this pid
+    fact: str | None = None  # key of the open restart
+    fact_inprocess: bool = False
+    fact_reinit: bool = False  # the open in-process restart has re-initialised
+    seconds: Annotated[list[float], msgspec.Meta(min_length=len(SETTLED_CATEGORIES),
+                                                 max_length=len(SETTLED_CATEGORIES))] = \
+        msgspec.field(default_factory=lambda: [0.0] * len(SETTLED_CATEGORIES))
+    pool_steps: list[int] = msgspec.field(default_factory=list)  # undecided steps, oldest first
+    pool_work: list[float] = msgspec.field(default_factory=list)
+    pool_first: list[float] = msgspec.field(default_factory=list)  # end (mono) of each pool entry's first step ...
+    pool_last: list[float] = msgspec.field(default_factory=list)  # ... and of its last (they differ once merged)
+    pool_sum: float = 0.0
+    last_wall: float = 0.0
+    # (first, last, productive) per decided pool entry, in decision order: the steps of this
+    # rank that ended in [first, last] (mono) and were undecided until then. None: not kept.
+    verdicts: list[tuple[float, float, bool]] | None = None
+    user: dict[str, float] = msgspec.field(default_factory=dict)  # user_span seconds by name (USER_NAMES, OTHER_NAME)
 
     # --- time ------------------------------------------------------------------------------
     def _advance(self, to: float) -> None:
@@ -303,25 +304,18 @@ class Ledger:
 
     # --- copies and state ----------------------------------------------------------------------
     def copy(self) -> Ledger:
-        out = Ledger.__new__(Ledger)
-        for name in Ledger.__slots__:
-            setattr(out, name, getattr(self, name))
-        out.seconds = self.seconds[:]
-        out.pool_steps, out.pool_work = self.pool_steps[:], self.pool_work[:]
-        out.pool_first, out.pool_last = self.pool_first[:], self.pool_last[:]
-        out.verdicts = None if self.verdicts is None else self.verdicts[:]
-        out.user = dict(self.user)
-        return out
+        return msgspec.structs.replace(
+            self, seconds=self.seconds[:], pool_steps=self.pool_steps[:], pool_work=self.pool_work[:],
+            pool_first=self.pool_first[:], pool_last=self.pool_last[:],
+            verdicts=None if self.verdicts is None else self.verdicts[:], user=dict(self.user))
 
     def to_state(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in Ledger.__slots__}
-        out["state"] = self.state.value
-        return out
+        return msgspec.to_builtins(self)
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Ledger:
-        out = cls(int(state["rank"]))
-        for name in Ledger.__slots__:
-            setattr(out, name, state[name])
-        out.state = RankState(state["state"])
+    def from_state(cls, state: Any) -> Ledger:
+        """The ledger ``to_state`` saved; ``ValueError`` (msgspec's ValidationError) if it is not one."""
+        out = msgspec.convert(state, cls)
+        if not len(out.pool_steps) == len(out.pool_work) == len(out.pool_first) == len(out.pool_last):
+            raise ValueError("ledger pool lists differ in length")
         return out

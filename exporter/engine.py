@@ -535,11 +535,12 @@ class Engine:
                                        int(declared), {int(q): float(m) for q, m in passed}]
                             for pid, (floor, ahead, gap, declared, passed) in state["seen"].items()}
             engine._pid_first = {int(pid): float(first) for pid, first in state["pid_first"].items()}
-            engine._origin, engine._origin_wall = state["origin"]
+            engine._origin, engine._origin_wall = msgspec.convert(state["origin"], tuple[float | None, float | None])
             engine._newest = _infinite(state["newest"])
-            engine._launcher_start, engine._launcher_exit = state["launcher"]
-            engine._max_restarts = state["max_restarts"]
-            engine._world_size = state["world_size"]
+            engine._launcher_start, engine._launcher_exit = msgspec.convert(state["launcher"],
+                                                                            tuple[float | None, float | None])
+            engine._max_restarts = msgspec.convert(state["max_restarts"], int | None)
+            engine._world_size = msgspec.convert(state["world_size"], int | None)
             job, pod, node = state["identity"]
             engine._identity = (str(job), str(pod), str(node))
             engine._counts = {k: int(state["counts"][k]) for k in engine._counts}
@@ -559,8 +560,11 @@ def _infinite(value: float | None) -> float:
     return float("-inf") if value is None else float(value)
 
 
-_LANE_FIELDS = ("newest_pid", "newest_kind", "newest_restart", "newest_iter", "steps", "step", "step_wall",
-                "worker", "worker_pid", "local_world_size", "first_step_wall")
+# A lane's plain fields and their types, which loading a state checks (msgspec.convert).
+_LANE_FIELDS: dict[str, Any] = {
+    "newest_pid": int, "newest_kind": str, "newest_restart": int, "newest_iter": int, "steps": int,
+    "step": int | None, "step_wall": float | None, "worker": bool | None, "worker_pid": int,
+    "local_world_size": int, "first_step_wall": float | None}
 
 
 def _lane_state(lane: _Lane) -> dict[str, Any]:
@@ -575,8 +579,8 @@ def _lane_state(lane: _Lane) -> dict[str, Any]:
 
 def _lane_from_state(rank: int, state: dict[str, Any]) -> _Lane:
     lane = _Lane(rank)
-    for name in _LANE_FIELDS:
-        setattr(lane, name, state[name])
+    for name, kind in _LANE_FIELDS.items():
+        setattr(lane, name, msgspec.convert(state[name], kind))
     lane.ledger = Ledger.from_state(state["ledger"])
     lane.pids = {int(pid): float(first) for pid, first in state["pids"].items()}
     lane.pending = deque(sorted(map(as_event, state["pending"]), key=_ORDER))
@@ -584,6 +588,6 @@ def _lane_from_state(rank: int, state: dict[str, Any]) -> _Lane:
                                                                                    "worker_mono"))
     lane.applied = None if state["applied"] is None else as_event(state["applied"])
     lane.hist = Buckets.from_state(STEP_BUCKETS, state["hist"])
-    lane.recent = deque(state["recent"], maxlen=RECENT_STEPS)
-    lane.restores = [(float(wall), step) for wall, step in state["restores"]]
+    lane.recent = deque(msgspec.convert(state["recent"], list[float]), maxlen=RECENT_STEPS)
+    lane.restores = msgspec.convert(state["restores"], list[tuple[float, int | None]])
     return lane
