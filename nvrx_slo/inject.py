@@ -207,10 +207,10 @@ def _check_ports(pod: Obj, sidecar: Obj) -> None:
 def inject_template(template: Obj, parts: Parts, container: str | None, default: str | None) -> None:
     """Add ``parts`` to a pod template, in place."""
     pod = _field(template, "spec", "pod spec")
-    trainer = training_container(_field(pod, "containers", "containers"), container, default)
-    if any(c.get("name") == parts.sidecar["name"] for c in pod["containers"]):
+    if any(c.get("name") == parts.sidecar["name"] for c in _field(pod, "containers", "containers")):
         raise InjectError(f"container named {parts.sidecar['name']!r} is already there and is not nvrx-slo's "
                           "(a regular container, not a native sidecar)")
+    trainer = training_container(pod["containers"], container, default)
     _check_ports(pod, parts.sidecar)
     pod["initContainers"] = _merge(pod.get("initContainers", []), [parts.sidecar], "init container")
     pod["volumes"] = _merge(pod.get("volumes", []), parts.volumes, "volume")
@@ -229,7 +229,7 @@ def inject_document(doc: Any, spec: Obj, image: str, container: str | None) -> A
     """The document with every pod template injected, or the document itself if its kind is not ours."""
     if not isinstance(doc, dict):
         return doc
-    controller = CONTROLLERS.get((doc.get("apiVersion"), doc.get("kind")))
+    controller = CONTROLLERS.get((str(doc.get("apiVersion")), str(doc.get("kind"))))
     if controller is None:
         return doc
     parts = parts_for(spec, controller, image)

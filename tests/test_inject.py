@@ -1,0 +1,322 @@
+"""`nvrx-slo inject`: real-world-shaped manifests in (tests/manifests/), strictly valid manifests out.
+
+What inject adds is checked against the facts it must get right, written out here rather than read back
+from inject: the Downward API field that names each controller's job, the sidecar's shape, the journal
+shared by both containers. That everything else is unchanged is checked by taking inject's parts back
+out and comparing with the input. Built-in kinds are validated with kubernetes-validate --strict, custom
+resources against their CRDs (tests/crd_schema.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+import crd_schema
+from nvrx_slo import inject
+from nvrx_slo.contracts import schema
+from test_deploy import K8S_VERSIONS, OVERLAYS, pod_template, render
+
+MANIFESTS = Path(__file__).resolve().parent / "manifests"
+CASES = ("aws-indexed-job.yaml", "pytorchjob.yaml", "jobset.yaml")
+SIDECAR = "nvrx-slo-sidecar"
+OUR_VOLUMES = {"journal", "sidecar-state", "sidecar-api-token"}
+OUR_TRAINER_ENV = {schema.JOURNAL_DIR_ENV, "POD_NAME", "NODE_NAME", "NVRX_SLO_JOB"}
+MONITOR_LABEL = ("nvrx-slo/monitor", "true")  # what deploy/base/podmonitor.yaml selects
+JOB_NAME_FIELD = {  # how each controller's pods learn their job's name (the controllers' documented labels)
+    "Job": "metadata.labels['batch.kubernetes.io/job-name']",
+    "PyTorchJob": "metadata.labels['training.kubeflow.org/job-name']",
+    "JobSet": "metadata.labels['jobset.sigs.k8s.io/jobset-name']",
+}
+TRAINER = {"Job": {"spec.template": "pytorch"},
+           "PyTorchJob": {"Master": "pytorch", "Worker": "pytorch"},
+           "JobSet": {"driver": "driver", "workers": "trainer"}}
+
+
+def load(text: str) -> list[Any]:
+    return [d for d in yaml.load_all(text, Loader=inject.K8sLoader) if d is not None]
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The real command, as a user runs it."""
+    exe = Path(sys.executable).parent / "nvrx-slo"
+    return subprocess.run([str(exe), "inject", *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def inject_files(*paths: Path, **flags: str) -> str:
+    sources = [(str(p), p.read_text()) for p in paths]
+    return inject.inject_stream(sources, flags.get("image", "nvrx-slo-sidecar:9.9"), flags.get("container"))
+
+
+def templates(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A workload's pod templates by replica (the test's own walk, not inject's)."""
+    if doc["kind"] == "Job":
+        return {"spec.template": doc["spec"]["template"]}
+    if doc["kind"] == "PyTorchJob":
+        return {name: r["template"] for name, r in doc["spec"]["pytorchReplicaSpecs"].items()}
+    return {j["name"]: j["template"]["spec"]["template"] for j in doc["spec"]["replicatedJobs"]}
+
+
+def named(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (item,) = [i for i in items if i["name"] == name]
+    return item
+
+
+def strip(doc: dict[str, Any]) -> dict[str, Any]:
+    """An injected workload with inject's parts taken back out."""
+    doc = copy.deepcopy(doc)
+    for replica, template in templates(doc).items():
+        spec = template["spec"]
+        spec["initContainers"] = [c for c in spec["initContainers"] if c["name"] != SIDECAR]
+        spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in OUR_VOLUMES]
+        trainer = named(spec["containers"], TRAINER[doc["kind"]][replica])
+        trainer["env"] = [e for e in trainer["env"] if e["name"] not in OUR_TRAINER_ENV]
+        trainer["volumeMounts"] = [m for m in trainer["volumeMounts"] if m["name"] != "journal"]
+        for key in ("initContainers", "volumes"):
+            if not spec[key]:
+                del spec[key]
+        for key in ("env", "volumeMounts"):
+            if not trainer[key]:
+                del trainer[key]
+        labels = template["metadata"]["labels"]
+        del labels[MONITOR_LABEL[0]]
+        if not labels:
+            del template["metadata"]["labels"]
+        if not template["metadata"]:
+            del template["metadata"]
+    return doc
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request: pytest.FixtureRequest) -> tuple[list[Any], list[Any]]:
+    """(input documents, injected documents) of one fixture manifest."""
+    path = MANIFESTS / request.param
+    return load(path.read_text()), load(inject_files(path))
+
+
+def workloads(docs: list[Any]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in JOB_NAME_FIELD]
+
+
+# --- what comes out ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_injected_document_passes_its_strict_schema(case, version):
+    _, out = case
+    for doc in out:
+        if (doc["apiVersion"], doc["kind"]) in crd_schema.schemas():
+            crd_schema.validate(doc, version)
+        else:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_every_training_pod_gets_a_native_sidecar_sharing_the_journal(case):
+    _, out = case
+    (workload,) = workloads(out)
+    for replica, template in templates(workload).items():
+        spec = template["spec"]
+        sidecar = spec["initContainers"][0]  # first: up before any other init container
+        assert sidecar["name"] == SIDECAR and sidecar["restartPolicy"] == "Always"
+        assert sidecar["image"] == "nvrx-slo-sidecar:9.9"
+        assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+        assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        trainer = named(spec["containers"], TRAINER[workload["kind"]][replica])
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert "emptyDir" in volumes["journal"]
+        assert "serviceAccountToken" in volumes["sidecar-api-token"]["projected"]["sources"][0]
+        journal = named(trainer["volumeMounts"], "journal")["mountPath"]
+        assert named(sidecar["volumeMounts"], "journal") == {"name": "journal", "mountPath": journal, "readOnly": True}
+        for container in (sidecar, trainer):
+            env = {e["name"]: e for e in container["env"]}
+            assert env[schema.JOURNAL_DIR_ENV]["value"] == journal
+            assert env["NVRX_SLO_JOB"]["valueFrom"]["fieldRef"]["fieldPath"] == JOB_NAME_FIELD[workload["kind"]]
+        assert template["metadata"]["labels"][MONITOR_LABEL[0]] == MONITOR_LABEL[1]
+        others = [c for c in spec["containers"] if c is not trainer]
+        assert all(not c.get("env") or "NVRX_SLO_JOB" not in {e["name"] for e in c["env"]} for c in others)
+
+
+def test_taking_the_sidecar_out_again_gives_the_input(case):
+    """The training container keeps its fields, and nothing else moved: not the other containers, the
+    pod's settings or the controller's."""
+    given, out = case
+    assert [strip(d) if d["kind"] in JOB_NAME_FIELD else d for d in out] == given
+
+
+def test_documents_it_does_not_inject_pass_through_unchanged_and_in_order():
+    given = load((MANIFESTS / "aws-indexed-job.yaml").read_text())
+    out = load(inject_files(MANIFESTS / "aws-indexed-job.yaml"))
+    assert [d["kind"] for d in out] == ["Service", "ConfigMap", "Job"]
+    assert out[:2] == given[:2]
+    assert out[1]["data"]["ft.yaml"] == given[1]["data"]["ft.yaml"]  # a multi-line string, as it was
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_injecting_twice_changes_nothing(name):
+    once = inject_files(MANIFESTS / name)
+    assert inject.inject_stream([("once", once)], "nvrx-slo-sidecar:9.9", None) == once
+
+
+def test_the_reference_workloads_in_deploy_are_what_inject_makes_of_them(tmp_path):
+    """deploy/overlays write the sidecar out in full; inject's single spec must agree with every field."""
+    for overlay in OVERLAYS:
+        rendered = render(overlay, tmp_path / overlay)
+        (workload,) = [o for o in rendered if o["kind"] in JOB_NAME_FIELD]
+        image = named(pod_template(rendered)["spec"]["initContainers"], SIDECAR)["image"]
+        assert inject.inject_document(workload, inject.load_spec(), image, None) == workload, overlay
+
+
+# --- the command line ------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_stdin_through_the_real_command_gives_what_the_files_give():
+    text = (MANIFESTS / "aws-indexed-job.yaml").read_text()
+    piped, from_file = run("-", stdin=text), run(str(MANIFESTS / "aws-indexed-job.yaml"))
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout == from_file.stdout and piped.stderr == ""
+    assert named(templates(load(piped.stdout)[2])["spec.template"]["spec"]["initContainers"], SIDECAR)["image"] \
+        == inject.default_image()
+
+
+def test_several_files_make_one_stream_in_order():
+    out = load(inject_files(MANIFESTS / "jobset.yaml", MANIFESTS / "pytorchjob.yaml"))
+    assert [d["kind"] for d in out] == ["JobSet", "PyTorchJob"]
+
+
+def test_container_names_the_training_container(tmp_path):
+    path = tmp_path / "job.yaml"
+    doc = load((MANIFESTS / "pytorchjob.yaml").read_text())[0]
+    doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "train"
+    doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["name"] = "train"
+    path.write_text(yaml.safe_dump(doc))
+    (out,) = load(inject_files(path, container="train"))
+    for template in templates(out).values():
+        env = {e["name"] for e in named(template["spec"]["containers"], "train")["env"]}
+        assert schema.JOURNAL_DIR_ENV in env
+
+
+def test_a_wrong_flag_exits_2_naming_it(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        inject.main(["--imagee=x", str(MANIFESTS / "jobset.yaml")])
+    assert exit_.value.code == 2 and "--imagee" in capsys.readouterr().err
+
+
+# --- what it refuses -------------------------------------------------------------------------------------
+
+def _aws_job() -> dict[str, Any]:
+    return load((MANIFESTS / "aws-indexed-job.yaml").read_text())[2]
+
+
+def _pod(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["spec"]["template"]["spec"]
+
+
+def _trainer(doc: dict[str, Any]) -> dict[str, Any]:
+    return _pod(doc)["containers"][0]
+
+
+def _two_unnamed_trainers(doc):
+    _pod(doc)["containers"].append({**_trainer(doc), "name": "tensorboard", "ports": []})
+
+
+def _a_volume_called_journal(doc):
+    _pod(doc)["volumes"].append({"name": "journal", "persistentVolumeClaim": {"claimName": "audit-log"}})
+
+
+def _something_else_mounted_at_journal(doc):
+    _trainer(doc)["volumeMounts"].append({"name": "fsx", "mountPath": "/journal"})
+
+
+def _journal_dir_set_elsewhere(doc):
+    _trainer(doc)["env"].append({"name": schema.JOURNAL_DIR_ENV, "value": "/fsx/journal"})
+
+
+def _trainer_serves_on_9400(doc):
+    _trainer(doc)["ports"].append({"name": "prom", "containerPort": 9400})
+
+
+def _a_regular_container_named_like_ours(doc):
+    _pod(doc)["containers"].append({"name": SIDECAR, "image": "busybox"})
+
+
+def _another_sidecar_image(doc):
+    once = load(inject.inject_stream([("x", yaml.safe_dump(doc))], "nvrx-slo-sidecar:1.0", None))[0]
+    doc.clear()
+    doc.update(once)
+
+
+def _monitor_label_off(doc):
+    doc["spec"]["template"]["metadata"]["labels"]["nvrx-slo/monitor"] = "false"
+
+
+def _no_pod_template(doc):
+    del doc["spec"]["template"]
+
+
+NOT_OURS = "is already there and is not nvrx-slo's"
+REFUSALS = {  # sentence -> (how the Job is broken, flags, what the error must say)
+    "two containers and none named by --container":
+        (_two_unnamed_trainers, [],
+         "cannot tell the training container among pytorch, tensorboard: name it with --container"),
+    "--container names no container":
+        (lambda doc: None, ["--container=trainer"],
+         "no container named 'trainer' (--container); containers: pytorch"),
+    "a volume named journal that is not ours":
+        (_a_volume_called_journal, [],
+         f"volume with name 'journal' {NOT_OURS} (differs in: emptyDir, persistentVolumeClaim)"),
+    "another volume mounted at /journal":
+        (_something_else_mounted_at_journal, [],
+         f"container 'pytorch': volume mount with mountPath '/journal' {NOT_OURS} (differs in: name)"),
+    "the journal env var set to another place":
+        (_journal_dir_set_elsewhere, [],
+         f"container 'pytorch': env var with name 'NVRX_SLO_JOURNAL_DIR' {NOT_OURS} (differs in: value)"),
+    "the trainer already serves on the sidecar's port":
+        (_trainer_serves_on_9400, [],
+         "container 'pytorch' already declares port 'prom', which the sidecar uses"),
+    "a regular container named like the sidecar":
+        (_a_regular_container_named_like_ours, [],
+         f"container named 'nvrx-slo-sidecar' {NOT_OURS} (a regular container, not a native sidecar)"),
+    "injected before with another image":
+        (_another_sidecar_image, [],
+         f"init container with name 'nvrx-slo-sidecar' {NOT_OURS} (differs in: image)"),
+    "the monitor label set to something else":
+        (_monitor_label_off, [],
+         "pod label 'nvrx-slo/monitor' is already there with value 'false', not 'true'"),
+    "a Job without a pod template":
+        (_no_pod_template, [],
+         "no spec.template"),
+}
+
+
+@pytest.mark.parametrize("sentence", REFUSALS)
+def test_it_refuses_with_exit_2_naming_the_document_and_the_reason(sentence, tmp_path, capsys):
+    breaks, flags, reason = REFUSALS[sentence]
+    docs = load((MANIFESTS / "aws-indexed-job.yaml").read_text())
+    breaks(docs[2])
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    assert inject.main([*flags, str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    template = "" if sentence == "a Job without a pod template" else "spec.template: "
+    where = f"{path}, document 3 (Job llama-fsdp): {template}"
+    assert err == f"nvrx-slo inject: {where}{reason}\n"
+
+
+def test_it_refuses_what_is_not_yaml(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("kind: Job\n  spec: [\n")
+    assert inject.main([str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"nvrx-slo inject: {path}: not YAML:")
+
+
+def test_a_missing_file_is_named(tmp_path, capsys):
+    assert inject.main([str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
