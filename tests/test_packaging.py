@@ -25,6 +25,7 @@ SHIPPED = ("*.py", "slo.yaml", "templates/*.css")
 def shipped_files() -> set[str]:
     """Every file the rooms and ``nvrx_slo/`` ship, as its path inside the wheel."""
     files = {f"nvrx_slo/{p.relative_to(ROOT / 'nvrx_slo')}" for p in (ROOT / "nvrx_slo").rglob("*.py")}
+    files.add("nvrx_slo/sidecar_pod.yaml")  # what `nvrx-slo inject` adds to a pod
     for room in ROOMS:
         for pattern in SHIPPED:
             files |= {f"nvrx_slo/{room}/{p.relative_to(ROOT / room)}" for p in (ROOT / room).glob(pattern)}
