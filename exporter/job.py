@@ -154,6 +154,16 @@ def _settled(gone: Snapshot, pods: Sequence[Snapshot]) -> Snapshot:
     return dataclasses.replace(gone, ranks=tuple(ranks))
 
 
+def lost_pods(pods: Sequence[Snapshot]) -> set[str]:
+    """The pods the job went on without, read from journals after the fact: a pod that had not
+    finished when another pod's rank restored from a checkpoint after the pod's last record. (A
+    live caller that saw the pod go says so instead: ``job_snapshot(..., lost=)``.)"""
+    restores = [wall for snap in pods for r in snap.ranks for wall, _ in r.restores]
+    return {snap.pod for snap in pods if not snap.finished and snap.job_start_wall is not None
+            and any(wall > snap.job_start_wall + max((r.wall_s for r in snap.ranks), default=0.0)
+                    for wall in restores)}
+
+
 def _finished(pods: Sequence[Snapshot], world: int | None) -> bool:
     """Every rank of the world ended in a finished pod (a lost pod's ranks, in its replacement's);
     without a known world size, every pod finished."""

@@ -19,18 +19,21 @@ the restart's duration, so they are laid end to end.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import html
 import sys
 import time
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from nvrx_slo.contracts.catalogue import RestartPhase
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter import status_page, timeline
+from nvrx_slo.exporter import job, status_page, timeline
 from nvrx_slo.exporter.decode import Event
-from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.engine import Engine, History
 from nvrx_slo.exporter.live import DUPLICATE, IMPLAUSIBLE, LATE, View
-from nvrx_slo.exporter.snapshot import RestartRecord
+from nvrx_slo.exporter.snapshot import RestartRecord, Snapshot
 from nvrx_slo.exporter.tail import JournalTail
 from nvrx_slo.exporter.timeline import RestartBand, TimelineBuilder
 
@@ -66,9 +69,17 @@ class _Replay:
         self.builder.decide(self.engine.take_verdicts())
 
 
-def build(journal_dir: str | Path, targets: Targets) -> str:
-    """The report of ``journal_dir`` as one HTML document, its SLOs judged against ``targets``;
-    ``EmptyJournal`` if nothing was accepted."""
+@dataclasses.dataclass(frozen=True)
+class _Pod:
+    """One journal directory, replayed: its engine's snapshot and history, its timeline's builder."""
+
+    snap: Snapshot
+    history: History
+    builder: TimelineBuilder
+    rejected: dict[str, int]
+
+
+def _read(journal_dir: str | Path) -> _Pod:
     tail = JournalTail(journal_dir)
     replay = _Replay()
     try:
@@ -82,26 +93,47 @@ def build(journal_dir: str | Path, targets: Targets) -> str:
                            + (f" ({sum(tail.rejected.values())} lines rejected)" if tail.rejected else ""))
     snap = replay.engine.snapshot(*replay.newest)
     replay.builder.decide(replay.engine.take_verdicts())
-    history = replay.engine.history()
-    tl = replay.builder.build([_band(r, snap.now_wall) for r in history.restarts], history.checkpoints)
-    view = View(snap, {**tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late,
-                       IMPLAUSIBLE: snap.implausible}, {}, {})
-    rejected = sum(view.rejected.values())
-    warning = (f'<p class="fail">{rejected} journal lines were rejected and not accounted '
-               f"(see Exporter below).</p>") if rejected else ""
+    return _Pod(snap, replay.engine.history(), replay.builder, dict(tail.rejected))
+
+
+def build(journal_dirs: Sequence[str | Path], targets: Targets) -> str:
+    """The report of one pod's journal directory, or of a job's (one directory per pod: the job's
+    accounting, ``exporter/job.py``, and one timeline with every pod's lanes), as one HTML
+    document, its SLOs judged against ``targets``; ``EmptyJournal`` if a directory holds nothing."""
+    pods = sorted((_read(d) for d in journal_dirs), key=lambda p: p.snap.job_start_wall or 0.0)
+    if len(pods) == 1:
+        (pod,) = pods
+        snap, rejected = pod.snap, pod.rejected
+        tl = pod.builder.build([_band(r, snap.now_wall) for r in pod.history.restarts], pod.history.checkpoints)
+    else:
+        # the job's restarts merged from every pod's full history, not only each snapshot's newest
+        full = [dataclasses.replace(p.snap, restarts=dataclasses.replace(p.snap.restarts, recent=p.history.restarts))
+                for p in pods]
+        snap = job.job_snapshot(full, lost=job.lost_pods(full))
+        rejected = dict(sum((Counter(p.rejected) for p in pods), Counter()))
+        tl = timeline.compose([(p.snap.pod, p.builder) for p in pods],
+                              [_band(r, snap.now_wall) for r in snap.restarts.recent],
+                              [c for p in pods for c in p.history.checkpoints])
+    view = View(snap, {**rejected, DUPLICATE: snap.duplicates, LATE: snap.late, IMPLAUSIBLE: snap.implausible}, {}, {})
+    bad = sum(view.rejected.values())
+    warning = (f'<p class="fail">{bad} journal lines were rejected and not accounted '
+               f"(see Exporter below).</p>") if bad else ""
+    lanes = "One lane per rank" + (" and pod" if len(pods) > 1 else "")
     body = (f'<div class="grid"><section class="card wide"><h2>Timeline</h2>{warning}'
             f"{timeline.legend_html()}{timeline.render_svg(tl)}"
-            f'<p class="sub">One lane per rank; hover a span for details. Restarts and their phases run '
+            f'<p class="sub">{lanes}; hover a span for details. Restarts and their phases run '
             f"across all lanes; lost work is the training that a restart rolled back.</p></section></div>"
             f"{status_page.sections(view, targets)}")
     made = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    links = (f'<span class="ident">journal <b>{html.escape(str(journal_dir))}</b> · report made {made}</span>')
+    what = "journal" if len(pods) == 1 else f"{len(pods)} journals"
+    links = (f'<span class="ident">{what} <b>{html.escape(", ".join(map(str, journal_dirs)))}</b> · '
+             f"report made {made}</span>")
     return status_page.page("nvrx-slo report", snap, body, refresh_s=None, links=links)
 
 
-def write(journal_dir: str | Path, output: str | Path, targets: Targets) -> Path:
-    """Build the report of ``journal_dir`` and write it to ``output``; returns its absolute path."""
-    document = build(journal_dir, targets)
+def write(journal_dirs: Sequence[str | Path], output: str | Path, targets: Targets) -> Path:
+    """Build the report of ``journal_dirs`` and write it to ``output``; returns its absolute path."""
+    document = build(journal_dirs, targets)
     path = Path(output).resolve()
     path.write_text(document, encoding="utf-8")
     return path
@@ -110,13 +142,18 @@ def write(journal_dir: str | Path, output: str | Path, targets: Targets) -> Path
 def main(argv: list[str], targets: Targets) -> int:
     """``nvrx-slo report``; ``targets`` come from the SLO spec (``nvrx_slo/cli.py`` loads it)."""
     parser = argparse.ArgumentParser(prog="nvrx-slo report", description=__doc__.split("\n")[0])
-    parser.add_argument("journal_dir", metavar="JOURNAL_DIR", type=Path, help="a journal directory (one pod's)")
+    parser.add_argument("journal_dirs", metavar="JOURNAL_DIR", type=Path, nargs="+",
+                        help="a pod's journal directory; several: one job, a directory per pod (a lost "
+                             "pod's and its replacement's included)")
     parser.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="HTML file to write")
     args = parser.parse_args(argv)
-    if not args.journal_dir.is_dir():
-        parser.error(f"JOURNAL_DIR {args.journal_dir}: not a directory")
+    for journal_dir in args.journal_dirs:
+        if not journal_dir.is_dir():
+            parser.error(f"JOURNAL_DIR {journal_dir}: not a directory")
+    if len(set(map(Path.resolve, args.journal_dirs))) < len(args.journal_dirs):
+        parser.error("JOURNAL_DIR: a directory is named twice (each pod's journal once)")
     try:
-        print(write(args.journal_dir, args.output, targets))
+        print(write(args.journal_dirs, args.output, targets))
     except (EmptyJournal, FileNotFoundError) as exc:
         print(f"nvrx-slo report: {exc}", file=sys.stderr)
         return 1

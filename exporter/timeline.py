@@ -71,6 +71,7 @@ class Span:
 class Lane:
     rank: int
     spans: tuple[Span, ...]
+    pod: str = ""  # in a job's timeline: the pod whose process ran the rank (a lost pod's and its replacement's)
 
 
 @dataclass(frozen=True)
@@ -189,26 +190,7 @@ class TimelineBuilder:
 
     def build(self, restarts: Sequence[RestartBand] = (), checkpoints: Sequence[CheckpointRecord] = ()) -> Timeline:
         """Finish: mark each step as the engine decided, merge spans to the pixel, cap lanes and markers."""
-        lo = min([self._lo] + [r.start_wall for r in restarts])
-        hi = max([self._hi] + [r.end_wall for r in restarts])
-        if lo > hi:  # nothing at all
-            lo = hi = 0.0
-        duration = max(hi - lo, 1e-9)
-        resolution = MERGE_PX * duration / PLOT_WIDTH
-        ranks = sorted(self._ranks)
-        lanes = tuple(self._lane(r, self._ranks[r], lo, resolution) for r in ranks[:MAX_LANES])
-        markers = sorted((m for m in (_marker(c, lo) for c in checkpoints) if m is not None), key=lambda m: m.at)
-        bands = sorted(restarts, key=lambda r: r.start_wall)
-        return Timeline(
-            origin_wall=lo,
-            duration=hi - lo,
-            lanes=lanes,
-            checkpoints=tuple(markers[-MAX_MARKERS:]),
-            restarts=tuple(bands[-MAX_MARKERS:]),
-            lanes_omitted=max(0, len(ranks) - MAX_LANES),
-            checkpoints_omitted=max(0, len(markers) - MAX_MARKERS),
-            restarts_omitted=max(0, len(bands) - MAX_MARKERS),
-        )
+        return compose([("", self)], restarts, checkpoints)
 
     def step_kinds(self, rank: int) -> list[tuple[float, int, str]]:
         """``(end mono, step, kind)`` of each step of ``rank``, oldest first: what its lane draws."""
@@ -217,7 +199,7 @@ class TimelineBuilder:
         return sorted((m, n, k) for m, n, k in zip(data.step_mono, data.step_no, kinds, strict=True) if k is not None)
 
     @staticmethod
-    def _lane(rank: int, data: _RankData, lo: float, resolution: float) -> Lane:
+    def _lane(rank: int, data: _RankData, lo: float, resolution: float, pod: str) -> Lane:
         kinds = _kinds(data)
         order = sorted(range(len(data.step_end)), key=data.step_end.__getitem__)
         raw = [(kind, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i])
@@ -225,7 +207,45 @@ class TimelineBuilder:
         spans = _merge_steps(raw, resolution)
         others = sorted(data.spans, key=lambda s: s[1])
         spans += _merge_others([(k, s - lo, e - lo, label) for k, s, e, label in others], resolution)
-        return Lane(rank=rank, spans=tuple(spans))
+        return Lane(rank=rank, spans=tuple(spans), pod=pod)
+
+
+def compose(pods: Sequence[tuple[str, TimelineBuilder]], restarts: Sequence[RestartBand] = (),
+            checkpoints: Sequence[CheckpointRecord] = ()) -> Timeline:
+    """One timeline over ``(pod, builder)`` pairs on one time axis (a job's pods, each with its own
+    engine; one pod named "" for a pod's own report). A rank run by two pods (a lost node's and its
+    replacement's) gets a lane per pod, in the order given. A save is marked once: every pod
+    records its share, and the job's save is as good as its worst share (``checkpoints``: all
+    pods' records); ``restarts``: the job's, already merged."""
+    lo = min([b._lo for _, b in pods] + [r.start_wall for r in restarts])
+    hi = max([b._hi for _, b in pods] + [r.end_wall for r in restarts])
+    if lo > hi:  # nothing at all
+        lo = hi = 0.0
+    duration = max(hi - lo, 1e-9)
+    resolution = MERGE_PX * duration / PLOT_WIDTH
+    order = sorted((rank, i) for i, (_, b) in enumerate(pods) for rank in b._ranks)
+    lanes = tuple(pods[i][1]._lane(rank, pods[i][1]._ranks[rank], lo, resolution, pods[i][0])
+                  for rank, i in order[:MAX_LANES])
+    worst: dict[tuple[str, tuple[int, int]], CheckpointMarker] = {}
+    for m in (m for m in (_marker(c, lo) for c in checkpoints) if m is not None):
+        seen = worst.get((m.ckpt, m.incarnation))
+        if seen is None or (_BADNESS[m.status], m.at) > (_BADNESS[seen.status], seen.at):
+            worst[(m.ckpt, m.incarnation)] = m
+    markers = sorted(worst.values(), key=lambda m: m.at)
+    bands = sorted(restarts, key=lambda r: r.start_wall)
+    return Timeline(
+        origin_wall=lo,
+        duration=hi - lo,
+        lanes=lanes,
+        checkpoints=tuple(markers[-MAX_MARKERS:]),
+        restarts=tuple(bands[-MAX_MARKERS:]),
+        lanes_omitted=max(0, len(order) - MAX_LANES),
+        checkpoints_omitted=max(0, len(markers) - MAX_MARKERS),
+        restarts_omitted=max(0, len(bands) - MAX_MARKERS),
+    )
+
+
+_BADNESS = {"ok": 0, "unfinished": 1, "failed": 2}
 
 
 def _kinds(data: _RankData) -> list[str | None]:
@@ -365,8 +385,10 @@ def render_svg(tl: Timeline) -> str:
                    f' d="M{cx},20 l5,6 l-5,6 l-5,-6 z"><title>{_e(title)}</title></path>')
     for i, lane in enumerate(tl.lanes):
         y = TOP + i * LANE_H
-        out.append(f'<g class="tl-lane" data-rank="{lane.rank}">'
-                   f'<text class="tl-lanelabel" x="4" y="{y + 15}">rank {lane.rank}</text>'
+        pod = (f'<text class="tl-podlabel" x="4" y="{y + ROW_H + 6}">{_e(_short(lane.pod))}'
+               f"<title>pod {_e(lane.pod)}</title></text>") if lane.pod else ""
+        out.append(f'<g class="tl-lane" data-rank="{lane.rank}" data-pod="{_e(lane.pod)}">'
+                   f'<text class="tl-lanelabel" x="4" y="{y + 15}">rank {lane.rank}</text>{pod}'
                    f'<rect class="tl-lanebg" x="{GUTTER}" y="{y}" width="{PLOT_WIDTH}" height="{ROW_H}"/>')
         for sp in lane.spans:
             top, h = (y + ROW_H + 1, BG_H) if sp.kind == BACKGROUND else (y, ROW_H)
@@ -384,6 +406,11 @@ def render_svg(tl: Timeline) -> str:
         out.append(f'<text class="tl-note" x="{GUTTER}" y="{height - 6}">{_e("; ".join(notes))}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def _short(pod: str, keep: int = 14) -> str:
+    """A pod name that fits the lane gutter: its end, where generated names differ."""
+    return pod if len(pod) <= keep else "…" + pod[-(keep - 1):]
 
 
 def _fmt_seconds(t: float) -> str:

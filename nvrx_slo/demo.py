@@ -167,7 +167,7 @@ def main(argv: list[str], targets: Targets) -> int:
     if pods == 1:
         (journal_dir,) = sidecars
         print(slo_reports[journal_dir], end="")
-        print(f"\nHTML report with a timeline: {report.write(journal_dir, run_dir / 'report.html', targets)}")
+        print(f"\nHTML report with a timeline: {report.write([journal_dir], run_dir / 'report.html', targets)}")
     else:
         snapshots = [sidecar.snapshot(lost_at.get(d)) for d, sidecar in sidecars.items()]
         for snap, (d, sidecar) in zip(snapshots, sidecars.items(), strict=True):
@@ -178,6 +178,8 @@ def main(argv: list[str], targets: Targets) -> int:
         print()
         gone = {snap.pod for snap, d in zip(snapshots, sidecars, strict=True) if d in lost_at}
         print(slo_report.render(job_view.job_snapshot(snapshots, lost=gone), targets), end="")
+        html_report = report.write(list(sidecars), run_dir / "report.html", targets)
+        print(f"\nHTML report of the job, every pod's lanes: {html_report}")
     if result.returncode != 0:
         print(f"the job failed (exit code {result.returncode}); see {result.log_path}", file=sys.stderr)
     return result.returncode

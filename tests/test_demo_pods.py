@@ -185,3 +185,28 @@ def test_the_survivor_restarts_in_job_and_the_job_counts_one_restart_until_both_
     assert latency > 8.0  # the replacement came 8 s after the loss
     assert _sidecar(run, "pod-0").restarts.counts[RestartLevel.INJOB] == 1
     assert sum(_sidecar(run, "pod-1-replacement").restarts.counts.values()) == 0  # its first process
+
+
+@pytest.mark.slow
+def test_the_job_report_replays_every_pods_journal_and_finds_the_lost_pod_itself(node_loss):
+    """The HTML report the demo writes (``nvrx-slo report DIR...`` over the three journal
+    directories) is not told which pod was lost: it reads that from the journals. Its accounting
+    agrees with the sidecars' printed job report (the lost pod's sidecar died with it, so it may
+    have missed the records of its last poll), and its timeline has a lane per rank and pod."""
+    run = node_loss
+    assert run.returncode == 0, run.stderr[-3000:]
+    document = (run.run_dir / "report.html").read_text()
+    assert f"HTML report of the job, every pod's lanes: {run.run_dir / 'report.html'}" in run.stdout
+    lanes = re.findall(r'<g class="tl-lane" data-rank="(\d+)" data-pod="([^"]*)"', document)
+    assert lanes == [("0", "pod-0"), ("1", "pod-1"), ("1", "pod-1-replacement")]
+    assert document.count('data-kind="restart"') == 1
+    printed = run.stdout.split("nvrx-slo SLO report — ")[1]
+
+    def seconds(cat: Category) -> float:
+        return float(re.search(rf'id="seconds-{cat.value}" class="[^"]*" data-value="([^"]*)"', document).group(1))
+
+    absent = float(re.search(r"^  absent \(no pod ran the rank\)\s+([\d.]+) s", printed, re.M).group(1))
+    assert seconds(Category.ABSENT) == pytest.approx(absent, abs=1.0)
+    unprotected = float(re.search(r"^  unprotected \(not yet checkpointed\)\s+([\d.]+) s", printed, re.M).group(1))
+    # the lost pod's unsettled work settled by the step the job resumed from, as the demo did
+    assert (seconds(Category.UNPROTECTED) == 0.0) == (unprotected == 0.0)

@@ -163,3 +163,17 @@ def test_a_replacement_pod_that_starts_during_the_restart_ends_it_with_its_first
     early = dataclasses.replace(replacement, pod="pod-2", job_start_wall=T0)
     (alone,) = job.merge_restarts([survivor, early])
     assert alone.record.duration_s == pytest.approx(20.0)
+
+
+def test_a_pod_the_job_restored_without_is_lost_and_a_pod_that_merely_stopped_is_not():
+    """Read from journals after the fact: pod-1 (not finished, last record at 30 s) is lost once
+    another pod's rank restored after 30 s; a pod whose journal ends with the others' is not."""
+    survivor = pod("pod-0", [0], [], wall=100.0, world_size=2, job_start_wall=T0, finished=True)
+    restored = dataclasses.replace(survivor, ranks=(dataclasses.replace(
+        survivor.ranks[0], restores=((T0 + 1.0, None), (T0 + 45.0, 9))),))
+    gone = pod("pod-1", [1], [], wall=30.0, world_size=2, job_start_wall=T0, finished=False)
+    assert job.lost_pods([restored, gone]) == {"pod-1"}
+    assert job.lost_pods([survivor, gone]) == set()  # no restore after it: the job did not go on without it
+    assert job.lost_pods([restored, dataclasses.replace(gone, finished=True)]) == set()
+    copied_mid_run = dataclasses.replace(gone, ranks=(dataclasses.replace(gone.ranks[0], wall_s=100.0),))
+    assert job.lost_pods([restored, copied_mid_run]) == set()

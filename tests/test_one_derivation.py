@@ -77,7 +77,7 @@ def test_the_timeline_the_report_and_the_engine_agree_on_every_step(name: str, t
         assert seconds[LOST] == pytest.approx(rank.seconds[Category.LOST], abs=1e-6), (rank.rank, kinds)
         assert seconds[UNPROTECTED] <= rank.unprotected_s + 1e-6
 
-    document = report.build(tmp_path, TARGETS)
+    document = report.build([tmp_path], TARGETS)
     for kind, count in drawn.items():
         in_svg = sum(int(n) for n in re.findall(rf'<rect class="tl-{kind}"[^>]*data-count="(\d+)"', document))
         assert in_svg == count, (kind, in_svg, count)

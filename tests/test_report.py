@@ -141,7 +141,7 @@ def test_a_hostile_journal_renders_a_correct_escaped_report(tmp_path):
         f.write(b"<script>alert(3)</script>\n")
         f.write(schema.encode({"v": 99, "type": "step"}))
         f.write(b'{"v":1,"type":"step","seq":9')  # a torn last line, no newline: never read
-    document = report.build(tmp_path / "journal", TARGETS)
+    document = report.build([tmp_path / "journal"], TARGETS)
 
     inv = assert_inert(document)
     text = "".join(inv.text)
@@ -168,7 +168,7 @@ def test_a_huge_journal_gives_a_small_report_quickly(tmp_path):
                              tmp_path / "journal", evil=False)
     size = sum(f.stat().st_size for f in (tmp_path / "journal").iterdir())
     t0 = time.perf_counter()
-    document = report.build(tmp_path / "journal", TARGETS)
+    document = report.build([tmp_path / "journal"], TARGETS)
     elapsed = time.perf_counter() - t0
     print(f"report of {size / 1e6:.1f} MB journal: {elapsed:.2f} s, {len(document) / 1e3:.0f} kB HTML")
     assert size > 10e6
@@ -203,3 +203,65 @@ def test_the_cli_names_what_is_wrong(tmp_path):
     assert not (tmp_path / "r.html").exists()
     flag = _cli(str(tmp_path / "empty"), "--output-file", "x")
     assert flag.returncode == 2 and "--output-file" in flag.stderr
+
+
+def _split_by_rank(pod: Pod, directory: Path) -> list[Path]:
+    """``pod``'s journal as a job of one pod per rank: each rank's records, and a copy of the
+    launcher's, in a directory of its own, with the pod's name in every record."""
+    dirs = []
+    for rank in sorted({r["rank"] for r in pod.records if r["rank"] is not None}):
+        name = f"pod-{rank}"
+        d = directory / name
+        d.mkdir(parents=True)
+        files: dict[tuple[int | None, int], list[bytes]] = {}
+        for rec in sorted(pod.records, key=lambda r: (r["pid"], r["seq"])):
+            if rec["rank"] in (rank, None):
+                files.setdefault((rec["rank"], rec["pid"]), []).append(schema.encode({**rec, "pod": name}))
+        for (r, pid), lines in files.items():
+            (d / schema.journal_file_name(name, r, pid)).write_bytes(b"".join(lines))
+        dirs.append(d)
+    return dirs
+
+
+def test_a_job_of_several_pods_is_one_report_that_equals_the_same_ranks_in_one_pod(tmp_path):
+    """Each rank of the story in a pod of its own: the job's accounting (every category), its one
+    restart and its saves equal the single pod's that ran the same records; the timeline has a
+    lane per rank labelled with its pod, on one time axis."""
+    pod = story(ranks=3)
+    write_journal(pod, tmp_path / "one", evil=False)
+    whole = inventory(report.build([tmp_path / "one"], TARGETS))
+    dirs = _split_by_rank(pod, tmp_path / "job")
+    document = report.build(dirs, TARGETS)
+    job = assert_inert(document)
+    for cat in Category:
+        if f"seconds-{cat.value}" in whole.by_id:
+            assert float(job.by_id[f"seconds-{cat.value}"]["data-value"] or 0) == pytest.approx(
+                float(whole.by_id[f"seconds-{cat.value}"]["data-value"] or 0), abs=1e-6), cat
+    for key in ("efficiency", "restarts-total", "checkpoint-saves", "steps-total", "ranks"):
+        assert float(job.by_id[key]["data-value"]) == pytest.approx(float(whole.by_id[key]["data-value"])), key
+    assert job.by_id["restarts-total"]["data-value"] == "1"
+    lanes = [(a["data-rank"], a["data-pod"]) for a in (dict(attrs) for attrs in _lanes(document))]
+    assert lanes == [("0", "pod-0"), ("1", "pod-1"), ("2", "pod-2")]
+    assert document.count('data-kind="restart"') == 1
+
+
+def _lanes(document: str) -> list[list[tuple[str, str | None]]]:
+    """The attributes of each timeline lane, top to bottom."""
+    found: list[list[tuple[str, str | None]]] = []
+
+    class Lanes(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "g" and ("class", "tl-lane") in attrs:
+                found.append(attrs)
+    Lanes().feed(document)
+    return found
+
+
+def test_the_cli_takes_several_journal_directories_once_each(tmp_path):
+    dirs = _split_by_rank(story(), tmp_path / "job")
+    out = tmp_path / "r.html"
+    done = _cli(*map(str, dirs), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "2 journals" in out.read_text()
+    twice = _cli(str(dirs[0]), str(dirs[0]), "-o", str(tmp_path / "x.html"))
+    assert twice.returncode == 2 and "named twice" in twice.stderr
