@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import selectors
 import signal
 import socket
 import subprocess
@@ -39,3 +40,40 @@ def stop(proc: subprocess.Popen[Any]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def burst(port: int, n: int, path: str = "/healthz", timeout: float = 60.0) -> list[float]:
+    """``n`` connections at once, each sending one GET: the seconds each took to its full answer."""
+    socks, started, done = [], {}, {}
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        socks.append(s)
+    pending = {s.fileno(): s for s in socks}
+    sent: set[int] = set()
+    buffers: dict[int, bytes] = {fd: b"" for fd in pending}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        for fd, s in pending.items():
+            sel.register(s, selectors.EVENT_WRITE)
+            started[fd] = time.monotonic()
+        while pending and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=1.0):
+                fd, s = key.fd, key.fileobj
+                if fd not in sent:
+                    s.send(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                    sent.add(fd)
+                    sel.modify(s, selectors.EVENT_READ)
+                    continue
+                chunk = s.recv(65536)
+                buffers[fd] += chunk
+                if not chunk:
+                    done[fd] = time.monotonic() - started[fd]
+                    sel.unregister(s)
+                    del pending[fd]
+    for s in socks:
+        s.close()
+    assert not pending, f"{len(pending)} of {n} connections unanswered"
+    assert all(b.startswith(b"HTTP/1.1 200") for b in buffers.values())
+    return sorted(done.values())
