@@ -6,7 +6,9 @@ spans; background = ``scheduled`` → ``written`` (the instant the writer finish
 histograms take one observation per rank per save. A save (checkpoint id) is durable when every
 rank that started it ended ok, failed when any rank's end is not ok, and abandoned for a rank
 whose process died before its end. Each quantity is a pure function of the events seen, so the
-order they arrive in does not matter; a save enters the histograms, ``saves`` and
+order they arrive in does not matter — except that a process's own records come in the order it
+wrote them (one file, read in order), which places a save's end written after an in-process
+restart in the save it ended (``_attempt``). A save enters the histograms, ``saves`` and
 ``bytes_total`` once nothing can join it any more (see ``Checkpoints.fold``) or the job finished.
 """
 
@@ -70,9 +72,27 @@ class Checkpoints:
         self.recent: list[tuple[float, str, CheckpointRecord]] = []  # (began, key, record), oldest first
         self.due = float("inf")  # no save can fold before the pod's newest record reaches this
 
+    def _attempt(self, rec: Event, rank: int) -> str:
+        """The save ``rec`` belongs to: a start opens one for its incarnation; any other record joins
+        the newest save of that id its process started at or before the record's in-process
+        iteration (an async save's end may be written after a Wrapper restart), else its own.
+        A process journals in order, so its start is always seen before the rest of its save."""
+        own = f"{rec.restart}/{rec.iter}/{rec.ckpt}"
+        if rec.type == "checkpoint_start":
+            return own
+        best, best_iter = own, -1
+        for key, parts in self.open.items():  # at most MAX_OPEN saves
+            part = parts.get((rank, rec.pid))
+            if part is None or part[START] is None:
+                continue
+            restart, iter_, ckpt = key.split("/", 2)
+            if ckpt == rec.ckpt and int(restart) == rec.restart and best_iter < int(iter_) <= rec.iter:
+                best, best_iter = key, int(iter_)
+        return best
+
     def add(self, rec: Event, rank: int) -> None:
         """One checkpoint_* event of rank ``rank`` (checkpoint_worker is the ledger's)."""
-        ckpt = f'{rec.restart}/{rec.iter}/{rec.ckpt}'
+        ckpt = self._attempt(rec, rank)
         parts = self.open.get(ckpt)
         if parts is None:
             parts = self.open[ckpt] = {}

@@ -117,9 +117,6 @@ def test_one_lane_per_rank_and_one_marker_per_checkpoint_with_its_status():
         ["bad-ckpt", "ok-ckpt", "pending"]
 
 
-@pytest.mark.xfail(strict=True, reason="the engine keys a save by the iter of each record, so an async save "
-                   "that ends after an in-process restart splits into a start-only and an end-only save; "
-                   "an order-independent fix in exporter/checkpoints.py is open (issue 14)")
 def test_a_checkpoint_saved_again_after_a_rollback_is_a_second_attempt():
     records = [rec("checkpoint_start", 1.0, ckpt="step-10", step=10, mode="async"),  # killed before it landed
                rec("checkpoint_start", 9.0, pid=101, restart=1, ckpt="step-10", step=10, mode="async"),
