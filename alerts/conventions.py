@@ -44,6 +44,8 @@ def burn_rate_record(window: int) -> str:
 ERROR_BUDGET_REMAINING = f"{_LEVEL}:nvrx_slo_error_budget_remaining:ratio"
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
+# Share of the job's accelerator time spent idle, one series per source (alerts/idle.py), at each evaluation.
+ACCELERATOR_IDLE = f"{_LEVEL}:nvrx_accelerator_idle:ratio"
 
 
 class Alert(str, Enum):

@@ -8,11 +8,12 @@ first save, is caught too.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
-from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import BY_JOB, JOB_LABELS, ON_JOB, SEVERITY_LABEL, Alert, stamp_links
-from nvrx_slo.alerts.sli import job_rate
+from nvrx_slo.alerts import duration, idle
+from nvrx_slo.alerts.conventions import BY_JOB, ON_JOB, SEVERITY_LABEL, Alert, stamp_links
+from nvrx_slo.alerts.sli import job_rate, share_of_wall
 from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.alerts.windows import Severity, all_windows
 from nvrx_slo.contracts import catalogue as cat
@@ -23,7 +24,6 @@ JOB = "{{ $labels.namespace }}/{{ $labels.job_name }}"
 POD_RANK = JOB + " pod {{ $labels.pod }} rank {{ $labels.rank }}"
 BY_RANK = f"by ({', '.join(cat.IDENTITY_LABELS + (cat.RANK_LABEL,))})"
 BY_POD = f"by ({', '.join(cat.IDENTITY_LABELS)})"
-BY_JOB_SOURCE = f"by ({', '.join((*JOB_LABELS, 'source'))})"
 SCRAPE_TARGET = "on (job, instance)"  # the labels Prometheus gives every series of one scrape
 RECORDS_LOST_WITHIN = 15 * 60  # any loss is worth a ticket: a condition, not a tunable quantity
 
@@ -43,11 +43,6 @@ def _since(metric: cat.Metric) -> str:
         f"time() - (max {BY_JOB} ({metric.name})\n"
         f"  or min {BY_JOB} ({cat.JOB_START_TIMESTAMP.name}))"
     )
-
-
-def _share_of_wall(selector: str, window: int, by: str = BY_JOB) -> str:
-    w = duration.format(window)
-    return f"sum {by} (rate({selector}[{w}]))\n/ {ON_JOB} group_left\n  {job_rate(cat.WALL.name, w)}"
 
 
 def plain_alerts(spec: Spec) -> list[Rule]:
@@ -111,7 +106,7 @@ def plain_alerts(spec: Spec) -> list[Rule]:
         ),
         _alert(
             Alert.ACCELERATOR_IDLE,
-            f"{_share_of_wall(cat.GPU_IDLE.name, a.idle_over, BY_JOB_SOURCE)}\n> {a.idle_ratio:g}",
+            f"(\n{textwrap.indent(idle.best(duration.format(a.idle_over)), '  ')}\n)\n> {a.idle_ratio:g}",
             a.idle_for, Severity.TICKET,
             "A training job's accelerators are idle much of the time.",
             f"{JOB}: accelerators idle {{{{ $value | humanizePercentage }}}} of wall time over the last "
@@ -125,7 +120,7 @@ def plain_alerts(spec: Spec) -> list[Rule]:
             f"(alerts above {a.straggler_skew:g}×); in lock step the whole job runs at its pace.",
         ),
         _alert(
-            Alert.UNATTRIBUTED, f"{_share_of_wall(unattributed, a.unattributed_over)}\n> {a.unattributed_ratio:g}",
+            Alert.UNATTRIBUTED, f"{share_of_wall(unattributed, a.unattributed_over)}\n> {a.unattributed_ratio:g}",
             a.unattributed_for, Severity.TICKET,
             "Time nvrx-slo cannot attribute is growing.",
             f"{JOB}: {{{{ $value | humanizePercentage }}}} of wall time over the last "
@@ -145,5 +140,6 @@ def plain_alerts(spec: Spec) -> list[Rule]:
 
 
 def plain_group(spec: Spec) -> dict[str, Any]:
+    """The records the alerts read come first: a group evaluates in order, so they read this evaluation's."""
     return {"name": "nvrx-slo-alerts", "interval": duration.format(spec.evaluation_interval),
-            "rules": plain_alerts(spec)}
+            "rules": idle.records(spec) + plain_alerts(spec)}

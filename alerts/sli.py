@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import ABSENT_RANKS, BY_JOB
+from nvrx_slo.alerts.conventions import ABSENT_RANKS, BY_JOB, ON_JOB
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.contracts import catalogue as cat
 
@@ -46,6 +46,12 @@ def _matching(metric: str, label: str, regex: str) -> str:
 
 def job_rate(selector: str, window: str) -> str:
     return f"sum {BY_JOB} (rate({selector}[{window}]))"
+
+
+def share_of_wall(selector: str, window: int) -> str:
+    """The rate of ``selector`` (rank-seconds) over the job's wall rate: a share of its rank-seconds."""
+    w = duration.format(window)
+    return f"{job_rate(selector, w)}\n/ {ON_JOB} group_left\n  {job_rate(cat.WALL.name, w)}"
 
 
 def _or_zero(expr: str, like: str) -> str:

@@ -38,6 +38,8 @@ IDENTITY_MATCHERS: tuple[tuple[str, str, str], ...] = (
     (POD_LABEL, "=~", f"${VAR_POD}"),
 )
 POD_ALL_VALUE = ".+"  # the pod variable's "All": every pod of the selected job
+# The selected job, for series recorded per job (the pod variable does not apply to them).
+JOB_MATCHERS = (f'{NAMESPACE_LABEL}="${VAR_NAMESPACE}"', f'{JOB_LABEL}="${VAR_JOB}"')
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 LE_LABEL = "le"
@@ -177,7 +179,8 @@ def slo_record(name: str, slo: Slo) -> str:
     very number an alert fires on. The rules record per job (namespace, job_name), so the pod
     variable does not apply; the series exist only where the generated rules are installed.
     """
-    return f'{name}{{{SLO_LABEL}="{slo.value}", {NAMESPACE_LABEL}="${VAR_NAMESPACE}", {JOB_LABEL}="${VAR_JOB}"}}'
+    matchers = ", ".join((f'{SLO_LABEL}="{slo.value}"', *JOB_MATCHERS))
+    return f"{name}{{{matchers}}}"
 
 
 def delta(metric: Metric, labels: tuple[str, ...]) -> str:

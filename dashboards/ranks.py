@@ -3,9 +3,11 @@ by one — step time, stragglers, idle accelerators, and the work each rank has 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from grafanalib import core as g
 
-from nvrx_slo.alerts import duration
+from nvrx_slo.alerts import duration, idle
 from nvrx_slo.alerts.conventions import Dashboard
 from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.contracts import catalogue as cat
@@ -17,8 +19,17 @@ UID = Dashboard.RANKS.value  # stable: the alerts link to it
 _RANK = (q.RANK_LABEL,)
 _RANK_SOURCE = (q.RANK_LABEL, q.SOURCE_LABEL)
 _STEP_TIME = q.mean_per_event(cat.STEP_DURATION, _RANK, window=q.RATE_INTERVAL)
-_IDLE_SINCE_START = (f"{q.by(_RANK_SOURCE, q.series(cat.GPU_IDLE))}"
-                     f" / ignoring({q.SOURCE_LABEL}) group_left() {q.by(_RANK, q.series(cat.WALL))}")
+
+
+def _best_per_rank(idle_of: Callable[[cat.GpuIdleSource], str]) -> str:
+    """Each rank's idle from the best source the sidecar has for it (DCGM is per GPU, not per rank)."""
+    return f" or on ({q.RANK_LABEL}) ".join(idle_of(s) for s in idle.SIDECAR_SOURCES)
+
+
+_IDLE_SINCE_START = _best_per_rank(
+    lambda s: f"{q.by(_RANK_SOURCE, q.series(cat.GPU_IDLE, source=s))}"
+              f" / ignoring({q.SOURCE_LABEL}) group_left() {q.by(_RANK, q.series(cat.WALL))}")
+_IDLE_PER_RANK = _best_per_rank(lambda s: q.by(_RANK_SOURCE, q.rate(cat.GPU_IDLE, source=s)))
 
 
 def _steps(spec: Spec) -> list[object]:
@@ -43,22 +54,30 @@ def _steps(spec: Spec) -> list[object]:
 
 
 def _accelerators(spec: Spec) -> list[object]:
-    idle = spec.alerts.idle_ratio
-    idle_steps = ((None, p.GREEN), (idle, p.RED))
+    ratio, over = spec.alerts.idle_ratio, duration.format(spec.alerts.idle_over)
+    idle_steps = ((None, p.GREEN), (ratio, p.RED))
     return [
-        p.stat("Accelerator idle since job start", "Share of each rank's wall time its accelerator sat idle, by "
-               "source: nvml (sampled utilisation) or step_phases (inferred from the journal where no GPU is "
-               f"visible). Red above the accelerator-idle alert's {idle:.0%}.",
+        p.stat("Accelerator idle since job start", "Share of each rank's wall time its accelerator sat idle, from "
+               "the best source the sidecar has for it (in the legend): nvml (sampled utilisation, where the "
+               "sidecar sees GPUs), else step_phases (inferred from the journal). DCGM keeps no job-long total: "
+               f"see the job panel. Red above the accelerator-idle alert's {ratio:.0%}.",
                [p.Query(_IDLE_SINCE_START, "rank {{rank}} ({{source}})")], p.RATIO, steps=idle_steps, decimals=1,
                w=6, h=8),
+        p.timeseries("Accelerator idle, job", f"The job's idle accelerator share over the last {over}, from the "
+                     "best source it has (in the legend): dcgm (dcgm-exporter: engine activity of the job's GPUs, "
+                     "else their utilisation), else nvml, else step_phases. The very value the accelerator-idle "
+                     "alert compares, read from the recording rules the alerts install. Dashed: the alert's "
+                     f"{ratio:.0%}.",
+                     [p.Query(idle.best(over, q.JOB_MATCHERS), "job ({{source}})")], p.RATIO, steps=idle_steps,
+                     w=9),
         p.timeseries("Accelerator idle per rank", "Idle accelerator seconds per second of wall over the rate window "
-                     f"(1 = idle all the time), per rank and source. Dashed: the accelerator-idle alert's {idle:.0%}.",
-                     [p.Query(q.by(_RANK_SOURCE, q.rate(cat.GPU_IDLE)), "rank {{rank}} ({{source}})")], p.RATIO,
-                     steps=idle_steps, w=9),
+                     "(1 = idle all the time), per rank, from the best source the sidecar has for it (in the legend): "
+                     f"nvml, else step_phases. Dashed: the accelerator-idle alert's {ratio:.0%}.",
+                     [p.Query(_IDLE_PER_RANK, "rank {{rank}} ({{source}})")], p.RATIO, steps=idle_steps, w=9),
         p.timeseries("Unprotected work per rank", "Seconds of training each rank did since the last durable "
                      "checkpoint: lost if a fault comes now. Drops to 0 when a save lands.",
                      [p.Query(q.by((q.POD_LABEL, q.RANK_LABEL), q.series(cat.UNPROTECTED_WORK)),
-                              "{{pod}} rank {{rank}}")], p.SECONDS, w=9),
+                              "{{pod}} rank {{rank}}")], p.SECONDS, w=24),
     ]
 
 

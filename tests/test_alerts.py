@@ -19,7 +19,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nvrx_slo.alerts import duration, generate, spec, windows
+from nvrx_slo.alerts import duration, generate, idle, spec, windows
 from nvrx_slo.alerts.conventions import DASHBOARD_OF, Alert, Dashboard
 from nvrx_slo.contracts import catalogue
 from test_alerts_promtool import SUITES, spec_for, suites
@@ -285,3 +285,29 @@ def test_rules_and_runbooks_name_only_catalogue_metrics(rendered: dict[Path, str
     for where, text in texts.items():
         for name in set(_NVRX_NAME.findall(text)):
             assert _known(name) or any(name in r for r in recorded), f"{where} names {name}, not in the catalogue"
+
+
+# --- accelerator idle from dcgm-exporter --------------------------------------------------------
+
+
+def test_dcgm_pod_labels_renamed_by_prometheus_still_join_the_job(tmp_path: Path) -> None:
+    """dcgm-exporter scraped without honorLabels: its pod arrives as exported_pod, the target's as pod."""
+    exported = {"namespace": "exported_namespace", "pod": "exported_pod"}
+    rule = {"record": "dcgm_idle", "expr": idle.dcgm_idle(exported)}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dcgm", "rules": [rule]}]}))
+    target = 'namespace="gpu-operator", pod="nvidia-dcgm-exporter-x7k2p"'
+    suite = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": 'nvrx_pod_ranks{namespace="ml", job_name="llama", pod="llama-0"}', "values": "1+0x5"},
+            {"series": f'{idle.ENGINE_ACTIVE}{{UUID="GPU-a0", {target}, exported_namespace="ml", '
+                       'exported_pod="llama-0"}', "values": "0.75+0x5"},
+            {"series": f'{idle.ENGINE_ACTIVE}{{UUID="GPU-a1", {target}}}', "values": "0+0x5"},  # allocated to no pod
+        ],
+        "promql_expr_test": [{"expr": "dcgm_idle", "eval_time": "2m", "exp_samples": [
+            {"labels": 'dcgm_idle{namespace="ml", job_name="llama"}', "value": 0.25}]}],
+    }]}
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    result = subprocess.run([_tool("promtool"), "test", "rules", "suite.yaml"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

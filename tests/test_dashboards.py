@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from dashboard_model import ROOT, ROW, legend_labels, load_all, names, panels, queries
-from nvrx_slo.alerts import conventions, duration
+from nvrx_slo.alerts import conventions, duration, idle
 from nvrx_slo.alerts import generate as alerts_generate
 from nvrx_slo.alerts import spec as slo_spec
 from nvrx_slo.alerts.windows import Severity
@@ -208,9 +208,24 @@ def test_the_burn_rate_panels_read_the_recorded_series_the_page_alert_fires_on()
     assert names(stat["expr"])[0] == {conventions.burn_rate_record(fastest)} and mine in stat["expr"]
     budget, = _overview_targets("Error budget remaining")
     assert names(budget["expr"])[0] == {conventions.ERROR_BUDGET_REMAINING} and mine in budget["expr"]
-    recorded = {(r["record"],
-                 r["labels"][conventions.SLO_LABEL]) for g in RULES["groups"] for r in g["rules"] if "record" in r}
+    recorded = {(r["record"], r["labels"].get(conventions.SLO_LABEL))
+                for g in RULES["groups"] for r in g["rules"] if "record" in r}
     assert {(m, slo_spec.Slo.EFFICIENCY.value) for m in (*read, conventions.ERROR_BUDGET_REMAINING)} <= recorded
+
+
+def test_the_job_idle_panel_reads_what_the_idle_alert_compares_and_names_its_source():
+    """Same recorded series, window and order of sources as the alert, bound to the selected job."""
+    alert, = [r for g in RULES["groups"] for r in g["rules"]
+              if r.get("alert") == conventions.Alert.ACCELERATOR_IDLE.value]
+    panel, = [p for p in panels(MODELS["nvrx-slo-ranks"]) if p["title"] == "Accelerator idle, job"]
+    target, = panel["targets"]
+    assert target["legendFormat"] == "job ({{source}})"
+    unbound = target["expr"]
+    for matcher in q.JOB_MATCHERS:
+        assert unbound.count(matcher) == len(idle.SOURCES)
+        unbound = unbound.replace(f", {matcher}", "")
+    assert " ".join(unbound.split()) in " ".join(alert["expr"].split())
+    assert names(target["expr"])[0] == {conventions.ACCELERATOR_IDLE}
 
 
 def test_the_name_parser_finds_what_it_should():
