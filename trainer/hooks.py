@@ -16,6 +16,10 @@ Usage (see the README, "Instrumenting your training script")::
         ckpt.poll()                                          # nvrx_slo.trainer.checkpoint, outside the step
     slo.close()
 
+On a GPU, pass ``cuda_timing=True``: host clocks around a phase time kernel launches, not the work;
+``nvrx_slo.trainer.cuda_timing`` says what the records mean then, where queued work is booked and
+what the fences cost.
+
 Why context managers: a span is written once, at its end, so a step that raises (a fault, an
 in-process restart) leaves no record at all instead of a half one. Every method is safe to call
 with the journal disabled (no ``NVRX_SLO_JOURNAL_DIR``) and none of them raises into training:
@@ -33,6 +37,7 @@ from types import TracebackType
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer.cuda_timing import CudaStepTimer, DeviceEvent, cuda_events
 from nvrx_slo.trainer.journal import Journal, int_env, open_journal
 
 log = logging.getLogger("nvrx_slo.hooks")
@@ -88,6 +93,9 @@ class StepTimer:
     def optimizer(self) -> _Phase:
         """The optimizer step (and gradient clipping, zeroing)."""
         return self._optimizer
+
+    def settle(self) -> None:
+        """Nothing waits on host clocks: every step is journaled at its exit."""
 
     def __enter__(self) -> StepTimer:
         self._start = _monotonic()
@@ -263,20 +271,35 @@ class CheckpointSave:
 class Hooks:
     """One per rank process: owns the journal and hands out the timers."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, events: Callable[[], DeviceEvent] | None = None) -> None:
+        """``events`` makes new CUDA timing events (``cuda_events()``, a fake in tests): steps are
+        then timed by the GPU; without it, or with the journal disabled, by host clocks."""
         self.journal = journal
-        self._step = StepTimer(journal)
+        self._step: StepTimer | CudaStepTimer = (
+            StepTimer(journal) if events is None or not journal.enabled else CudaStepTimer(journal, events))
 
     @classmethod
-    def start(cls, world_size: int, journal_dir: str | None = None) -> Hooks:
+    def start(cls, world_size: int, journal_dir: str | None = None, *, cuda_timing: bool = False) -> Hooks:
         """Open the journal (``journal_dir`` or ``$NVRX_SLO_JOURNAL_DIR``) and journal the start,
-        with the pod's worker count from the launcher's ``$LOCAL_WORLD_SIZE``."""
-        hooks = cls(open_journal(journal_dir))
+        with the pod's worker count from the launcher's ``$LOCAL_WORLD_SIZE``.
+
+        ``cuda_timing``: time steps by CUDA events (imports torch now). Opt-in, because it defers
+        each step's record and fences before saves; where CUDA is missing it journals a warning and
+        steps are timed by host clocks."""
+        events, unavailable = None, None
+        if cuda_timing:
+            try:
+                events = cuda_events()
+            except Exception as exc:  # never raise into training
+                unavailable = str(exc)
+        hooks = cls(open_journal(journal_dir), events)
         hooks.journal.emit(EventType.PROCESS_START, world_size=world_size,
                            local_world_size=int_env(os.environ, "LOCAL_WORLD_SIZE"))
+        if unavailable is not None:
+            hooks.warning(f"cuda_timing: {unavailable}; steps are timed by host clocks")
         return hooks
 
-    def step(self, step: int) -> StepTimer:
+    def step(self, step: int) -> StepTimer | CudaStepTimer:
         """``with hooks.step(n) as s:`` around one training step (not around checkpoint saves)."""
         return self._step._reset(step)
 
@@ -289,6 +312,7 @@ class Hooks:
         on every rank. ``ckpt`` names the save the same on every rank (default ``step-NNNNNN``);
         ``mode`` ("sync" or "async") is shown in views. See ``CheckpointSave``."""
         ckpt = ckpt or f"step-{step:06d}"
+        self._step.settle()  # the steps' GPU work is theirs, not the save's
         self.journal.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode=mode)
         return CheckpointSave(self.journal, ckpt, step)
 
@@ -296,6 +320,7 @@ class Hooks:
         """``with hooks.span("eval"):`` around planned work that is not training (evaluation, an SDC
         check): its own category, ``user_span``, broken down by ``name``, instead of unattributed.
         Put it between steps, not inside one (a step's span already covers its time)."""
+        self._step.settle()
         return _UserSpan(self.journal, name)
 
     def warning(self, message: str, **fields: Any) -> None:
@@ -304,9 +329,11 @@ class Hooks:
 
     def fault_injected(self, kind: str, step: int) -> None:
         """The reference job is about to inject a fault (tests and demos only)."""
+        self._step.settle()
         self.journal.emit(EventType.FAULT_INJECTED, kind=kind, step=step)
 
     def close(self) -> None:
         """Clean exit of this rank process."""
+        self._step.settle()
         self.journal.emit(EventType.PROCESS_END)
         self.journal.close()
