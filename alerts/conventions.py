@@ -42,6 +42,16 @@ def burn_rate_record(window: int) -> str:
 
 
 ERROR_BUDGET_REMAINING = f"{_LEVEL}:nvrx_slo_error_budget_remaining:ratio"
+# 1 at each evaluation of an SLO's group (label slo): counting its samples over a window counts the
+# evaluations in it, whichever way the Prometheus version bounds a range ([a, b] before 3.0, (a, b] since).
+EVALUATIONS = "global:nvrx_slo_evaluations:one"
+
+
+def evaluations(slo: str, window: int, interval: int) -> str:
+    """The evaluations of ``slo``'s group in ``window`` s, as a scalar: the samples the window holds,
+    and never fewer than a full window's (rules younger than the window: the rest counts as 0)."""
+    return (f'scalar(clamp_min(count_over_time({EVALUATIONS}{{{SLO_LABEL}="{slo}"}}[{duration.format(window)}]), '
+            f"{window // interval}))")
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
 # Share of the job's accelerator time spent idle, one series per source (alerts/idle.py), at each evaluation.

@@ -4,9 +4,13 @@ One group per SLO, recording rules first and its alert last: Prometheus evaluate
 in order, so the alert reads this evaluation's ratios, not the previous one's. Every group runs
 at the spec's ``evaluation_interval`` (the period's integral below depends on it).
 
-Windows. Every window but the period is a plain ``rate()`` over the exporter's series. The period
-(30 days of raw samples per series would be costly at every evaluation) integrates the job-level
-rates recorded over the shortest window: ``sum_over_time(...) × evaluation_interval``.
+Windows. Only the shortest window reads the exporter's series (a ``rate()`` over every rank's
+counters, once per job and evaluation); every longer one averages the job-level rates recorded
+over the shortest across the window's evaluations (time SLIs: ``sum_over_time`` over the number of
+evaluations, so evaluations before the job count as 0; event SLIs: bad over total, both summed) —
+one series per job, not one per rank and category, so a window's cost no longer grows with the pods
+(``bench/bench_rules.py``). The price: a burst is smoothed over the shortest window at a window's
+edges, and nothing before the rules first ran is seen.
 
 Young jobs (and any window only partly covered by data). ``rate(x[1h])`` divides what happened
 by the whole hour, but a plain ``rate(bad)/rate(wall)`` divides by the wall time that exists,
@@ -31,11 +35,13 @@ from nvrx_slo.alerts import duration
 from nvrx_slo.alerts.conventions import (
     BURN_ALERTS,
     ERROR_BUDGET_REMAINING,
+    EVALUATIONS,
     ON_JOB,
     SEVERITY_LABEL,
     SLO_LABEL,
     burn_rate_record,
     error_ratio_record,
+    evaluations,
     sli_bad_record,
     sli_total_record,
     stamp_links,
@@ -60,8 +66,8 @@ def recording_rules(sli: Sli, objective: Objective, spec: Spec) -> list[Rule]:
     base = spans[0]
     mine = f'{{{SLO_LABEL}="{sli.slo.value}"}}'
     bad, total = sli_bad_record(base) + mine, sli_total_record(base) + mine
-    p = duration.format(period)
     rules = [
+        _record(EVALUATIONS, "vector(1)", sli),
         *(_record(name, expr, sli) for name, expr in sli.records),
         _record(sli_bad_record(base), sli.bad(duration.format(base)), sli),
         _record(sli_total_record(base), sli.total(duration.format(base)), sli),
@@ -70,18 +76,17 @@ def recording_rules(sli: Sli, objective: Objective, spec: Spec) -> list[Rule]:
         def ranks(w: int) -> str:
             return f"max_over_time({total}[{duration.format(w)}])"
 
+        def integral(w: int) -> str:  # the mean over the window's evaluations, none before the job: 0
+            return (f"(sum_over_time({bad}[{duration.format(w)}])"
+                    f" / {evaluations(sli.slo.value, w, spec.evaluation_interval)})")
+
         rules.append(_record(error_ratio_record(base), _ratio(bad, ranks(base)), sli))
-        rules += [_record(error_ratio_record(w), _ratio(sli.bad(duration.format(w)), ranks(w)), sli) for w in spans[1:]]
-        integral = f"(sum_over_time({bad}[{p}]) * {spec.evaluation_interval} / {period})"
-        rules.append(_record(error_ratio_record(period), _ratio(integral, ranks(period)), sli))
+        rules += [_record(error_ratio_record(w), _ratio(integral(w), ranks(w)), sli) for w in (*spans[1:], period)]
     else:  # bad events over events
         rules.append(_record(error_ratio_record(base), _ratio(bad, total), sli))
-        rules += [
-            _record(error_ratio_record(w), _ratio(sli.bad(duration.format(w)), sli.total(duration.format(w))), sli)
-            for w in spans[1:]
-        ]
-        rules.append(_record(error_ratio_record(period),
-                             _ratio(f"sum_over_time({bad}[{p}])", f"sum_over_time({total}[{p}])"), sli))
+        rules += [_record(error_ratio_record(w), _ratio(f"sum_over_time({bad}[{duration.format(w)}])",
+                                                        f"sum_over_time({total}[{duration.format(w)}])"), sli)
+                  for w in (*spans[1:], period)]
     rules += [_record(burn_rate_record(w), f"{error_ratio_record(w)}{mine} / {objective.budget:g}",
                       sli) for w in (*spans, period)]
     rules.append(_record(ERROR_BUDGET_REMAINING, f"1 - {burn_rate_record(period)}{mine}", sli))

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import ABSENT_RANKS, BY_JOB, ON_JOB
+from nvrx_slo.alerts.conventions import ABSENT_RANKS, BY_JOB, ON_JOB, evaluations
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.contracts import catalogue as cat
 
@@ -88,7 +88,8 @@ def _efficiency(spec: Spec) -> Sli:
     absent_now = f"clamp_min({world} - sum {BY_JOB} ({cat.POD_RANKS.name}), 0)"
 
     def bad(w: str) -> str:
-        absent = f"sum {BY_JOB} (sum_over_time({ABSENT_RANKS}[{w}])) * {spec.evaluation_interval} / {duration.parse(w)}"
+        every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), spec.evaluation_interval)
+        absent = f"sum {BY_JOB} (sum_over_time({ABSENT_RANKS}[{w}])) / {every}"
         return f"({plain.bad(w)} + {_or_zero(absent, plain.total(w))})"
 
     return Sli(Slo.EFFICIENCY, True, bad, lambda w: f"({world} or {plain.total(w)})", "training efficiency",
