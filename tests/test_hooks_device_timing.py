@@ -2,7 +2,9 @@
 
 The fake is the seam ``cuda_timing.DeviceEvent``: kernels queue behind each other, an event completes
 when the stream reaches it, and ``elapsed_time`` raises for an event not yet reached, as CUDA does.
-What it cannot tell is what a real GPU costs (see the README, "What is not tested here").
+Host and GPU share a virtual clock (``CLOCK``, patched into the journal, the hooks and the CUDA
+timer): sleeping advances it, so the numbers are exact on any machine, however loaded. What the
+fake cannot tell is what a real GPU costs (see the README, "What is not tested here").
 """
 
 from __future__ import annotations
@@ -17,14 +19,40 @@ from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.decode import as_event
 from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.trainer import cuda_timing, journal
+from nvrx_slo.trainer import hooks as hooks_module
 from nvrx_slo.trainer.cuda_timing import MAX_PENDING
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import open_journal
 
 
+class VirtualClock:
+    """The host's monotonic clock in these tests: it moves as much as the test sleeps, and 1 µs per
+    reading (as a real one does between two calls, so no two records share an instant)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 1e-6
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+CLOCK = VirtualClock()
+
+
+@pytest.fixture(autouse=True)
+def _virtual_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    CLOCK.t = time.monotonic()  # after the process's start, which the journal reads from the kernel
+    for module in (journal, hooks_module, cuda_timing):
+        monkeypatch.setattr(module, "_monotonic", CLOCK)
+
+
 def _sleep_until(instant: float) -> None:
-    while (left := instant - time.monotonic()) > 0:
-        time.sleep(left)
+    CLOCK.sleep(max(0.0, instant - CLOCK()))
 
 
 class FakeGpu:
@@ -37,7 +65,7 @@ class FakeGpu:
 
     def run(self, seconds: float) -> None:
         """A kernel launch: returns at once, the work queues behind the stream's."""
-        self.tail = max(self.tail, time.monotonic()) + seconds
+        self.tail = max(self.tail, CLOCK()) + seconds
 
     def synchronize(self) -> None:
         """What a staging copy, an H2D copy or ``.item()`` does: the host waits for the stream."""
@@ -59,11 +87,11 @@ class FakeEvent:
 
     def _done(self) -> bool:
         assert self.at is not None, "never recorded"
-        return time.monotonic() >= self.at
+        return CLOCK() >= self.at
 
     def record(self) -> None:
         self._call("record")
-        self.at = max(self.gpu.tail, time.monotonic())
+        self.at = max(self.gpu.tail, CLOCK())
 
     def query(self) -> bool:
         self._call("query")
@@ -94,7 +122,7 @@ def _run_step(hooks: Hooks, gpu: FakeGpu, step: int, *, load: float = 0.0, compu
               optimizer: float = 0.0) -> None:
     with hooks.step(step) as s:
         with s.data():
-            time.sleep(load)
+            CLOCK.sleep(load)
         with s.compute():
             gpu.run(compute)
         with s.optimizer():
@@ -129,7 +157,7 @@ def _accounted(directory):
     engine = Engine(reorder_window_s=0.0)
     for record in _records(directory):
         engine.ingest(as_event(record))
-    return engine.snapshot(time.monotonic(), time.time()).ranks[0].seconds
+    return engine.snapshot(CLOCK(), time.time()).ranks[0].seconds
 
 
 def test_the_next_steps_data_phase_is_the_gpus_wait_not_the_previous_compute(tmp_path):
@@ -140,7 +168,7 @@ def test_the_next_steps_data_phase_is_the_gpus_wait_not_the_previous_compute(tmp
     with hooks.step(2) as s:
         with s.data():
             gpu.synchronize()  # an H2D copy of the batch waits for the queued compute ...
-            time.sleep(0.03)  # ... then the loader takes a while: the GPU waits for it
+            CLOCK.sleep(0.03)  # ... then the loader takes a while: the GPU waits for it
         with s.compute():
             gpu.run(0.01)
     hooks.close()
@@ -179,7 +207,7 @@ def test_the_host_leads_the_gpu_by_at_most_max_pending_steps(tmp_path):
         _run_step(hooks, gpu, step, compute=0.05)  # the GPU is the slower: the host runs ahead
         assert len(_steps(tmp_path)) >= step + 1 - MAX_PENDING
     assert gpu.calls.count("synchronize") == 2  # the fence, once for each step beyond the bound
-    assert time.monotonic() >= gpu.tail - MAX_PENDING * 0.05 - 0.01  # waited for the oldest
+    assert CLOCK() >= gpu.tail - MAX_PENDING * 0.05 - 0.01  # waited for the oldest
     hooks.close()
     steps = _steps(tmp_path)
     assert [r["step"] for r in steps] == list(range(MAX_PENDING + 2))
@@ -206,10 +234,10 @@ def test_a_step_that_raises_journals_the_waiting_steps_without_waiting_for_the_g
     with pytest.raises(RuntimeError, match="NCCL timeout"):
         with hooks.step(3) as s:
             with s.data():
-                time.sleep(0.05)  # step 1's work finishes meanwhile
-            raised = time.monotonic()
+                CLOCK.sleep(0.05)  # step 1's work finishes meanwhile
+            raised = CLOCK()
             raise RuntimeError("NCCL timeout")
-    assert time.monotonic() - raised < 0.2 and "synchronize" not in gpu.calls
+    assert CLOCK() - raised < 0.2 and "synchronize" not in gpu.calls
     first, warning, second, failed = _records(tmp_path)
     assert first["step"] == 1 and 0.02 <= first["compute_s"] < 0.05  # seen finished: timed by the GPU
     assert second["step"] == 2 and second["compute_s"] < 0.01  # not seen finished: host clocks
@@ -252,7 +280,7 @@ def test_cuda_timing_without_cuda_says_so_and_times_steps_by_host_clocks(tmp_pat
     hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path), cuda_timing=True)
     with hooks.step(0) as s:
         with s.compute():
-            time.sleep(0.02)
+            CLOCK.sleep(0.02)
     assert [r["type"] for r in _records(tmp_path)] == ["process_start", "warning", "step"]  # written at its exit
     hooks.close()
     warning, step = _records(tmp_path)[1:3]
