@@ -54,6 +54,14 @@ def evaluations(slo: str, window: int, interval: int) -> str:
             f"{window // interval}))")
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
+# Each rank's mean step time over the shortest window, and that over the job's median rank's: the
+# straggler alert reads the skew (a rank, or a pod whose series are summed as rank="all", slow
+# against the whole job, whichever pod it is in).
+STEP_SKEW = f"{_LEVEL}_pod_rank:nvrx_step_time_skew:ratio"
+
+
+def step_time_mean_record(window: int) -> str:
+    return f"{_LEVEL}_pod_rank:nvrx_step_duration_seconds:mean{duration.format(window)}"
 # Share of the job's accelerator time spent idle, one series per source (alerts/idle.py), at each evaluation.
 ACCELERATOR_IDLE = f"{_LEVEL}:nvrx_accelerator_idle:ratio"
 

@@ -12,7 +12,15 @@ import textwrap
 from typing import Any
 
 from nvrx_slo.alerts import duration, idle
-from nvrx_slo.alerts.conventions import BY_JOB, ON_JOB, SEVERITY_LABEL, Alert, stamp_links
+from nvrx_slo.alerts.conventions import (
+    BY_JOB,
+    ON_JOB,
+    SEVERITY_LABEL,
+    STEP_SKEW,
+    Alert,
+    stamp_links,
+    step_time_mean_record,
+)
 from nvrx_slo.alerts.sli import job_rate, share_of_wall
 from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.alerts.windows import Severity, all_windows
@@ -113,10 +121,10 @@ def plain_alerts(spec: Spec) -> list[Rule]:
             f"{duration.format(a.idle_over)} (source {{{{ $labels.source }}}}; alerts above {a.idle_ratio:.0%}).",
         ),
         _alert(
-            Alert.STRAGGLER, f"max {BY_RANK} ({cat.STEP_SKEW.name})\n> {a.straggler_skew:g}",
+            Alert.STRAGGLER, f"{STEP_SKEW}\n> {a.straggler_skew:g}",
             a.straggler_for, Severity.TICKET,
             "A rank is slower than its peers.",
-            f"{POD_RANK} takes {{{{ printf \"%.2f\" $value }}}}× the median rank's step time "
+            f"{POD_RANK} takes {{{{ printf \"%.2f\" $value }}}}× the step time of the job's median rank "
             f"(alerts above {a.straggler_skew:g}×); in lock step the whole job runs at its pace.",
         ),
         _alert(
@@ -139,7 +147,18 @@ def plain_alerts(spec: Spec) -> list[Rule]:
     return [stamp_links(rule, spec) for rule in rules]
 
 
+def straggler_records(spec: Spec) -> list[Rule]:
+    """Each rank's mean step time over the shortest window (a pod without per-rank series: its
+    ranks' mean, as rank="all"), then its skew against the job's median across every pod's ranks."""
+    base = all_windows(spec.period, spec.min_window)[0]
+    w, record, steps = duration.format(base), step_time_mean_record(base), cat.STEP_DURATION.name
+    mean = (f"sum {BY_RANK} (rate({steps}_sum[{w}]))\n"
+            f"/\n(sum {BY_RANK} (rate({steps}_count[{w}])) > 0)")
+    skew = f"{record}\n/ {ON_JOB} group_left ()\n(quantile {BY_JOB} (0.5, {record}) > 0)"
+    return [{"record": record, "expr": mean}, {"record": STEP_SKEW, "expr": skew}]
+
+
 def plain_group(spec: Spec) -> dict[str, Any]:
     """The records the alerts read come first: a group evaluates in order, so they read this evaluation's."""
     return {"name": "nvrx-slo-alerts", "interval": duration.format(spec.evaluation_interval),
-            "rules": idle.records(spec) + plain_alerts(spec)}
+            "rules": idle.records(spec) + straggler_records(spec) + plain_alerts(spec)}

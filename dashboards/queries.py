@@ -77,8 +77,9 @@ def series(metric: Metric, suffix: str = "", **match: Match) -> str:
     regex alternation (``label=~"a|b"``), a ``Regex`` a regex as written. Labels the metric does
     not carry are refused here, at generation time.
     """
-    if suffix and (metric.kind is not cat.Kind.HISTOGRAM or suffix not in HISTOGRAM_SUFFIXES):
-        raise ValueError(f"{metric.name}: suffix {suffix!r} needs a histogram and one of {HISTOGRAM_SUFFIXES}")
+    suffixes = {cat.Kind.HISTOGRAM: HISTOGRAM_SUFFIXES, cat.Kind.SUMMARY: HISTOGRAM_SUFFIXES[1:]}.get(metric.kind, ())
+    if suffix and suffix not in suffixes:
+        raise ValueError(f"{metric.name}: suffix {suffix!r} needs a histogram or summary and one of {suffixes}")
     allowed = set(metric.all_labels) | ({LE_LABEL} if suffix == "_bucket" else set())
     unknown = set(match) - allowed
     if unknown:
@@ -170,6 +171,13 @@ def badput_ratio(window: str | None, categories: tuple[cat.Category, ...] = cat.
     else:
         bad, wall = by((), rate(cat.TIME, window, category=categories)), by((), rate(cat.WALL, window))
     return f"({bad} or 0 * {wall}) / {wall}"
+
+
+def record(name: str) -> str:
+    """A per-pod series of a recording rule the generated alert rules define (e.g. a rank's step-time
+    skew), for the selected job and pods; it exists only where the generated rules are installed."""
+    matchers = ", ".join(f'{label}{op}"{value}"' for label, op, value in IDENTITY_MATCHERS)
+    return f"{name}{{{matchers}}}"
 
 
 def slo_record(name: str, slo: Slo) -> str:

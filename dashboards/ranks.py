@@ -8,7 +8,7 @@ from collections.abc import Callable
 from grafanalib import core as g
 
 from nvrx_slo.alerts import duration, idle
-from nvrx_slo.alerts.conventions import Dashboard
+from nvrx_slo.alerts.conventions import STEP_SKEW, Dashboard
 from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import panels as p
@@ -38,9 +38,11 @@ def _steps(spec: Spec) -> list[object]:
         p.heatmap("Step time per rank", "Mean seconds per training step over the rate window, one row per rank "
                   "(colour = step time). A row hotter than the rest is a straggler.",
                   p.Query(_STEP_TIME, "{{rank}}"), p.SECONDS, w=12, h=9),
-        p.timeseries("Straggler view: step-time skew", "Each rank's recent mean step time over the median across "
-                     f"ranks (1 = typical). Dashed: {skew:g}×, where the straggler alert counts a rank as one.",
-                     [p.Query(q.by(_RANK, q.series(cat.STEP_SKEW), "max"), "rank {{rank}}")], p.COUNT,
+        p.timeseries("Straggler view: step-time skew", "Each rank's mean step time over the job's median rank's, "
+                     f"the job's every pod included (1 = typical; the rule {STEP_SKEW} the straggler alert reads). "
+                     f"Dashed: {skew:g}×, where the alert counts a rank as one.",
+                     [p.Query(q.by(("pod", q.RANK_LABEL), q.record(STEP_SKEW), "max"), "{{pod}} rank {{rank}}")],
+                     p.COUNT,
                      steps=((None, p.GREEN), (skew, p.RED)), h=9),
         p.timeseries("Steps per second per rank", "Training steps completed per second over the rate window, per "
                      "rank (rolled-back steps included).",

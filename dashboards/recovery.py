@@ -62,9 +62,11 @@ def _detail(spec: Spec) -> list[object]:
                      [p.Query(q.mean_per_event(cat.RESTART_DURATION, _LEVEL), "{{level}} mean"),
                       p.Query(q.quantile(0.99, cat.RESTART_DURATION, _LEVEL), "{{level}} p99")],
                      p.SECONDS, steps=((None, p.GREEN), (spec.recovery_threshold, p.RED))),
-        p.timeseries("Restart latency by phase", "Mean seconds per phase (detect, teardown, rendezvous, reinit, "
-                     "restore) and level over every restart since job start: where a restart spends its time.",
-                     [p.Query(q.mean_per_event(cat.RESTART_PHASE, _PHASE), "{{level}} {{phase}}")], p.SECONDS),
+        p.timeseries("Restart latency by phase", "Mean seconds per restart in each phase (detect, teardown, "
+                     "rendezvous, reinit, restore), per level, over every restart since job start: where a restart "
+                     "spends its time (a level's phases add up to its mean restart latency).",
+                     [p.Query(f"{q.by(_PHASE, q.series(cat.RESTART_PHASE))}\n/ ignoring ({q.PHASE_LABEL}) group_left ()"
+                              f"\n({q.by(_LEVEL, q.series(cat.RESTARTS))} > 0)", "{{level}} {{phase}}")], p.SECONDS),
         p.timeseries("Restarts over time", "Restarts per dashboard interval, by level.",
                      [p.Query(q.delta(cat.RESTARTS, _LEVEL), "{{level}}")], p.COUNT, bars=True, w=8),
         p.timeseries("Checkpoint interval: optimal vs actual", "Measured mean time between durable checkpoints vs "

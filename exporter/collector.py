@@ -6,11 +6,11 @@ metric is emitted (a family whose value is not known yet carries no samples).
 
 Cardinality guard (see the catalogue's docstring): per-rank series can be switched off, and a
 pod with more ranks than ``max_ranks`` falls back to the same single ``rank="all"`` series. That
-series sums its ranks — rank-seconds, counts and histograms add up — except for four gauges
+series sums its ranks — rank-seconds, counts and histograms add up — except for two gauges
 whose sum means nothing, which take the value that matters for alerting instead:
-``training_step`` and ``last_step_timestamp_seconds`` the max (the most advanced rank),
-``step_time_skew_ratio`` the max (the worst straggler), ``checkpoint_worker_up`` the min (any
-dead worker shows).
+``last_step_timestamp_seconds`` the max (the most advanced rank), ``checkpoint_worker_up`` the
+min (any dead worker shows). Stragglers are the rules' to find (a rank's mean step time against
+the job's median rank, across pods); a rank="all" series' step time is its ranks' mean.
 
 NVML idle time is reported per device; device *i* is attributed to the pod's *i*-th lowest
 rank (torchrun numbers a node's ranks contiguously, local rank = device index).
@@ -36,9 +36,7 @@ REJECT_REASONS: tuple[str, ...] = (*(r.value for r in RejectReason), UNREADABLE,
                                     ENGINE_ERROR)
 
 _ALL_RANKS_AGGREGATE: dict[str, Callable[[Sequence[float]], float]] = {
-    cat.TRAINING_STEP.name: max,
     cat.LAST_STEP_TIMESTAMP.name: max,
-    cat.STEP_SKEW.name: max,
     cat.CKPT_WORKER_UP.name: min,
 }
 
@@ -102,11 +100,16 @@ def _sample(name: str, labels: dict[str, str], value: float) -> Sample:
 _make_sample = Sample._make
 
 
-def _add_histogram(family: Metric, labels: LabelSets, items: _Items, hist: Histogram) -> None:
+def _add_histogram(family: Metric, labels: LabelSets, items: _Items, hist: Histogram,
+                   bounds: tuple[float, ...]) -> None:
+    """``hist`` at the exported ``bounds`` (a subset of its own: cumulative counts read there), or
+    only its sum and count for a summary."""
     name, samples = family.name, family.samples
-    bucket = name + "_bucket"
-    samples += [_sample(bucket, bucket_labels, count)
-                for bucket_labels, count in zip(labels.buckets(items, hist.bounds), hist.counts, strict=True)]
+    if family.type == Kind.HISTOGRAM.value:
+        bucket = name + "_bucket"
+        at = [hist.bounds.index(b) for b in bounds] + [len(hist.bounds)]
+        samples += [_sample(bucket, bucket_labels, hist.counts[i])
+                    for bucket_labels, i in zip(labels.buckets(items, bounds), at, strict=True)]
     own = labels.get(items)
     samples.append(_sample(name + "_sum", own, hist.sum))
     samples.append(_sample(name + "_count", own, hist.count))
@@ -179,23 +182,23 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
         per_rank_values(cat.TIME, [r.seconds.get(category, 0.0) for r in ranks], (("category", category.value),))
     per_rank_values(cat.UNPROTECTED_WORK, field(lambda r: r.unprotected_s))
     per_rank_values(cat.STEPS, field(lambda r: r.steps))
-    per_rank_values(cat.TRAINING_STEP, field(lambda r: r.step))
+    single(cat.TRAINING_STEP, max((r.step for r in ranks if r.step is not None), default=None))
     per_rank_values(cat.LAST_STEP_TIMESTAMP, field(lambda r: r.last_step_wall))
     if ranks:
         step_family = out[cat.STEP_DURATION.name]
         if split:
             for items, r in zip(rank_items, ranks, strict=True):
-                _add_histogram(step_family, lab, items, r.step_duration)
+                _add_histogram(step_family, lab, items, r.step_duration, cat.STEP_DURATION.buckets)
         else:
-            _add_histogram(step_family, lab, rank_items[0], _sum_histograms([r.step_duration for r in ranks]))
-    per_rank_values(cat.STEP_SKEW, field(lambda r: r.skew_ratio))
+            _add_histogram(step_family, lab, rank_items[0], _sum_histograms([r.step_duration for r in ranks]),
+                           cat.STEP_DURATION.buckets)
     single(cat.JOB_START_TIMESTAMP, snap.job_start_wall)
     single(cat.JOB_WORLD_SIZE, snap.world_size)
     single(cat.POD_RANKS, len({r.rank for r in ranks}))
 
     ck = snap.checkpoints
-    _add_histogram(out[cat.CKPT_BLOCKING.name], lab, base, ck.blocking)
-    _add_histogram(out[cat.CKPT_BACKGROUND.name], lab, base, ck.background)
+    _add_histogram(out[cat.CKPT_BLOCKING.name], lab, base, ck.blocking, cat.CKPT_BLOCKING.buckets)
+    _add_histogram(out[cat.CKPT_BACKGROUND.name], lab, base, ck.background, cat.CKPT_BACKGROUND.buckets)
     single(cat.CKPT_OVERLAP, ck.overlap_ratio)
     single(cat.CKPT_LAST_SUCCESS, ck.last_success_wall)
     single(cat.CKPT_LAST_STEP, ck.last_success_step)
@@ -210,9 +213,10 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     for level, n in rs.counts.items():
         single(cat.RESTARTS, n, (("level", level.value),))
     for level, hist in rs.duration.items():
-        _add_histogram(out[cat.RESTART_DURATION.name], lab, base + (("level", level.value),), hist)
+        _add_histogram(out[cat.RESTART_DURATION.name], lab, base + (("level", level.value),), hist,
+                       cat.RESTART_DURATION.buckets)
     for (level, phase), hist in rs.phases.items():
-        _add_histogram(out[cat.RESTART_PHASE.name], lab, base + (("level", level.value), ("phase", phase.value)), hist)
+        single(cat.RESTART_PHASE, hist.sum, (("level", level.value), ("phase", phase.value)))
     single(cat.LAUNCHER_RESTARTS_REMAINING, rs.launcher_remaining)
     single(cat.MTBF, rs.mtbf_s)
     single(cat.EFFICIENCY_PREDICTED, snap.predicted_efficiency)

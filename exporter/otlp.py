@@ -112,11 +112,13 @@ class OtlpView:
             return []
         fams, start_wall = current
         start_ns = int(start_wall * 1e9) if start_wall is not None else now_ns
-        return [_histogram(m, fams[m.name], start_ns, now_ns) for m in cat.CATALOGUE if m.kind is Kind.HISTOGRAM]
+        return [_histogram(m, fams[m.name], start_ns, now_ns) for m in cat.CATALOGUE
+                if m.kind in (Kind.HISTOGRAM, Kind.SUMMARY)]
 
 
 def _histogram(metric: cat.Metric, family: PromFamily, start_ns: int, now_ns: int) -> OtelMetric:
-    """Prometheus-style cumulative ``_bucket``/``_sum``/``_count`` samples to OTLP histogram points."""
+    """Prometheus-style cumulative ``_bucket``/``_sum``/``_count`` samples to OTLP histogram points (a
+    summary's: one bucket, its count — the OTel SDK has no summary points to build)."""
     series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
     for s in family.samples:
         key = tuple(sorted((k, v) for k, v in _attributes(s.labels).items() if k != "le"))
@@ -127,7 +129,7 @@ def _histogram(metric: cat.Metric, family: PromFamily, start_ns: int, now_ns: in
             point[s.name.rsplit("_", 1)[1]] = s.value
     points = []
     for key, point in series.items():
-        cumulative: Sequence[float] = point["cumulative"]
+        cumulative: Sequence[float] = point["cumulative"] or [point["count"]]
         counts = [int(c - p) for c, p in zip(cumulative, [0.0, *cumulative[:-1]], strict=True)]
         points.append(HistogramDataPoint(
             attributes=dict(key), start_time_unix_nano=start_ns, time_unix_nano=now_ns, count=int(point["count"]),

@@ -274,9 +274,10 @@ _HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 def _known(name: str) -> bool:
     if name in catalogue.BY_NAME:
         return True
-    base = next((name[: -len(s)] for s in _HISTOGRAM_SERIES if name.endswith(s)), None)
-    metric = catalogue.BY_NAME.get(base or "")
-    return metric is not None and metric.kind is catalogue.Kind.HISTOGRAM
+    suffix = next((s for s in _HISTOGRAM_SERIES if name.endswith(s)), None)
+    metric = catalogue.BY_NAME.get(name[: -len(suffix)] if suffix else "")
+    return metric is not None and (metric.kind is catalogue.Kind.HISTOGRAM
+                                   or (metric.kind is catalogue.Kind.SUMMARY and suffix != "_bucket"))
 
 
 def test_rules_and_runbooks_name_only_catalogue_metrics(rendered: dict[Path, str]) -> None:

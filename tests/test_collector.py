@@ -64,9 +64,8 @@ def test_rank_all_sums_counters_and_takes_the_alerting_extreme_of_gauges(kw):
     assert value(fams, cat.WALL, rank="all") == 300.0
     assert value(fams, cat.STEPS, rank="all") == 100 + 101 + 102
     assert value(fams, cat.STEP_DURATION, "_count", rank="all") == 9
-    assert value(fams, cat.STEP_DURATION, "_bucket", rank="all", le="+Inf") == 9
-    assert value(fams, cat.TRAINING_STEP, rank="all") == 101  # max
-    assert value(fams, cat.STEP_SKEW, rank="all") == pytest.approx(1.2)  # the worst straggler
+    assert value(fams, cat.STEP_DURATION, "_sum", rank="all") == pytest.approx(sum(1.4 + r for r in range(3)))
+    assert value(fams, cat.TRAINING_STEP) == 101  # the pod's most advanced rank
     assert value(fams, cat.CKPT_WORKER_UP, rank="all") == 0.0  # rank 1's worker is dead
     assert value(fams, cat.GPU_IDLE, rank="all", source="step_phases") == 5 + 6 + 7
 
@@ -137,3 +136,28 @@ def test_every_catalogue_metric_is_fed_from_the_snapshot():
     empty = {m.name for m in cat.CATALOGUE
              if not fams[m.name[: -len("_total")] if m.kind is cat.Kind.COUNTER else m.name].samples}
     assert empty == set()
+
+
+def test_an_exported_histogram_reads_the_engines_cumulative_counts_at_its_own_bounds():
+    """The engine keeps finer buckets than a pod exports; each exported bucket is the engine's
+    cumulative count at that bound (no interpolation), the SLO's 10 s threshold among them."""
+    snap = view(2).snapshot
+    _, fams = scrape(view(2))
+    for level, hist in snap.restarts.duration.items():
+        for bound in cat.RESTART_DURATION.buckets:
+            expected = hist.counts[hist.bounds.index(bound)]
+            assert value(fams, cat.RESTART_DURATION, "_bucket", level=level.value, le=str(bound)) == expected
+        assert value(fams, cat.RESTART_DURATION, "_bucket", level=level.value, le="+Inf") == hist.count
+    assert 10.0 in cat.RESTART_DURATION.buckets
+    for metric, engine_bounds in ((cat.RESTART_DURATION, cat.RESTART_BUCKETS),
+                                  (cat.CKPT_BLOCKING, cat.CHECKPOINT_BUCKETS),
+                                  (cat.CKPT_BACKGROUND, cat.CHECKPOINT_BUCKETS)):
+        assert set(metric.buckets) <= set(engine_bounds), metric.name
+
+
+def test_an_eight_rank_pod_exports_at_most_250_series():
+    """The series budget (issue 12): every rank's accounting, summaries for means, few buckets."""
+    text, _ = scrape(view(8, nvml={i: 1.0 for i in range(8)}))
+    series = [line for line in text.decode().splitlines() if line and not line.startswith("#")]
+    assert len(series) <= 250, len(series)
+

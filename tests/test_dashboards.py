@@ -148,8 +148,9 @@ def _catalogue_series():
     """Every series name the exporter can emit -> its labels."""
     out = {}
     for m in cat.CATALOGUE:
-        if m.kind is cat.Kind.HISTOGRAM:
-            out[m.name + "_bucket"] = set(m.all_labels) | {"le"}
+        if m.kind in (cat.Kind.HISTOGRAM, cat.Kind.SUMMARY):
+            if m.kind is cat.Kind.HISTOGRAM:
+                out[m.name + "_bucket"] = set(m.all_labels) | {"le"}
             out[m.name + "_sum"] = out[m.name + "_count"] = set(m.all_labels)
         else:
             out[m.name] = set(m.all_labels)
@@ -159,9 +160,16 @@ def _catalogue_series():
 ALERTS_LABELS = {"alertname", "alertstate", "severity", *cat.IDENTITY_LABELS}
 
 
+def _level_labels(record: str) -> set[str]:
+    """The labels a recording rule's level (``level:metric:operations``) says it keeps."""
+    level = record.split(":")[0]
+    per_rank = ("pod", cat.RANK_LABEL) if level.endswith("_pod_rank") else ()
+    return set() if level == "global" else {*conventions.JOB_LABELS, *per_rank}
+
+
 def _recorded_series():
-    """Every series the committed alert rules record -> its labels (the job's, plus the rule's own)."""
-    return {r["record"]: {*conventions.JOB_LABELS, *r.get("labels", {})}
+    """Every series the committed alert rules record -> its labels (its level's, plus the rule's own)."""
+    return {r["record"]: {*_level_labels(r["record"]), *r.get("labels", {})}
             for g in RULES["groups"] for r in g["rules"] if "record" in r}
 
 
@@ -208,7 +216,7 @@ def test_the_burn_rate_panels_read_the_recorded_series_the_page_alert_fires_on()
     assert names(stat["expr"])[0] == {conventions.burn_rate_record(fastest)} and mine in stat["expr"]
     budget, = _overview_targets("Error budget remaining")
     assert names(budget["expr"])[0] == {conventions.ERROR_BUDGET_REMAINING} and mine in budget["expr"]
-    recorded = {(r["record"], r["labels"].get(conventions.SLO_LABEL))
+    recorded = {(r["record"], r.get("labels", {}).get(conventions.SLO_LABEL))
                 for g in RULES["groups"] for r in g["rules"] if "record" in r}
     assert {(m, slo_spec.Slo.EFFICIENCY.value) for m in (*read, conventions.ERROR_BUDGET_REMAINING)} <= recorded
 

@@ -55,11 +55,14 @@ def test_histograms_arrive_as_cumulative_bucketed_points():
     restart = metrics["nvrx_restart_duration_seconds"].histogram
     assert restart.aggregation_temporality == 2
     injob = next(p for p in restart.data_points if point_attributes(p) == {"level": "injob"})
-    assert (injob.count, injob.sum) == (1, 3.0) and list(injob.explicit_bounds) == list(cat.RESTART_BUCKETS)
-    assert sum(injob.bucket_counts) == 1 and injob.bucket_counts[list(cat.RESTART_BUCKETS).index(5.0)] == 1
+    bounds = list(cat.RESTART_DURATION.buckets)
+    assert (injob.count, injob.sum) == (1, 3.0) and list(injob.explicit_bounds) == bounds
+    assert sum(injob.bucket_counts) == 1 and injob.bucket_counts[bounds.index(5.0)] == 1
     assert injob.start_time_unix_nano == int(1.7e9 * 1e9)
+    # a summary (sum and count: what a mean needs) arrives as a histogram point of one bucket
     steps = metrics["nvrx_step_duration_seconds"].histogram.data_points
     assert sorted(point_attributes(p)["rank"] for p in steps) == ["0", "1"]
+    assert all(list(p.explicit_bounds) == [] and list(p.bucket_counts) == [p.count] for p in steps)
 
 
 def test_the_cardinality_guard_applies_to_otlp_too():

@@ -127,7 +127,7 @@ def write_dirty(directory: Path) -> dict[str, int]:
 
 ACCOUNTING = ("nvrx_wall_seconds_total", "nvrx_time_seconds_total", "nvrx_unprotected_work_seconds",
               "nvrx_steps_total", "nvrx_restarts_total", "nvrx_restart_duration_seconds_sum",
-              "nvrx_restart_phase_seconds_sum", "nvrx_checkpoint_blocking_seconds_sum",
+              "nvrx_restart_phase_seconds_total", "nvrx_checkpoint_blocking_seconds_sum",
               "nvrx_checkpoint_background_seconds_sum", "nvrx_step_duration_seconds_count",
               "nvrx_training_step", "nvrx_checkpoint_last_step")
 

@@ -40,6 +40,7 @@ class Kind(str, Enum):
     COUNTER = "counter"
     GAUGE = "gauge"
     HISTOGRAM = "histogram"
+    SUMMARY = "summary"  # a histogram's _sum and _count only: what a mean needs, two series instead of 14
 
 
 class Category(str, Enum):
@@ -92,18 +93,22 @@ class Metric:
     help: str
     labels: tuple[str, ...] = ()  # beyond IDENTITY_LABELS (and rank, if per_rank)
     per_rank: bool = False
-    buckets: tuple[float, ...] = ()  # histograms only; +Inf is implied
+    buckets: tuple[float, ...] = ()  # histograms only, exported; +Inf is implied
 
     @property
     def all_labels(self) -> tuple[str, ...]:
         return IDENTITY_LABELS + ((RANK_LABEL,) if self.per_rank else ()) + self.labels
 
 
-# Bucket bounds include the SLO thresholds exactly (10 s restart latency), so that
-# histogram_quantile-free SLIs can use `le` directly.
+# The engine's bucket bounds (its own histograms, in the report and the status page). A pod exports
+# fewer (each metric's ``buckets``, a subset: the collector reads the cumulative counts at those
+# bounds) — a series budget of 250 for an 8-rank pod — keeping the SLO thresholds exactly (10 s
+# restart latency), so that histogram_quantile-free SLIs can use `le` directly.
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CHECKPOINT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 RESTART_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+CHECKPOINT_EXPORTED = (0.01, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0)
+RESTART_EXPORTED = (1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 def _m(name: str, kind: Kind, help_: str, **kw: object) -> Metric:
@@ -118,13 +123,10 @@ UNPROTECTED_WORK = _m("unprotected_work_seconds", Kind.GAUGE,
                       "Rank-seconds of training since the last durable checkpoint (lost if a fault comes now).",
                       per_rank=True)
 STEPS = _m("steps_total", Kind.COUNTER, "Training steps completed (including steps later rolled back).", per_rank=True)
-TRAINING_STEP = _m("training_step", Kind.GAUGE, "Latest training step number reached.", per_rank=True)
+TRAINING_STEP = _m("training_step", Kind.GAUGE, "Latest training step number reached by the pod's most advanced rank.")
 LAST_STEP_TIMESTAMP = _m("last_step_timestamp_seconds", Kind.GAUGE, "Unix time of the latest completed step.",
                          per_rank=True)
-STEP_DURATION = _m("step_duration_seconds", Kind.HISTOGRAM, "Duration of one training step.", per_rank=True,
-                   buckets=STEP_BUCKETS)
-STEP_SKEW = _m("step_time_skew_ratio", Kind.GAUGE,
-               "Recent mean step time of a rank over the median across ranks (stragglers > 1).", per_rank=True)
+STEP_DURATION = _m("step_duration_seconds", Kind.SUMMARY, "Duration of one training step.", per_rank=True)
 JOB_START_TIMESTAMP = _m("job_start_timestamp_seconds", Kind.GAUGE,
                          "Unix time of the job's first process start (the origin of wall time).")
 # Every pod exports both: the job-level rules count the ranks no pod runs (a lost node, a pod not
@@ -133,10 +135,10 @@ JOB_WORLD_SIZE = _m("job_world_size", Kind.GAUGE, "Ranks of the job: the WORLD_S
 POD_RANKS = _m("pod_ranks", Kind.GAUGE, "Ranks this pod runs: the ranks its processes journaled.")
 
 CKPT_BLOCKING = _m("checkpoint_blocking_seconds", Kind.HISTOGRAM,
-                   "Training-loop time stalled by one save (plan, staging, finalize).", buckets=CHECKPOINT_BUCKETS)
+                   "Training-loop time stalled by one save (plan, staging, finalize).", buckets=CHECKPOINT_EXPORTED)
 CKPT_BACKGROUND = _m("checkpoint_background_seconds", Kind.HISTOGRAM,
                      "Time one save spent writing in the background, overlapped with training.",
-                     buckets=CHECKPOINT_BUCKETS)
+                     buckets=CHECKPOINT_EXPORTED)
 CKPT_OVERLAP = _m("checkpoint_overlap_ratio", Kind.GAUGE, "background / (blocking + background) over all saves so far.")
 CKPT_LAST_SUCCESS = _m("checkpoint_last_success_timestamp_seconds", Kind.GAUGE,
                        "Unix time the latest durable checkpoint finished writing.")
@@ -153,9 +155,10 @@ CKPT_INTERVAL_OPTIMAL = _m("checkpoint_interval_optimal_seconds", Kind.GAUGE,
 RESTARTS = _m("restarts_total", Kind.COUNTER, "Restarts by level.", labels=("level",))
 RESTART_DURATION = _m("restart_duration_seconds", Kind.HISTOGRAM,
                       "Fault to the first step of the restarted loop (all phases, restore included), by level.",
-                      labels=("level",), buckets=RESTART_BUCKETS)
-RESTART_PHASE = _m("restart_phase_seconds", Kind.HISTOGRAM, "Duration of one restart phase, by level and phase.",
-                   labels=("level", "phase"), buckets=RESTART_BUCKETS)
+                      labels=("level",), buckets=RESTART_EXPORTED)
+RESTART_PHASE = _m("restart_phase_seconds_total", Kind.COUNTER,
+                   "Seconds restarts spent in each phase, by level and phase: over restarts_total, the mean per "
+                   "restart (a restart's phases add up to its duration).", labels=("level", "phase"))
 # From the launcher journal: launcher_start.max_restarts minus the current launcher's restart count.
 LAUNCHER_RESTARTS_REMAINING = _m(
     "launcher_restarts_remaining", Kind.GAUGE,
