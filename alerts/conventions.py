@@ -17,6 +17,7 @@ from nvrx_slo.contracts import catalogue
 
 JOB_LABELS: tuple[str, ...] = catalogue.IDENTITY_LABELS[:2]  # ("namespace", "job_name")
 BY_JOB = f"by ({', '.join(JOB_LABELS)})"
+BY_POD = f"by ({', '.join(catalogue.IDENTITY_LABELS)})"
 ON_JOB = f"on ({', '.join(JOB_LABELS)})"
 SLO_LABEL = "slo"
 SEVERITY_LABEL = "severity"

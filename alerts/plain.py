@@ -14,6 +14,7 @@ from typing import Any
 from nvrx_slo.alerts import duration, idle
 from nvrx_slo.alerts.conventions import (
     BY_JOB,
+    BY_POD,
     ON_JOB,
     SEVERITY_LABEL,
     STEP_SKEW,
@@ -31,7 +32,6 @@ Rule = dict[str, Any]
 JOB = "{{ $labels.namespace }}/{{ $labels.job_name }}"
 POD_RANK = JOB + " pod {{ $labels.pod }} rank {{ $labels.rank }}"
 BY_RANK = f"by ({', '.join(cat.IDENTITY_LABELS + (cat.RANK_LABEL,))})"
-BY_POD = f"by ({', '.join(cat.IDENTITY_LABELS)})"
 SCRAPE_TARGET = "on (job, instance)"  # the labels Prometheus gives every series of one scrape
 RECORDS_LOST_WITHIN = 15 * 60  # any loss is worth a ticket: a condition, not a tunable quantity
 

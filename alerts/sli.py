@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import ABSENT_RANKS, BY_JOB, ON_JOB, evaluations
+from nvrx_slo.alerts.conventions import ABSENT_RANKS, BY_JOB, BY_POD, ON_JOB, evaluations
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.contracts import catalogue as cat
 
@@ -96,9 +96,30 @@ def _efficiency(spec: Spec) -> Sli:
                "productive ≥ {good} of wall rank-seconds", ((ABSENT_RANKS, absent_now),))
 
 
-def build(spec: Spec) -> dict[Slo, Sli]:
+def busiest_pod_rate(expr: str, window: str) -> str:
+    """The job's rate of events ``expr`` counts, as the pod that counted most saw it (see ``_recovery``)."""
+    return f"max {BY_JOB} (sum {BY_POD} (rate({expr}[{window}])))"
+
+
+def _recovery(spec: Spec) -> Sli:
+    """Restarts back within the threshold, job-level. Every pod of a job in lock step records each
+    fault (the failed pod's restart, the survivors' restarts for the new rendezvous), so their sum
+    counts one fault N times; the job waits for its slowest pod. So both counts are the pod that
+    counted most's: one restart per fault, bad if any pod's share of it was slow (its slowest pod
+    counts one slow restart). Faults of different pods in one window are undercounted instead."""
     restarts = f"{cat.RESTART_DURATION.name}_count"
     fast = _matching(f"{cat.RESTART_DURATION.name}_bucket", "le", le_regex(spec.recovery_threshold))
+
+    def bad(w: str) -> str:
+        per_pod = f"sum {BY_POD} (rate({restarts}[{w}]))"
+        slow = f"{per_pod} - (sum {BY_POD} (rate({fast}[{w}])) or 0 * {per_pod})"
+        return f"max {BY_JOB} ({slow})"
+
+    return Sli(Slo.RECOVERY, False, bad, lambda w: busiest_pod_rate(restarts, w), "restart latency",
+               f"{{good}} of restarts back to training within {spec.recovery_threshold:g}s")
+
+
+def build(spec: Spec) -> dict[Slo, Sli]:
     blocking = f"{cat.CKPT_BLOCKING.name}_sum"
     background = f"{cat.CKPT_BACKGROUND.name}_sum"
 
@@ -107,12 +128,7 @@ def build(spec: Spec) -> dict[Slo, Sli]:
 
     return {
         Slo.EFFICIENCY: _efficiency(spec),
-        Slo.RECOVERY: Sli(
-            Slo.RECOVERY, False,
-            lambda w: f"({job_rate(restarts, w)} - {_or_zero(job_rate(fast, w), job_rate(restarts, w))})",
-            lambda w: job_rate(restarts, w),
-            "restart latency", f"{{good}} of restarts back to training within {spec.recovery_threshold:g}s",
-        ),
+        Slo.RECOVERY: _recovery(spec),
         Slo.CHECKPOINT_BLOCKING: _time_sli(
             Slo.CHECKPOINT_BLOCKING, "checkpoint blocking", "checkpoint blocking ≤ {bad} of wall rank-seconds",
             (cat.Category.CHECKPOINT_BLOCKING,),

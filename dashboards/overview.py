@@ -81,7 +81,8 @@ def _time(spec: Spec) -> list[object]:
                 "generated nvrx-slo rules keep the job's namespace and job_name labels).",
                 p.Query(q.alerts_firing()), h=7),
         p.stat("Restarts since job start", "Restarts by level (in-process, in-job via ft_launcher, pod) since the "
-               "job's first start.", [p.Query(q.by(q.LEVEL_LABEL, q.series(cat.RESTARTS)), "{{level}}")],
+               "job's first start (each fault once, however many pods it restarted).",
+               [p.Query(q.busiest_pod(q.series(cat.RESTARTS), (q.LEVEL_LABEL,)), "{{level}}")],
                p.COUNT, h=7),
         p.stat("Checkpoint age", "Seconds since the latest durable checkpoint finished, per pod. Red after "
                f"{duration.format(spec.alerts.checkpoint_stale_after)}, when the stale-checkpoint alert fires.",

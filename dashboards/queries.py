@@ -191,6 +191,12 @@ def slo_record(name: str, slo: Slo) -> str:
     return f"{name}{{{matchers}}}"
 
 
+def busiest_pod(expr: str, labels: tuple[str, ...] = ()) -> str:
+    """A job's count of events every pod records (restarts: each pod of a job in lock step records
+    every fault), as the pod that counted most saw it, by ``labels`` — as the recovery SLI counts."""
+    return by(labels, by((POD_LABEL, *labels), expr), "max")
+
+
 def delta(metric: Metric, labels: tuple[str, ...]) -> str:
     """How much a counter or timestamp rose since the previous step, by ``labels``.
 
@@ -201,6 +207,12 @@ def delta(metric: Metric, labels: tuple[str, ...]) -> str:
     """
     x = series(metric)
     return by(labels, f"{x} - {x} offset {INTERVAL}")
+
+
+def restarts_delta() -> str:
+    """The job's restarts since the previous step, by level (``delta``, the busiest pod's)."""
+    x = series(cat.RESTARTS)
+    return busiest_pod(f"{x} - {x} offset {INTERVAL}", (LEVEL_LABEL,))
 
 
 def moved(metric: Metric, labels: tuple[str, ...]) -> str:

@@ -19,9 +19,13 @@ _PHASE = (q.LEVEL_LABEL, q.PHASE_LABEL)
 
 
 def _within(threshold_s: float) -> str:
-    """Share of restarts since job start back within ``threshold_s`` (a bucket bound, in either spelling)."""
+    """Share of the job's restarts since its start back within ``threshold_s`` (a bucket bound, in
+    either spelling), as the recovery SLI counts them: a restart is slow if any pod's share of it
+    was, each counted as the pod that counted most saw it."""
     fast = q.series(cat.RESTART_DURATION, "_bucket", le=q.Regex(le_regex(threshold_s)))
-    return f"{q.by((), fast)} / ({q.by((), q.series(cat.RESTART_DURATION, '_count'))} > 0)"
+    count = q.series(cat.RESTART_DURATION, "_count")
+    slow = q.by((), f"{q.by(q.POD_LABEL, count)} - {q.by(q.POD_LABEL, fast)}", "max")
+    return f"1 - {slow} / ({q.busiest_pod(count)} > 0)"
 
 
 def _summary(spec: Spec) -> list[object]:
@@ -29,7 +33,7 @@ def _summary(spec: Spec) -> list[object]:
     slo_s = f"{spec.recovery_threshold:g} s"
     return [
         p.stat("Restarts since job start", "Restarts by level: inprocess (NVRx Wrapper), injob (ft_launcher), pod.",
-               [p.Query(q.by(_LEVEL, q.series(cat.RESTARTS)), "{{level}}")], p.COUNT, w=4),
+               [p.Query(q.busiest_pod(q.series(cat.RESTARTS), _LEVEL), "{{level}}")], p.COUNT, w=4),
         p.stat(f"Restarts back within {slo_s}", f"Share of restarts (all levels) from fault to the first step of "
                f"the restarted loop within {slo_s}, since job start. Objective {recovery.target:.0%}.",
                [p.Query(_within(spec.recovery_threshold))], p.RATIO, steps=((None, p.RED), (recovery.target, p.GREEN)),
@@ -68,7 +72,7 @@ def _detail(spec: Spec) -> list[object]:
                      [p.Query(f"{q.by(_PHASE, q.series(cat.RESTART_PHASE))}\n/ ignoring ({q.PHASE_LABEL}) group_left ()"
                               f"\n({q.by(_LEVEL, q.series(cat.RESTARTS))} > 0)", "{{level}} {{phase}}")], p.SECONDS),
         p.timeseries("Restarts over time", "Restarts per dashboard interval, by level.",
-                     [p.Query(q.delta(cat.RESTARTS, _LEVEL), "{{level}}")], p.COUNT, bars=True, w=8),
+                     [p.Query(q.restarts_delta(), "{{level}}")], p.COUNT, bars=True, w=8),
         p.timeseries("Checkpoint interval: optimal vs actual", "Measured mean time between durable checkpoints vs "
                      "the Young/Daly optimum √(2 · blocking cost · MTBF), per pod. Far above the optimum: a fault "
                      "loses more work than needed; far below: saves cost more than they protect.",
