@@ -43,6 +43,11 @@ def burn_rate_record(window: int) -> str:
 
 
 ERROR_BUDGET_REMAINING = f"{_LEVEL}:nvrx_slo_error_budget_remaining:ratio"
+
+
+def signal_record(metric: str, operation: str) -> str:
+    """A job-level derived signal (``alerts/signals.py``), e.g. ``("mtbf_seconds", "mean30d")``."""
+    return f"{_LEVEL}:nvrx_{metric}:{operation}"
 # 1 at each evaluation of an SLO's group (label slo): counting its samples over a window counts the
 # evaluations in it, whichever way the Prometheus version bounds a range ([a, b] before 3.0, (a, b] since).
 EVALUATIONS = "global:nvrx_slo_evaluations:one"

@@ -17,6 +17,7 @@ import yaml
 from nvrx_slo.alerts import alertmanager, sli
 from nvrx_slo.alerts.plain import plain_group
 from nvrx_slo.alerts.rules import slo_group
+from nvrx_slo.alerts.signals import signals_group
 from nvrx_slo.alerts.spec import DEFAULT_PATH, Spec, SpecError, load
 
 RULES = Path("alerts/generated/rules.yaml")
@@ -39,7 +40,7 @@ _Dumper.add_representer(str, _str)
 
 def rule_groups(spec: Spec) -> list[dict[str, Any]]:
     slis = sli.build(spec)
-    return [slo_group(s, spec) for s in slis.values()] + [plain_group(spec)]
+    return [slo_group(s, spec) for s in slis.values()] + [signals_group(spec), plain_group(spec)]
 
 
 def _yaml(document: dict[str, Any], source: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from nvrx_slo.alerts import duration
+from nvrx_slo.alerts import duration, signals
 from nvrx_slo.alerts.conventions import Dashboard
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.contracts import catalogue as cat
@@ -29,8 +29,9 @@ def _summary(spec: Spec) -> list[object]:
         p.stat("Blocking share of wall", f"checkpoint_blocking / wall rank-seconds since job start. Objective ≤ "
                f"{blocking_max:.0%}.", [p.Query(q.badput_ratio(None, _BLOCKING))], p.RATIO,
                steps=((None, p.GREEN), (blocking_max, p.RED)), decimals=2, w=4),
-        p.stat("Overlap", f"background / (blocking + background) over all saves so far, per pod. Objective ≥ "
-               f"{overlap_min:.0%}.", [p.Query(q.series(cat.CKPT_OVERLAP), "{{pod}}")], p.RATIO,
+        p.stat("Overlap", f"background / (blocking + background) seconds of the job's saves over "
+               f"{signals.period_text(spec)} (every pod's, a lost one's too). Objective ≥ {overlap_min:.0%}.",
+               [p.Query(q.job_record(signals.over_period(spec, signals.OVERLAP)))], p.RATIO,
                steps=((None, p.RED), (overlap_min, p.GREEN)), decimals=1, w=4),
         p.stat("Mean seconds per save", "Mean blocking and background seconds per save since job start, over all "
                "pods.", [p.Query(q.mean_per_event(cat.CKPT_BLOCKING), "blocking"),
@@ -63,8 +64,9 @@ def _over_time(spec: Spec) -> list[object]:
                      [p.Query(q.badput_ratio(None, _BLOCKING), "since job start"),
                       p.Query(q.badput_ratio(q.RATE_INTERVAL, _BLOCKING), "over rate window")],
                      p.RATIO, steps=((None, p.GREEN), (blocking_max, p.RED))),
-        p.timeseries("Overlap ratio", f"background / (blocking + background) over all saves so far, per pod. "
-                     f"Dashed: the {overlap_min:.0%} objective.", [p.Query(q.series(cat.CKPT_OVERLAP), "{{pod}}")],
+        p.timeseries("Overlap ratio", f"background / (blocking + background) seconds of the job's saves over "
+                     f"{signals.period_text(spec)}. Dashed: the {overlap_min:.0%} objective.",
+                     [p.Query(q.job_record(signals.over_period(spec, signals.OVERLAP)), "job")],
                      p.RATIO, steps=((None, p.RED), (overlap_min, p.GREEN)), w=8),
         p.timeseries("Checkpoint age", "Seconds since the latest durable checkpoint finished writing, per pod: "
                      "the work a fault would throw away grows with it. Dashed: the stale-checkpoint alert's "

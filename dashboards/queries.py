@@ -180,6 +180,12 @@ def record(name: str) -> str:
     return f"{name}{{{matchers}}}"
 
 
+def job_record(name: str) -> str:
+    """A job-level series of a recording rule the generated alert rules define (``alerts/signals.py``),
+    for the selected job; the pod variable does not apply."""
+    return f"{name}{{{', '.join(JOB_MATCHERS)}}}"
+
+
 def slo_record(name: str, slo: Slo) -> str:
     """One SLO's series of a recording rule the generated alert rules define, for the selected job.
 

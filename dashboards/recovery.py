@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from nvrx_slo.alerts import signals
 from nvrx_slo.alerts.conventions import Dashboard
 from nvrx_slo.alerts.sli import le_regex
 from nvrx_slo.alerts.spec import Slo, Spec
@@ -47,11 +48,11 @@ def _summary(spec: Spec) -> list[object]:
                f"{spec.alerts.restart_budget_remaining}.",
                [p.Query(q.series(cat.LAUNCHER_RESTARTS_REMAINING), "{{pod}}")], p.COUNT,
                steps=((None, p.RED), (spec.alerts.restart_budget_remaining + 1.0, p.GREEN)), w=4),
-        p.stat("MTBF", "Mean wall time between faults observed in this job, per pod.",
-               [p.Query(q.series(cat.MTBF), "{{pod}}")], p.SECONDS, w=4),
-        p.stat("Predicted efficiency", "Efficiency the ETTR model predicts from measured MTBF, restart and "
-               "checkpoint costs, per pod. Compare with the measured efficiency below.",
-               [p.Query(q.series(cat.EFFICIENCY_PREDICTED), "{{pod}}")], p.RATIO,
+        p.stat("MTBF", f"Mean wall time between the job's faults over {signals.period_text(spec)} (each fault once).",
+               [p.Query(q.job_record(signals.over_period(spec, signals.MTBF)))], p.SECONDS, w=4),
+        p.stat("Predicted efficiency", "Efficiency the ETTR model predicts from the job's measured MTBF, restart "
+               f"and checkpoint costs over {signals.period_text(spec)}. Compare with the measured efficiency below.",
+               [p.Query(q.job_record(signals.over_period(spec, signals.PREDICTED)))], p.RATIO,
                steps=((None, p.RED), (efficiency.target, p.GREEN)), decimals=2, w=4),
     ]
 
@@ -73,18 +74,19 @@ def _detail(spec: Spec) -> list[object]:
                               f"\n({q.by(_LEVEL, q.series(cat.RESTARTS))} > 0)", "{{level}} {{phase}}")], p.SECONDS),
         p.timeseries("Restarts over time", "Restarts per dashboard interval, by level.",
                      [p.Query(q.restarts_delta(), "{{level}}")], p.COUNT, bars=True, w=8),
-        p.timeseries("Checkpoint interval: optimal vs actual", "Measured mean time between durable checkpoints vs "
-                     "the Young/Daly optimum √(2 · blocking cost · MTBF), per pod. Far above the optimum: a fault "
-                     "loses more work than needed; far below: saves cost more than they protect.",
-                     [p.Query(q.series(cat.CKPT_INTERVAL), "{{pod}} actual"),
-                      p.Query(q.series(cat.CKPT_INTERVAL_OPTIMAL), "{{pod}} optimal")], p.SECONDS, w=8),
-        p.timeseries("Efficiency: predicted vs measured", "ETTR-model prediction per pod against the measured "
+        p.timeseries("Checkpoint interval: optimal vs actual", "The job's mean time between saves vs the "
+                     f"Young/Daly optimum √(2 · blocking cost · MTBF), over {signals.period_text(spec)}. Far above "
+                     "the optimum: a fault loses more work than needed; far below: saves cost more than they protect.",
+                     [p.Query(q.job_record(signals.over_period(spec, signals.INTERVAL)), "actual"),
+                      p.Query(q.job_record(signals.over_period(spec, signals.OPTIMAL)), "optimal")], p.SECONDS, w=8),
+        p.timeseries("Efficiency: predicted vs measured", "ETTR-model prediction for the job against the measured "
                      f"productive / wall since job start. Dashed: the {efficiency.target:.0%} objective.",
-                     [p.Query(q.series(cat.EFFICIENCY_PREDICTED), "{{pod}} predicted"),
+                     [p.Query(q.job_record(signals.over_period(spec, signals.PREDICTED)), "predicted"),
                       p.Query(q.efficiency(None), "measured")],
                      p.RATIO, steps=((None, p.RED), (efficiency.target, p.GREEN)), w=8),
-        p.timeseries("MTBF", "Mean wall time between faults observed in this job, per pod.",
-                     [p.Query(q.series(cat.MTBF), "{{pod}}")], p.SECONDS, w=12),
+        p.timeseries("MTBF", f"Mean wall time between the job's faults over {signals.period_text(spec)} "
+                     "(each fault once).",
+                     [p.Query(q.job_record(signals.over_period(spec, signals.MTBF)), "job")], p.SECONDS, w=12),
         p.timeseries("Restart and restore share of wall", "Rank-seconds spent restarting and restoring, and work "
                      "lost to rollbacks, as shares of wall over the rate window.",
                      [p.Query(q.category_share((cat.Category.RESTART, cat.Category.CHECKPOINT_RESTORE,

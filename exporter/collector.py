@@ -199,15 +199,12 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     ck = snap.checkpoints
     _add_histogram(out[cat.CKPT_BLOCKING.name], lab, base, ck.blocking, cat.CKPT_BLOCKING.buckets)
     _add_histogram(out[cat.CKPT_BACKGROUND.name], lab, base, ck.background, cat.CKPT_BACKGROUND.buckets)
-    single(cat.CKPT_OVERLAP, ck.overlap_ratio)
     single(cat.CKPT_LAST_SUCCESS, ck.last_success_wall)
     single(cat.CKPT_LAST_STEP, ck.last_success_step)
     single(cat.CKPT_FAILURES, ck.failures)
     single(cat.CKPT_IN_FLIGHT, ck.in_flight)
     single(cat.CKPT_BYTES, ck.bytes_total)
     per_rank_values(cat.CKPT_WORKER_UP, field(lambda r: None if r.worker_alive is None else float(r.worker_alive)))
-    single(cat.CKPT_INTERVAL, ck.interval_s)
-    single(cat.CKPT_INTERVAL_OPTIMAL, ck.optimal_interval_s)
 
     rs = snap.restarts
     for level, n in rs.counts.items():
@@ -218,8 +215,6 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     for (level, phase), hist in rs.phases.items():
         single(cat.RESTART_PHASE, hist.sum, (("level", level.value), ("phase", phase.value)))
     single(cat.LAUNCHER_RESTARTS_REMAINING, rs.launcher_remaining)
-    single(cat.MTBF, rs.mtbf_s)
-    single(cat.EFFICIENCY_PREDICTED, snap.predicted_efficiency)
 
     for name, seconds in sorted(snap.user_spans.items()):
         single(cat.USER_SPAN_TIME, seconds, (("name", name),))

@@ -294,6 +294,6 @@ def test_a_bad_spec_is_refused_naming_the_key_and_writes_nothing(tmp_path):
 
 def test_a_label_the_metric_does_not_carry_is_refused_at_generation():
     with pytest.raises(ValueError, match="no label"):
-        q.series(cat.CKPT_OVERLAP, rank="0")
+        q.series(cat.CKPT_FAILURES, rank="0")
     with pytest.raises(ValueError, match="needs a histogram"):
         q.series(cat.WALL, "_bucket")

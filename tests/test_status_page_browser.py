@@ -74,7 +74,9 @@ def test_the_live_page_shows_what_metrics_says(demo_run, tmp_path):
     assert num["steps-total"] == total(samples, "nvrx_steps_total")
     assert num["checkpoint-failures"] == total(samples, "nvrx_checkpoint_failures_total")
     assert num["checkpoint-in-flight"] == total(samples, "nvrx_checkpoint_in_flight")
-    assert num["checkpoint-overlap"] == pytest.approx(total(samples, "nvrx_checkpoint_overlap_ratio"))
+    background = total(samples, "nvrx_checkpoint_background_seconds_sum")
+    saves = total(samples, "nvrx_checkpoint_blocking_seconds_sum") + background
+    assert num["checkpoint-overlap"] == pytest.approx(background / saves)
     assert num["events-accepted"] == total(samples, "nvrx_exporter_events_total")
     assert num["rejected"] == sum(v for (n, _), v in samples.items() if n == "nvrx_exporter_rejected_events_total")
     for category in ("productive", "lost", "restart", "checkpoint_blocking"):  # drawn in the chart, too

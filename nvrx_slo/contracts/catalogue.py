@@ -139,7 +139,6 @@ CKPT_BLOCKING = _m("checkpoint_blocking_seconds", Kind.HISTOGRAM,
 CKPT_BACKGROUND = _m("checkpoint_background_seconds", Kind.HISTOGRAM,
                      "Time one save spent writing in the background, overlapped with training.",
                      buckets=CHECKPOINT_EXPORTED)
-CKPT_OVERLAP = _m("checkpoint_overlap_ratio", Kind.GAUGE, "background / (blocking + background) over all saves so far.")
 CKPT_LAST_SUCCESS = _m("checkpoint_last_success_timestamp_seconds", Kind.GAUGE,
                        "Unix time the latest durable checkpoint finished writing.")
 CKPT_LAST_STEP = _m("checkpoint_last_step", Kind.GAUGE, "Training step held by the latest durable checkpoint.")
@@ -148,9 +147,6 @@ CKPT_IN_FLIGHT = _m("checkpoint_in_flight", Kind.GAUGE, "Saves scheduled and not
 CKPT_BYTES = _m("checkpoint_written_bytes_total", Kind.COUNTER, "Bytes written by durable saves.")
 CKPT_WORKER_UP = _m("checkpoint_worker_up", Kind.GAUGE,
                     "1 if NVRx's persistent async checkpoint worker was last seen alive, 0 if dead.", per_rank=True)
-CKPT_INTERVAL = _m("checkpoint_interval_seconds", Kind.GAUGE, "Measured mean time between durable checkpoints.")
-CKPT_INTERVAL_OPTIMAL = _m("checkpoint_interval_optimal_seconds", Kind.GAUGE,
-                           "Young/Daly optimal interval sqrt(2 * blocking cost * MTBF).")
 
 RESTARTS = _m("restarts_total", Kind.COUNTER, "Restarts by level.", labels=("level",))
 RESTART_DURATION = _m("restart_duration_seconds", Kind.HISTOGRAM,
@@ -163,9 +159,6 @@ RESTART_PHASE = _m("restart_phase_seconds_total", Kind.COUNTER,
 LAUNCHER_RESTARTS_REMAINING = _m(
     "launcher_restarts_remaining", Kind.GAUGE,
     "Restarts ft_launcher may still make before the job fails (--max-restarts minus restarts so far).")
-MTBF = _m("mtbf_seconds", Kind.GAUGE, "Mean wall time between faults observed in this job.")
-EFFICIENCY_PREDICTED = _m("efficiency_predicted_ratio", Kind.GAUGE,
-                          "Efficiency the ETTR model predicts from measured MTBF, restart and checkpoint costs.")
 USER_SPAN_TIME = _m("user_span_seconds_total", Kind.COUNTER,
                     "Rank-seconds in the spans the user named (evaluation, SDC checks), by name: the "
                     "user_span category's breakdown (the first 16 names; later ones are \"other\").",
