@@ -1,0 +1,201 @@
+"""Rule-evaluation cost at scale: the generated rules run by a real Prometheus over a TSDB
+backfilled with many pods' series, side by side with the rules of an earlier commit.
+
+One pod's series are what a real sidecar exposes for an 8-rank pod (the collector over a synthetic
+journal: ``bench/synthetic_journal.py``); ``--pods`` copies of them (jobs of ``--pods-per-job``
+pods) are written as OpenMetrics over the last ``--hours`` at ``--scrape`` s — counters growing
+linearly to their final value, gauges constant — and backfilled with ``promtool tsdb
+create-blocks-from openmetrics``. Each rule file then runs in its own Prometheus on its own copy of
+the blocks (no scraping), every group every ``--eval`` s, and the cost read is Prometheus's own
+``prometheus_rule_group_last_duration_seconds`` (median over ``--evaluations`` evaluations per
+group). Both rule files are measured alternately, twice, on the same data.
+
+What it does not capture: windows longer than ``--hours`` see only ``--hours`` of samples here, so
+a rule over raw series with a 30-day window costs far more in a month-old job than this measures
+(its cost grows with the samples in its range); rules over recorded series do not have that
+problem. Extrapolation to 1,000 pods is linear in the pods, through the smallest and largest
+``--pods`` measured (a rule's fixed cost is not multiplied).
+
+Usage: .venv/bin/python bench/bench_rules.py [--pods 4 16] [--before REV]
+Target (issue 12): <= 5 s of rule evaluation per 60 s interval at 1,000 pods x 8 ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import yaml
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import synthetic_journal
+from nvrx_slo.exporter.collector import SnapshotCollector
+from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.exposition import TextRenderer
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.tail import JournalTail
+from servers import free_port, stop, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_S = 5.0
+SCALE_PODS = 1000
+GROWING = ("counter", "histogram", "summary")
+
+
+def pod_series(ranks: int) -> list[tuple[str, dict[str, str], float, bool]]:
+    """(name, labels, final value, grows) of every sample one real pod's /metrics holds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        journal = Path(tmp) / "journal"
+        synthetic_journal.write(journal, ranks, 200, checkpoint_every=20, restart_at=100)
+        live = Live(Engine(), JournalTail(journal))
+        live.poll()
+        live.tail.close()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotCollector(live.view, Identity(namespace="bench", pod="pod", node="node",
+                                                                job_name="job")))
+        text = TextRenderer().generate(registry).decode()
+    out = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            grows = family.type in GROWING and not s.name.endswith(("_created", "_timestamp_seconds"))
+            out.append((s.name, dict(s.labels), float(s.value), grows))
+    return out
+
+
+def write_openmetrics(path: Path, series: list[tuple[str, dict[str, str], float, bool]], pods: int,
+                      per_job: int, hours: float, scrape_s: int) -> int:
+    """The pods' series over the last ``hours``; returns the number of samples written."""
+    end = int(time.time()) - 60
+    times = list(range(end - int(hours * 3600), end + 1, scrape_s))
+    n = 0
+    with path.open("w") as f:
+        for name in dict.fromkeys(s[0] for s in series):
+            f.write(f"# TYPE {name} unknown\n")
+            for pod in range(pods):
+                for sname, labels, value, grows in series:
+                    if sname != name:
+                        continue
+                    labels = {**labels, "pod": f"pod-{pod}", "job_name": f"job-{pod // per_job}",
+                              "namespace": "bench", "job": "nvrx-slo", "instance": f"pod-{pod}:9400"}
+                    text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                    for i, t in enumerate(times):
+                        v = value * (i + 1) / len(times) if grows else value
+                        f.write(f"{name}{{{text}}} {v!r} {t}\n")
+                    n += len(times)
+        f.write("# EOF\n")
+    return n
+
+
+def rule_file(text: str, eval_s: int, dest: Path) -> list[str]:
+    """The rule file with every group evaluated every ``eval_s``; returns the group names."""
+    doc = yaml.safe_load(text)
+    for group in doc["groups"]:
+        group["interval"] = f"{eval_s}s"
+    dest.write_text(yaml.safe_dump(doc))
+    return [g["name"] for g in doc["groups"]]
+
+
+def group_intervals_s(text: str) -> dict[str, float]:
+    units = {"s": 1, "m": 60, "h": 3600}
+    every = {g["name"]: g.get("interval", "1m") for g in yaml.safe_load(text)["groups"]}  # Prometheus default: 1m
+    return {name: float(i[:-1]) * units[i[-1]] for name, i in every.items()}
+
+
+def measure(blocks: Path, rules: Path, groups: list[str], evaluations: int, eval_s: int,
+            work: Path) -> dict[str, float]:
+    """Median last-evaluation seconds per group of one Prometheus running ``rules`` over a copy of ``blocks``."""
+    tsdb = work / "tsdb"
+    shutil.rmtree(tsdb, ignore_errors=True)
+    shutil.copytree(blocks, tsdb)
+    config = work / "prometheus.yml"
+    config.write_text(json.dumps({"global": {"evaluation_interval": f"{eval_s}s"}, "rule_files": [str(rules)]}))
+    port = free_port()
+    proc = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tsdb}",
+                             "--storage.tsdb.retention.time=3650d", f"--web.listen-address=127.0.0.1:{port}",
+                             "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=open(work / "prom.log", "wb"))
+    try:
+        wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1).status == 200,
+                 "Prometheus ready", 120)
+        seen: dict[str, list[float]] = {g: [] for g in groups}
+        last: dict[str, float] = {}
+        pattern = re.compile(r'prometheus_rule_group_last_duration_seconds\{rule_group="[^"]*;([^"]+)"\} (\S+)')
+        deadline = time.monotonic() + eval_s * (evaluations + 3) + 120
+        while min(map(len, seen.values())) < evaluations and time.monotonic() < deadline:
+            time.sleep(eval_s / 2)
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            ts = dict(re.findall(r'prometheus_rule_group_last_evaluation_timestamp_seconds\{rule_group="[^"]*;'
+                                 r'([^"]+)"\} (\S+)', text))
+            for group, value in pattern.findall(text):
+                if group in seen and float(ts.get(group, 0)) > 0 and ts[group] != last.get(group):
+                    last[group] = float(ts[group])
+                    seen[group].append(float(value))
+        return {g: statistics.median(v) if v else float("nan") for g, v in seen.items()}
+    finally:
+        stop(proc)
+
+
+def per_minute(run: dict[str, float], intervals: dict[str, float]) -> float:
+    """Seconds of rule evaluation per 60 s of wall: each group's cost times its evaluations a minute."""
+    return sum(d * 60.0 / intervals[g] for g, d in run.items())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pods", type=int, nargs="+", default=[4, 16], help="pod counts to measure (two or more: "
+                   "the extrapolation uses the slope between the smallest and the largest)")
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--pods-per-job", type=int, default=8)
+    p.add_argument("--hours", type=float, default=1.0)
+    p.add_argument("--scrape", type=int, default=30, help="seconds between backfilled samples")
+    p.add_argument("--eval", type=int, default=10, help="seconds between rule evaluations while measuring")
+    p.add_argument("--evaluations", type=int, default=4)
+    p.add_argument("--before", default="5ab4e680", help="the commit whose generated rules are the baseline "
+                   "(default: the last with a plain rate() over raw series for every window)")
+    args = p.parse_args()
+    texts = {"now": (ROOT / "alerts/generated/rules.yaml").read_text(),
+             "before": subprocess.run(["git", "show", f"{args.before}:alerts/generated/rules.yaml"], cwd=ROOT,
+                                      check=True, capture_output=True, text=True).stdout}
+    series = pod_series(args.ranks)
+    cost: dict[str, dict[int, list[float]]] = {name: {} for name in texts}
+    for pods in sorted(set(args.pods)):
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            t0 = time.monotonic()
+            samples = write_openmetrics(work / "in.om", series, pods, args.pods_per_job, args.hours, args.scrape)
+            subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(work / "in.om"),
+                            str(work / "blocks")], check=True)
+            (work / "in.om").unlink()
+            print(f"{pods} pods x {args.ranks} ranks: {len(series)} series per pod, {samples:,} samples over "
+                  f"{args.hours:g} h, backfilled in {time.monotonic() - t0:.0f} s")
+            for _ in range(2):  # alternating: a noisy stretch weighs on both
+                for name, text in texts.items():
+                    groups = rule_file(text, args.eval, work / f"{name}.yaml")
+                    run = measure(work / "blocks", work / f"{name}.yaml", groups, args.evaluations, args.eval, work)
+                    cost[name].setdefault(pods, []).append(per_minute(run, group_intervals_s(text)))
+                    print(f"  {name:6}: " + "; ".join(f"{g} {d * 1000:.1f} ms" for g, d in run.items()))
+    lo, hi = min(args.pods), max(args.pods)
+    for name, by_pods in cost.items():
+        rules = sum(len(g["rules"]) for g in yaml.safe_load(texts[name])["groups"])
+        line = ", ".join(f"{n} pods {min(c):.3f}–{max(c):.3f} s" for n, c in sorted(by_pods.items()))
+        a, b = statistics.median(by_pods[lo]), statistics.median(by_pods[hi])
+        scaled = a + (b - a) * (SCALE_PODS - lo) / (hi - lo) if hi > lo else a * SCALE_PODS / lo
+        print(f"{name:6} ({rules} rules), evaluation per 60 s: {line}; at {SCALE_PODS} pods (linear in the pods): "
+              f"{scaled:.1f} s (target <= {TARGET_S:g} s: {'met' if scaled <= TARGET_S else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
