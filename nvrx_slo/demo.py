@@ -25,8 +25,10 @@ from pathlib import Path
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter import job as job_view
 from nvrx_slo.exporter import progress, report, slo_report, state_store
+from nvrx_slo.exporter.decode import Event
 from nvrx_slo.exporter.engine import Engine
 from nvrx_slo.exporter.snapshot import Snapshot
+from nvrx_slo.exporter.tail import JournalTail
 from nvrx_slo.trainer import demo as job
 
 _SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")
@@ -36,13 +38,15 @@ LOSS_STEP = 15  # --node-loss: the step the lost pod's rank reaches before its n
 class _Sidecar:
     """``nvrx-slo sidecar`` on a free loopback port, following a journal directory."""
 
-    def __init__(self, run_dir: Path, journal_dir: Path) -> None:
+    def __init__(self, run_dir: Path, journal_dir: Path, pod: str | None) -> None:
+        """``pod``: the pod's name, as its processes journal it (None: the host's, as theirs)."""
         run_dir.mkdir(parents=True, exist_ok=True)
         self.journal_dir = journal_dir
         self.report_file = run_dir / "slo-report.txt"
         self.state_file = run_dir / "sidecar-state.json"
         self.log_path = run_dir / "sidecar.log"
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+        env.update({"NVRX_SLO_JOB": job.JOB_NAME, **({"POD_NAME": pod} if pod else {})})  # the Downward API's
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir), "--host", "127.0.0.1",
@@ -82,13 +86,35 @@ class _Sidecar:
             raise RuntimeError(f"the sidecar wrote no SLO report; see {self.log_path}")
         return self.report_file.read_text()
 
-    def snapshot(self, at: tuple[float, float] | None = None) -> Snapshot:
-        """What the stopped sidecar had accounted, from the state it saved on its way out, as of
-        ``at`` (monotonic, wall: when it stopped with its pod) or now."""
+    def kill(self) -> None:
+        """Its node is gone: SIGKILL, as a node loss ends a pod (Prometheus sees it vanish now)."""
+        self.proc.kill()
+        self.proc.wait()
+        self._log.close()
+
+    def snapshot(self) -> Snapshot:
+        """What the stopped sidecar had accounted, from the state it saved on its way out."""
         parts = state_store.load(self.state_file, self.journal_dir)
         if parts is None:
             raise RuntimeError(f"the sidecar saved no state; see {self.log_path}")
-        return Engine.from_state(parts["engine"]).snapshot(*(at or (time.monotonic(), time.time())))
+        return Engine.from_state(parts["engine"]).snapshot(time.monotonic(), time.time())
+
+
+def _replayed(journal_dir: Path, at: tuple[float, float]) -> Snapshot:
+    """A lost pod as its sidecar would have accounted it had it read every record before its node
+    went (it was killed with the node): its journal, which outlives it here, replayed as of ``at``."""
+    engine = Engine()
+
+    def ingest(events: list[Event]) -> None:
+        for event in events:
+            engine.ingest(event)
+
+    tail = JournalTail(journal_dir)
+    try:
+        tail.poll(ingest)
+    finally:
+        tail.close()
+    return engine.snapshot(*at)
 
 
 def _positive(text: str) -> int:
@@ -137,14 +163,15 @@ def main(argv: list[str], targets: Targets) -> int:
     lost_at: dict[Path, tuple[float, float]] = {}  # a lost pod's journal -> when its sidecar died with it
 
     def start_sidecar(journal_dir: Path) -> None:
-        sidecars[journal_dir] = _Sidecar(run_dir if pods == 1 else journal_dir.parent, journal_dir)
+        sidecars[journal_dir] = (_Sidecar(run_dir, journal_dir, None) if pods == 1 else
+                                 _Sidecar(journal_dir.parent, journal_dir, journal_dir.parent.name))
         print(f"sidecar of {journal_dir}: {sidecars[journal_dir].url}/ (status page), "
               f"{sidecars[journal_dir].url}/metrics", flush=True)
 
     def on_pod(event: str, journal_dir: Path) -> None:
         if event == "lost":
             lost_at[journal_dir] = (time.monotonic(), time.time())
-            sidecars[journal_dir].stop(len(job.read_journal(journal_dir)))
+            sidecars[journal_dir].kill()
         else:
             start_sidecar(journal_dir)
 
@@ -169,12 +196,15 @@ def main(argv: list[str], targets: Targets) -> int:
         print(slo_reports[journal_dir], end="")
         print(f"\nHTML report with a timeline: {report.write([journal_dir], run_dir / 'report.html', targets)}")
     else:
-        snapshots = [sidecar.snapshot(lost_at.get(d)) for d, sidecar in sidecars.items()]
+        snapshots = [_replayed(d, lost_at[d]) if d in lost_at else sidecar.snapshot()
+                     for d, sidecar in sidecars.items()]
         for snap, (d, sidecar) in zip(snapshots, sidecars.items(), strict=True):
             eff = "—" if snap.efficiency is None else f"{100 * snap.efficiency:.2f}%"
-            state = "lost with its node" if d in lost_at else "finished" if snap.finished else "running"
-            print(f"{snap.pod}: {len(snap.ranks)} rank(s), efficiency {eff}, {state}; "
-                  f"its sidecar's report: {sidecar.report_file}")
+            if d in lost_at:
+                state = "lost with its node (its sidecar too; accounted from its journal)"
+            else:
+                state = f"{'finished' if snap.finished else 'running'}; its sidecar's report: {sidecar.report_file}"
+            print(f"{snap.pod}: {len(snap.ranks)} rank(s), efficiency {eff}, {state}")
         print()
         gone = {snap.pod for snap, d in zip(snapshots, sidecars, strict=True) if d in lost_at}
         print(slo_report.render(job_view.job_snapshot(snapshots, lost=gone), targets), end="")

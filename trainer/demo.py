@@ -25,6 +25,7 @@ from nvrx_slo.trainer.faults import Fault
 
 # The crash (SIGKILL, an in-job restart by ft_launcher) comes well after the first checkpoint and
 # the exception (an in-process restart by inprocess.Wrapper) after the fourth, so both roll back work.
+JOB_NAME = "demo"  # NVRX_SLO_JOB of every pod of a demo run (the Downward API sets it in a cluster)
 DEFAULT_FAULTS = (Fault("crash", 24), Fault("exception", 45))
 _FLAGS = {"crash": "--crash-at", "exception": "--raise-at", "hang": "--hang-at"}
 
@@ -158,7 +159,7 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
         def launch(i: int, name: str, journal_dir: Path) -> subprocess.Popen[bytes]:
             # GROUP_RANK: the pod's node index. NVRx 0.5 refuses to rendezvous without an
             # infrastructure rank (GROUP_RANK or SLURM_PROCID); 0.4.1 ignores it, 0.6+ assigns ranks by it.
-            env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": "demo",
+            env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": JOB_NAME,
                    "GROUP_RANK": str(i), "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
                    **({} if pods == 1 else {"POD_NAME": name}), **(extra_env or {})}
             return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,142 @@
+"""A job of two pods with a node loss, through a real Prometheus running the generated rules.
+
+All real: ``nvrx-slo demo --pods 2 --node-loss 1`` (two ft_launcher agents in one c10d rendezvous,
+one gloo rank and one sidecar per pod; pod 1 and its sidecar SIGKILLed at step 15, a replacement
+pod and sidecar started 8 s later) → Prometheus 2.42 discovering each sidecar as the demo starts it
+(file service discovery, as a PodMonitor would), 1 s scrapes and evaluations, with the rules
+``nvrx-slo generate`` writes for a one-hour SLO period (windows scaled 720× down, the shortest 4 s).
+
+Checked against the demo's own job report, which ``tests/test_demo_pods.py`` checks against the
+raw journals and the harness's kill instant: the rank-seconds Prometheus counted absent, and one
+restart for the one fault (each pod records it; the recovery SLI counts the pod that counted most),
+with no restart storm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import pytest
+import yaml
+
+from nvrx_slo.alerts import generate, spec
+from nvrx_slo.alerts.conventions import ABSENT_RANKS, Alert, sli_total_record
+from nvrx_slo.alerts.windows import all_windows
+from nvrx_slo.trainer.demo import read_journal
+from servers import free_port, stop, wait_for
+
+pytestmark = pytest.mark.slow
+
+_SIDECAR = re.compile(r"^sidecar of (\S+): http://(127\.0\.0\.1:\d+)/ \(status page\)", re.M)
+
+
+def _query(prometheus: str, expr: str) -> list[dict[str, Any]]:
+    url = f"{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        answer = json.load(resp)
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def _ready(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=1) as resp:
+        return resp.status == 200
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("pods-prometheus")
+    data = yaml.safe_load(spec.DEFAULT_PATH.read_text())
+    data.update(period="1h", min_window="4s", evaluation_interval="1s")
+    (tmp / "slo.yaml").write_text(yaml.safe_dump(data))
+    assert generate.main(["--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
+    targets = tmp / "targets.json"
+    targets.write_text("[]")
+    config = tmp / "prometheus.yml"
+    config.write_text(json.dumps({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp / generate.RULES)],
+        "scrape_configs": [{"job_name": "nvrx-slo", "honor_labels": True,
+                            "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}],
+    }))
+    port = free_port()
+    prometheus = subprocess.Popen(
+        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ready(f"{url}/-/ready"), "Prometheus ready", 30)
+        env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+        errors = tmp / "demo.stderr"
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "nvrx_slo", "demo", "--pods", "2", "--node-loss", "1", "--replace-after", "8",
+             "--run-dir", str(tmp / "run")], stdout=subprocess.PIPE, stderr=open(errors, "wb"), text=True, env=env)
+        out: list[str] = []
+
+        def follow() -> None:  # each sidecar becomes a scrape target as the demo starts it
+            assert demo.stdout is not None
+            for line in demo.stdout:
+                out.append(line)
+                if match := _SIDECAR.match(line):
+                    seen = json.loads(targets.read_text())
+                    seen.append({"targets": [match.group(2)]})
+                    tmp_targets = targets.with_suffix(".tmp")
+                    tmp_targets.write_text(json.dumps(seen))
+                    tmp_targets.replace(targets)
+
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        demo.wait(timeout=600)
+        reader.join(timeout=10)
+        stderr = errors.read_text(errors="replace")
+        time.sleep(3)  # the last evaluations after the last scrapes
+        yield {"prometheus": url, "stdout": "".join(out), "stderr": stderr, "returncode": demo.returncode,
+               "spec": spec.load(tmp / "slo.yaml"), "run_dir": tmp / "run"}
+    finally:
+        stop(prometheus)
+
+
+def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run):
+    """The job report counts a pod's time from its first record (the replacement's launcher); the
+    rules see its ranks once the sidecar read a rank's first record, so they count the replacement's
+    start-up (launcher to rank) as absent too — badput either way, named differently."""
+    assert run["returncode"] == 0, run["stderr"][-3000:]
+    report = run["stdout"].split("nvrx-slo SLO report — ")[1]
+    absent = float(re.search(r"^  absent \(no pod ran the rank\)\s+([\d.]+) s", report, re.M).group(1))
+    replacement = read_journal(run["run_dir"] / "pod-1-replacement" / "journal")
+    start_up = next(r["mono"] for r in replacement if r["rank"] is not None) - replacement[0]["mono"]
+    # the evaluations at which the job's world size exceeded the ranks its pods ran, 1 s each
+    (recorded,) = _query(run["prometheus"], f"sum_over_time({ABSENT_RANKS}[1h])")
+    seconds = float(recorded["value"][1])
+    # a scrape (1 s) and an evaluation (1 s) at the loss and at the replacement's first rank
+    assert absent + start_up - 3.0 <= seconds <= absent + start_up + 3.0, (seconds, absent, start_up)
+    assert seconds >= 8.0  # the replacement came 8 s after the loss
+    world = _query(run["prometheus"], f'max_over_time({sli_total_record(4)}{{slo="efficiency"}}[1h])')
+    assert [float(w["value"][1]) for w in world] == [2.0]  # the job's world size, not its live ranks
+
+
+def test_one_fault_is_one_restart_at_job_level_and_no_storm(run):
+    """The survivor restarts in-job for the replacement's rendezvous; the lost pod recorded nothing
+    and the replacement's first process is no restart: the SLI counts one restart."""
+    assert run["returncode"] == 0, run["stderr"][-3000:]
+    base = all_windows(run["spec"].period, run["spec"].min_window)[0]
+    total = f'{sli_total_record(base)}{{slo="recovery"}}'
+    per_pod = _query(run["prometheus"], "sum by (pod) (max_over_time(nvrx_restarts_total[1h]))")
+    assert {p["metric"]["pod"]: float(p["value"][1]) for p in per_pod} == {
+        "pod-0": 1.0, "pod-1": 0.0, "pod-1-replacement": 0.0}
+    # each evaluation's 4 s restart rate, summed over the run: 4 s windows at 1 s evaluations hold a
+    # restart in four of them, 1/4 each (rate() extrapolates at the edges)
+    (counted,) = _query(run["prometheus"], f"sum_over_time({total}[1h])")
+    assert float(counted["value"][1]) == pytest.approx(1.0, abs=0.3)
+    storms = _query(run["prometheus"], f'max_over_time(ALERTS{{alertname="{Alert.RESTART_STORM.value}"}}[1h])')
+    assert storms == []
