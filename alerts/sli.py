@@ -54,9 +54,14 @@ def share_of_wall(selector: str, window: int) -> str:
     return f"{job_rate(selector, w)}\n/ {ON_JOB} group_left\n  {job_rate(cat.WALL.name, w)}"
 
 
-def _or_zero(expr: str, like: str) -> str:
-    """``expr``, or 0 for each job ``like`` has: a category never seen yet has no series, not zero."""
-    return f"({expr} or 0 * {like})"
+# One series per job with wall time: what "0 for this job" is made of.
+_JOBS = f"group {BY_JOB} ({cat.WALL.name})"
+
+
+def _or_zero(expr: str) -> str:
+    """``expr``, or 0 for each job with wall time: a category never seen yet has no series, not zero
+    (the wall series' presence, not their rate recomputed: this runs at every evaluation)."""
+    return f"({expr} or 0 * {_JOBS})"
 
 
 def _time_sli(slo: Slo, title: str, goal: str, categories: tuple[cat.Category, ...]) -> Sli:
@@ -65,7 +70,7 @@ def _time_sli(slo: Slo, title: str, goal: str, categories: tuple[cat.Category, .
     def total(w: str) -> str:
         return job_rate(cat.WALL.name, w)
 
-    return Sli(slo, True, lambda w: _or_zero(job_rate(time, w), total(w)), total, title, goal)
+    return Sli(slo, True, lambda w: _or_zero(job_rate(time, w)), total, title, goal)
 
 
 def le_regex(bound: float) -> str:
@@ -90,7 +95,7 @@ def _efficiency(spec: Spec) -> Sli:
     def bad(w: str) -> str:
         every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), spec.evaluation_interval)
         absent = f"sum {BY_JOB} (sum_over_time({ABSENT_RANKS}[{w}])) / {every}"
-        return f"({plain.bad(w)} + {_or_zero(absent, plain.total(w))})"
+        return f"({plain.bad(w)} + {_or_zero(absent)})"
 
     return Sli(Slo.EFFICIENCY, True, bad, lambda w: f"({world} or {plain.total(w)})", "training efficiency",
                "productive ≥ {good} of wall rank-seconds", ((ABSENT_RANKS, absent_now),))
@@ -124,7 +129,7 @@ def build(spec: Spec) -> dict[Slo, Sli]:
     background = f"{cat.CKPT_BACKGROUND.name}_sum"
 
     def saves_total(w: str) -> str:
-        return f"({job_rate(blocking, w)} + {_or_zero(job_rate(background, w), job_rate(blocking, w))})"
+        return f"({job_rate(blocking, w)} + {_or_zero(job_rate(background, w))})"
 
     return {
         Slo.EFFICIENCY: _efficiency(spec),
