@@ -99,31 +99,36 @@ def _leaves(value: Any, path: tuple = ()) -> list[tuple]:
     return [path]
 
 
-def _saved_state(journal: Path, state: Path) -> dict:
+def _saved_state(tmp: str) -> tuple[Path, Path, dict]:
+    """A journal of ``FILES`` in ``tmp`` and the state a sidecar saves for it: (journal, state file, state)."""
+    journal = Path(tmp) / "journal"
+    journal.mkdir()
+    for name, body in FILES.items():
+        (journal / name).write_bytes(body)
+    state = Path(tmp) / "state.json"
     live = Live(Engine(), JournalTail(journal))
     live.poll()
     state_store.save(state, journal, live.to_state())
-    return orjson.loads(state.read_bytes())
+    return journal, state, orjson.loads(state.read_bytes())
+
+
+def _set(document: Any, path: tuple, value: Any) -> None:
+    """Set the leaf at ``path`` (keys and indexes) of ``document`` to ``value``."""
+    for key in path[:-1]:
+        document = document[key]
+    document[path[-1]] = value
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_hostile_state_files_resume_or_rebuild_never_crash(data):
     with tempfile.TemporaryDirectory() as tmp:
-        journal = Path(tmp) / "journal"
-        journal.mkdir()
-        for name, body in FILES.items():
-            (journal / name).write_bytes(body)
-        state = Path(tmp) / "state.json"
-        saved = _saved_state(journal, state)
+        journal, state, saved = _saved_state(tmp)
         for _ in range(data.draw(st.integers(1, 3))):
             path = data.draw(st.sampled_from(_leaves(saved)))
             if not path:
                 break
-            parent = saved
-            for key in path[:-1]:
-                parent = parent[key]
-            parent[path[-1]] = data.draw(hostile)
+            _set(saved, path, data.draw(hostile))
         try:
             body = json.dumps(saved, allow_nan=True).encode("utf-8", "surrogatepass")
         except RecursionError:
@@ -153,21 +158,13 @@ def test_every_state_field_with_every_wrong_type_resumes_or_rebuilds():
     """Exhaustive where the property test samples: each field of a real state file, in turn, set to
     each JSON type. Every combination must resume or rebuild, then render and save."""
     with tempfile.TemporaryDirectory() as tmp:
-        journal = Path(tmp) / "journal"
-        journal.mkdir()
-        for name, body in FILES.items():
-            (journal / name).write_bytes(body)
-        state = Path(tmp) / "state.json"
-        saved = _saved_state(journal, state)
+        journal, state, saved = _saved_state(tmp)
         failures = []
         for path in _shapes(saved):
             for wrong in WRONG:
                 edited = json.loads(json.dumps(saved))
-                parent = edited
-                for key in path[:-1]:
-                    parent = parent[key]
                 if path:
-                    parent[path[-1]] = wrong
+                    _set(edited, path, wrong)
                 state.write_bytes(json.dumps(edited).encode())
                 try:
                     live = resume(Config(journal_dir=journal, state_file=state),
