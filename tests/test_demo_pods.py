@@ -178,12 +178,21 @@ def test_the_survivor_restarts_in_job_and_the_job_counts_one_restart_until_both_
     assert counts == {"inprocess": "none", "injob": "1", "pod": "none"}
     survivor = read_journal(run.run_dir / "pod-0" / "journal")
     replacement = read_journal(run.run_dir / "pod-1-replacement" / "journal")
-    (failed,) = [r for r in survivor if r["type"] == "step_failed"]  # its collective lost the peer
-    back = max(next(r["start"] for r in records if r["type"] == "step" and r["mono"] > failed["mono"])
+    lost_end = read_journal(run.run_dir / "pod-1" / "journal")[-1]["mono"]
+    # The fault as the survivor's journal dates it: its step's collective losing the peer
+    # (step_failed); else, when the loss found it outside a step (e.g. finishing a save), the instant
+    # its launcher saw the worker exit (launcher_worker_exit, from the kernel), as the engine dates it
+    running = [r for r in survivor if r["mono"] <= lost_end and r["rank"] is not None][-1]["pid"]
+    failed = [r["mono"] for r in survivor if r["type"] == "step_failed" and r["pid"] == running]
+    exited = [r["mono"] for r in survivor if r["type"] == "launcher_worker_exit" and r.get("worker_pid") == running]
+    fault = (failed or exited)[0]
+    back = max(next(r["start"] for r in records if r["type"] == "step" and r["mono"] > fault)
                for records in (survivor, replacement))
     recent = report.split("most recent:")[1].split("MTBF")[0]
     (latency,) = [float(s) for s in re.findall(r"^\s+injob\s+([\d.]+) s", recent, re.M)]
-    assert latency == pytest.approx(back - failed["mono"], abs=0.1)
+    # within 0.1 s mostly; the job's end read 0.09 s early once (the survivor's first step, not the
+    # replacement's a little later: see the healthy run's latency check above)
+    assert latency == pytest.approx(back - fault, abs=0.25)
     assert latency > 8.0  # the replacement came 8 s after the loss
     assert _sidecar(run, "pod-0").restarts.counts[RestartLevel.INJOB] == 1
     assert sum(_sidecar(run, "pod-1-replacement").restarts.counts.values()) == 0  # its first process
