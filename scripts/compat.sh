@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 PY=.venv/bin/python
 tag=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')
-tests=(tests/test_nvrx_compat.py tests/test_hooks_inprocess.py tests/test_trainer_checkpoint.py
+tests=(tests/test_nvrx_compat.py tests/test_hooks_inprocess.py tests/test_hooks_checkpoint.py tests/test_trainer_checkpoint.py
        tests/test_trainer_cli.py tests/test_reference_job.py tests/test_demo_command.py
        tests/test_sidecar_demo.py tests/test_demo_pods.py
        "tests/test_deploy_images.py::test_every_trainer_flag_is_one_its_parser_accepts")

@@ -259,7 +259,7 @@ class Checkpointer:
         pending = _Pending(ckpt, step, path, rank)
 
         def finalize() -> None:  # NVRx calls it in the training thread once every rank's write is done
-            pending.error = _finalize(writer, planned)
+            pending.error = nvrx_compat.finalize_save(planned)
             pending.finalized = True
 
         stamped = _StampedWrite(write, str(_stamp_path(path, rank)), self.slow_storage_s)
@@ -378,30 +378,3 @@ def _local_tensors(state_dict: Any) -> list[torch.Tensor]:
         local = state_dict.to_local() if hasattr(state_dict, "to_local") else state_dict
         return [local]
     return []
-
-
-def _finalize(writer: Any, planned: tuple[Any, Any, Any]) -> str | None:
-    """NVRx's ``save_state_dict_async_finalize``, made to fail the same way on every rank.
-
-    NVRx's version raises on the rank that saw a failure only, which leaves the others waiting in a
-    collective; here every rank gathers, the coordinator writes ``.metadata`` if all writes landed,
-    and its verdict is broadcast.
-    """
-    _, metadata, dist_wrapper = planned
-    try:
-        results: Any = writer.retrieve_write_results()
-    except Exception as exc:
-        results = exc
-    failure = nvrx_compat.write_error(results)
-    gathered = dist_wrapper.gather_object(results if failure is None else failure)
-    error = None
-    if dist_wrapper.is_coordinator:
-        failures = [r for r in gathered if isinstance(r, str)]
-        if failures:
-            error = f"write failed: {failures[0]}"
-        else:
-            try:
-                writer.finish(metadata, gathered)
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"[:500]
-    return dist_wrapper.broadcast_object(error)

@@ -116,6 +116,35 @@ def write_error(results: Any) -> str | None:
     return f"unexpected write results: {results!r}"[:500]
 
 
+def finalize_save(planned: tuple[Any, Any, Any]) -> str | None:
+    """NVRx's ``save_state_dict_async_finalize``, failing the same way on every rank, with or without CUDA.
+
+    NVRx's version raises on the rank that saw a failure only (up to 0.4), which leaves the others
+    waiting in a collective, and from 0.5 broadcasts its verdict from ``torch.cuda.current_device()``,
+    which a CPU-only host has not. Here every rank gathers, the coordinator writes ``.metadata`` if
+    all writes landed, and its verdict (None or the error) is broadcast as an object. ``planned``
+    is what ``save_state_dict_async_plan`` returned: the writer, the global metadata, the wrapper.
+    """
+    writer, metadata, dist_wrapper = planned
+    try:
+        results: Any = writer.retrieve_write_results()
+    except Exception as exc:
+        results = exc
+    failure = write_error(results)
+    gathered = dist_wrapper.gather_object(results if failure is None else failure)
+    error = None
+    if dist_wrapper.is_coordinator:
+        failures = [r for r in gathered if isinstance(r, str)]
+        if failures:
+            error = f"write failed: {failures[0]}"
+        else:
+            try:
+                writer.finish(metadata, gathered)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"[:500]
+    return dist_wrapper.broadcast_object(error)
+
+
 @functools.cache
 def launcher() -> ModuleType | None:
     """``nvidia_resiliency_ext.fault_tolerance.launcher`` (its ``main`` is ft_launcher), or None."""
