@@ -6,10 +6,11 @@ spans; background = ``scheduled`` → ``written`` (the instant the writer finish
 histograms take one observation per rank per save. A save (checkpoint id) is durable when every
 rank that started it ended ok, failed when any rank's end is not ok, and abandoned for a rank
 whose process died before its end. Each quantity is a pure function of the events seen, so the
-order they arrive in does not matter — except that a process's own records come in the order it
-wrote them (one file, read in order), which places a save's end written after an in-process
-restart in the save it ended (``_attempt``). A save enters the histograms, ``saves`` and
-``bytes_total`` once nothing can join it any more (see ``Checkpoints.fold``) or the job finished.
+order they arrive in does not matter. Each record is stored under its own incarnation; a
+process's part without a start (an async save's end written after an in-process restart) is
+read as part of the newest save of that id the process started at or before its iteration
+(``_grouped``). A save enters the histograms, ``saves`` and ``bytes_total`` once nothing can join
+it any more (see ``Checkpoints.fold``) or the job finished.
 """
 
 from __future__ import annotations
@@ -38,6 +39,23 @@ def _part() -> list[Any]:
 
 def _began(parts: dict[tuple[int, int], list[Any]]) -> float:
     return min(p[START] if p[START] is not None else p[LAST] for p in parts.values())
+
+
+def _merged(a: list[Any], b: list[Any]) -> list[Any]:
+    """Two parts of one process's save as one (a new list), combined as ``Checkpoints.add`` does."""
+    out = list(a)
+    if b[START] is not None and (out[START] is None or b[START] < out[START]):
+        out[START], out[START_WALL] = b[START], b[START_WALL]
+    out[STEP] = max((p[STEP] for p in (a, b) if p[STEP] is not None), default=None)
+    out[MODE] = a[MODE] or b[MODE]
+    out[SCHED] = max((p[SCHED] for p in (a, b) if p[SCHED] is not None), default=None)
+    out[BYTES] = max(a[BYTES], b[BYTES])
+    out[FINALIZE] = a[FINALIZE] + b[FINALIZE]
+    if b[END] is not None and (out[END] is None or b[END] > out[END]):
+        out[END], out[WRITTEN], out[WRITTEN_WALL] = b[END], b[WRITTEN], b[WRITTEN_WALL]
+    out[OK] = b[OK] if a[OK] is None else (a[OK] if b[OK] is None else a[OK] and b[OK])
+    out[LAST] = max(a[LAST], b[LAST])
+    return out
 
 
 def _record(fields: list[Any]) -> CheckpointRecord:
@@ -72,27 +90,9 @@ class Checkpoints:
         self.recent: list[tuple[float, str, CheckpointRecord]] = []  # (began, key, record), oldest first
         self.due = float("inf")  # no save can fold before the pod's newest record reaches this
 
-    def _attempt(self, rec: Event, rank: int) -> str:
-        """The save ``rec`` belongs to: a start opens one for its incarnation; any other record joins
-        the newest save of that id its process started at or before the record's in-process
-        iteration (an async save's end may be written after a Wrapper restart), else its own.
-        A process journals in order, so its start is always seen before the rest of its save."""
-        own = f"{rec.restart}/{rec.iter}/{rec.ckpt}"
-        if rec.type == "checkpoint_start":
-            return own
-        best, best_iter = own, -1
-        for key, parts in self.open.items():  # at most MAX_OPEN saves
-            part = parts.get((rank, rec.pid))
-            if part is None or part[START] is None:
-                continue
-            restart, iter_, ckpt = key.split("/", 2)
-            if ckpt == rec.ckpt and int(restart) == rec.restart and best_iter < int(iter_) <= rec.iter:
-                best, best_iter = key, int(iter_)
-        return best
-
     def add(self, rec: Event, rank: int) -> None:
         """One checkpoint_* event of rank ``rank`` (checkpoint_worker is the ledger's)."""
-        ckpt = self._attempt(rec, rank)
+        ckpt = f"{rec.restart}/{rec.iter}/{rec.ckpt}"
         parts = self.open.get(ckpt)
         if parts is None:
             parts = self.open[ckpt] = {}
@@ -124,6 +124,37 @@ class Checkpoints:
             if part[END] is None or mono > part[END]:
                 part[END], part[WRITTEN] = mono, rec.written
                 part[WRITTEN_WALL] = rec.wall - (mono - rec.written)
+
+    def _grouped(self) -> tuple[dict[str, dict[tuple[int, int], list[Any]]], dict[str, list[tuple[str, Any]]]]:
+        """The open saves as read: a process's part without a start joins the newest save of that id
+        the process started at or before the part's iteration (the same restart), in whatever order
+        the records came. Also, per save read, the stored (key, part key) pairs it is made of.
+        Nearly always every part has its start, and the stored saves are the saves read."""
+        homes: dict[tuple[str, str, int, int], list[int]] = {}  # (restart, ckpt, rank, pid) -> started iters
+        startless = False
+        for key, parts in self.open.items():
+            restart, iter_, ckpt = key.split("/", 2)
+            for (rank, pid), part in parts.items():
+                if part[START] is None:
+                    startless = True
+                else:
+                    homes.setdefault((restart, ckpt, rank, pid), []).append(int(iter_))
+        if not startless:
+            return self.open, {key: [(key, k) for k in parts] for key, parts in self.open.items()}
+        grouped: dict[str, dict[tuple[int, int], list[Any]]] = {}
+        members: dict[str, list[tuple[str, Any]]] = {}
+        for key, parts in self.open.items():
+            restart, iter_, ckpt = key.split("/", 2)
+            for (rank, pid), part in parts.items():
+                home = key
+                if part[START] is None:
+                    earlier = [i for i in homes.get((restart, ckpt, rank, pid), ()) if i <= int(iter_)]
+                    if earlier:
+                        home = f"{restart}/{max(earlier)}/{ckpt}"
+                group = grouped.setdefault(home, {})
+                group[(rank, pid)] = _merged(group[(rank, pid)], part) if (rank, pid) in group else part
+                members.setdefault(home, []).append((key, (rank, pid)))
+        return grouped, members
 
     @staticmethod
     def _blocking(part: list[Any]) -> float | None:
@@ -180,8 +211,8 @@ class Checkpoints:
         Call it before adding a record whenever ``newest >= due`` (and after a rank's process
         changed), so that a later save of the same id never joins one that is over."""
         due = float("inf")
-        for ckpt in list(self.open):
-            parts = self.open[ckpt]
+        grouped, members = self._grouped()
+        for ckpt, parts in list(grouped.items()):
             last = max(p[LAST] for p in parts.values()) + self.window
             if last > newest:
                 due = min(due, last)
@@ -192,7 +223,12 @@ class Checkpoints:
             begun = _began(parts)
             if any(rank not in ranks and pid_at(rank, begun) == pid for rank, pid in live.items()):
                 continue
-            self._close(ckpt, self.open.pop(ckpt), live)
+            parts = dict(parts)  # the stored dict itself when nothing was regrouped
+            for key, part_key in members[ckpt]:
+                del self.open[key][part_key]
+                if not self.open[key]:
+                    del self.open[key]
+            self._close(ckpt, parts, live)
         self.due = due
 
     def _close(self, ckpt: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int]) -> None:
@@ -220,7 +256,8 @@ class Checkpoints:
         open_records = []
         if finished:
             blocking, background = blocking.copy(), background.copy()
-        for key, parts in self.open.items():
+        grouped, members = self._grouped()
+        for key, parts in grouped.items():
             done = self._done(parts, live)
             if finished and done:
                 record, durable = self._fold_one(key, parts, live, blocking, background)
@@ -230,7 +267,11 @@ class Checkpoints:
             else:
                 record, durable = self.record(key, parts, live), False
             open_records.append((_began(parts), key, record))
-            failures += record.ok is False
+            # a part read without its start may yet move to another save (``_grouped``): an open
+            # save's failure counts once a stored part that has its start failed, which stays put,
+            # so the counter never goes down when a part moves
+            failures += any(self.open[k][part][START] is not None and self.open[k][part][OK] is False
+                            for k, part in members[key])
             in_flight += record.ok is None and any(p[END] is None and live.get(r) == pid for (r, pid),
                                                    p in parts.items())
             if record.ok is True:

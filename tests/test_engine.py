@@ -149,6 +149,28 @@ def test_a_save_not_yet_durable_is_in_flight_until_its_process_dies():
     assert run(pod, 6.0).checkpoints.in_flight == 0
 
 
+@pytest.mark.parametrize("start_last", [False, True])
+def test_one_process_saving_an_id_again_after_inprocess_restarts_makes_two_saves_in_any_arrival_order(start_last):
+    """The second save's start may be read after its other records (any order): it still is the
+    second save, not a part of the first (which once read 2.3 s of blocking and one save in flight)."""
+    pod = Pod()
+    p = pod.proc(0)
+    p.start(0.5, world_size=1, local_world_size=1)
+    p.save(0, 1.1, 1.2, written=1.4, observed=1.45)
+    p.save_end()
+    p.iter = 2  # two in-process restarts later (a rollback), the same id again
+    p.save(0, 3.3, 3.4, written=3.6, observed=3.65)
+    p.save_end()
+    records = list(pod.records)
+    if start_last:
+        (second,) = [r for r in records if r["type"] == "checkpoint_start" and r["iter"] == 2]
+        records = [r for r in records if r is not second] + [second]
+    ck = run(pod, 20.0, window=10.0, records=records).checkpoints
+    assert [(c.incarnation, round(c.blocking_s, 6), c.ok) for c in ck.recent] == [((0, 0), 0.1, True),
+                                                                                  ((0, 2), 0.1, True)]
+    assert (ck.failures, ck.in_flight) == (0, 0)
+
+
 def test_a_finished_job_stops_accruing_wall_and_settles_everything():
     pod = scenarios.healthy()
     early, late = run(pod, 20.0, window=10.0), run(pod, 1000.0, window=10.0)
