@@ -1,5 +1,5 @@
-"""``nvrx-slo demo --pods 2``: a job of two pods (real ft_launcher agents meeting in a c10d
-rendezvous, one gloo rank each), a real sidecar per pod, and the job-level SLO report.
+"""``nvrx-slo demo --pods N``: a job of two (and four) pods (real ft_launcher agents meeting in a
+c10d rendezvous, one gloo rank each), a real sidecar per pod, and the job-level SLO report.
 
 Checked against what is outside the code under test: the raw journal records of both pods (the
 fault's instant, each rank's first step after it, on the machine's one monotonic clock) and an
@@ -36,13 +36,16 @@ class Run:
     returncode: int
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    run_dir = tmp_path_factory.mktemp("pods") / "run"
+def _demo(run_dir: Path, *args: str) -> Run:
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-    proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", "--pods", "2", "--run-dir", str(run_dir)],
+    proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", *args, "--run-dir", str(run_dir)],
                           capture_output=True, text=True, timeout=600, env=env)
     return Run(run_dir, proc.stdout, proc.stderr, proc.returncode)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _demo(tmp_path_factory.mktemp("pods") / "run", "--pods", "2")
 
 
 def _sidecar(run: Run, pod: str) -> Snapshot:
@@ -66,30 +69,44 @@ def _replay(run: Run, pod: str) -> Snapshot:
     return engine.snapshot(*max(seen))
 
 
-@pytest.mark.slow
-def test_every_pod_finishes_and_the_job_report_adds_up_what_each_sidecar_accounted(run):
+def _adds_up(run: Run, pods: list[str]) -> None:
+    """Every pod finished, each live sidecar accounted what an offline replay of its pod's journal
+    does, and the job report is their sum: wall = world size × the job's span."""
     assert run.returncode == 0, run.stderr[-3000:]
     header = run.stdout.split("nvrx-slo SLO report — ")[1].splitlines()[0]
-    assert header == "job demo, 2 pods (pod-0, pod-1), 2 rank(s), finished"
-    live = [_sidecar(run, pod) for pod in PODS]
+    assert header == f"job demo, {len(pods)} pods ({', '.join(pods)}), {len(pods)} rank(s), finished"
+    live = [_sidecar(run, pod) for pod in pods]
     assert all(snap.finished for snap in live)
-    assert [[r.rank for r in snap.ranks] for snap in live] == [[0], [1]]
-    # each live sidecar accounted what an offline replay of its pod's journal does
-    for snap, pod in zip(live, PODS, strict=True):
+    assert [[r.rank for r in snap.ranks] for snap in live] == [[i] for i in range(len(pods))]
+    for snap, pod in zip(live, pods, strict=True):
         offline = _replay(run, pod)
         assert snap.wall_s == pytest.approx(offline.wall_s, abs=1e-6)
         for category, seconds in offline.seconds.items():
             assert snap.seconds[category] == pytest.approx(seconds, abs=1e-6), (pod, category)
     # the job's wall is its world size × its span: the pods' walls and the rank-seconds no pod ran
-    # (pod-1 starts once pod-0 hosts the rendezvous; the first to finish waits for the other)
+    # (the others start once pod-0 hosts the rendezvous; the first to finish waits for the last)
     wall = float(re.search(r"Where the time went \(([\d.]+) rank-seconds of wall\)", run.stdout).group(1))
     absent = re.search(r"^  absent \(no pod ran the rank\)\s+([\d.]+) s", run.stdout, re.M)
     assert wall == pytest.approx(sum(snap.wall_s for snap in live) + float(absent.group(1) if absent else 0), abs=0.05)
     starts = [snap.job_start_wall for snap in live]
     ends = [snap.job_start_wall + snap.ranks[0].wall_s for snap in live]
-    assert wall == pytest.approx(2 * (max(ends) - min(starts)), abs=0.05)
+    assert wall == pytest.approx(len(pods) * (max(ends) - min(starts)), abs=0.05)
     productive = float(re.search(r"^  productive\s+([\d.]+) s", run.stdout, re.M).group(1))
     assert productive == pytest.approx(sum(snap.seconds[Category.PRODUCTIVE] for snap in live), abs=0.01)
+    # each fault (the crash, the exception) is one restart of the job, seen by every pod
+    report = run.stdout.split("nvrx-slo SLO report — ")[1]
+    counts = dict(re.findall(r"^  (inprocess|injob|pod)\s+(none|\d+)", report, re.M))
+    assert counts == {"inprocess": "1", "injob": "1", "pod": "none"}
+
+
+@pytest.mark.slow
+def test_every_pod_finishes_and_the_job_report_adds_up_what_each_sidecar_accounted(run):
+    _adds_up(run, list(PODS))
+
+
+@pytest.mark.slow
+def test_four_pods_add_up_to_one_job_with_one_restart_per_fault(tmp_path):
+    _adds_up(_demo(tmp_path / "run", "--pods", "4"), [f"pod-{i}" for i in range(4)])
 
 
 @pytest.mark.slow
@@ -99,8 +116,6 @@ def test_each_fault_is_one_restart_of_the_job_with_the_latency_the_raw_records_g
     truth = {r["kind"]: r for r in summarize(records)["restarts"]}
     assert (truth["crash"]["level"], truth["exception"]["level"]) == ("in-job", "in-process")
     report = run.stdout.split("nvrx-slo SLO report — ")[1]
-    counts = dict(re.findall(r"^  (inprocess|injob|pod)\s+(none|\d+)", report, re.M))
-    assert counts == {"inprocess": "1", "injob": "1", "pod": "none"}  # each pod saw both faults
     recent = report.split("most recent:")[1].split("MTBF")[0]
     latency = {level: float(s) for level, s in re.findall(r"^\s+(inprocess|injob)\s+([\d.]+) s", recent, re.M)}
     # 0.1 s in 4 of 5 runs here; once the report read 0.19 s longer than the raw records (7.54 vs
@@ -127,12 +142,8 @@ def test_a_wrong_flag_is_refused_naming_the_flag(args, flag, why):
 
 @pytest.fixture(scope="module")
 def node_loss(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    run_dir = tmp_path_factory.mktemp("node-loss") / "run"
-    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-    proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", "--pods", "2", "--node-loss", "1",
-                           "--replace-after", "8", "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    return Run(run_dir, proc.stdout, proc.stderr, proc.returncode)
+    return _demo(tmp_path_factory.mktemp("node-loss") / "run",
+                 "--pods", "2", "--node-loss", "1", "--replace-after", "8")
 
 
 def _span(records: list[dict]) -> tuple[float, float]:
