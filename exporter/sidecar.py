@@ -15,7 +15,10 @@ Side inputs: NVML accelerator idle time when GPUs are visible (``nvrx_slo.export
 restarts from the Kubernetes API inside a cluster (``nvrx_slo.exporter.podwatch``), each off with one log
 line where it cannot work; and, with ``--ft-cycle-info-dir``, the cycle-info files of NVRx versions
 that write them (``nvrx_slo.exporter.cycleinfo``). SIGTERM (or SIGINT) saves the state, writes ``--report-file``
-(the text SLO report) if asked, sends a last OTLP export and exits 0.
+(the text SLO report) if asked, sends a last OTLP export and exits 0 — after, with
+``--final-scrape-timeout``, reading the journal once more and serving one more scrape: a job's last
+seconds (its end settles the reorder window, shutdown and the last saves) reach Prometheus only
+through a scrape after them, and the kubelet stops the sidecar right after the job's end.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class Config:
     podinfo_dir: Path | None = None
     cycle_info_dir: Path | None = None  # newer NVRx: ft_launcher --ft-cycle-info-dir
     report_file: str | None = None  # a path, or "-" for stdout
+    final_scrape_timeout_s: float = 0.0  # after SIGTERM: wait this long at most for one more scrape
 
     def __post_init__(self) -> None:
         def interval(flag: str, value: float) -> tuple[bool, str]:
@@ -104,6 +108,9 @@ class Config:
             interval("--poll-interval", self.poll_interval_s),
             interval("--state-interval", self.state_interval_s),
             interval("--otlp-interval", self.otlp_interval_s),
+            (math.isfinite(self.final_scrape_timeout_s) and 0 <= self.final_scrape_timeout_s <= MAX_INTERVAL_S,
+             f"--final-scrape-timeout must be >= 0 and <= {MAX_INTERVAL_S:g} seconds, "
+             f"got {self.final_scrape_timeout_s}"),
             (1 <= self.max_ranks <= MAX_RANKS, f"--max-ranks must be 1..{MAX_RANKS}, got {self.max_ranks}"),
             (self.otlp_endpoint is None or _http_url(self.otlp_endpoint),
              f"--otlp-endpoint must be an http(s) URL with a host, got {self.otlp_endpoint!r}"),
@@ -149,6 +156,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ft-cycle-info-dir", type=Path, default=None,
                    help="also read ft_launcher's cycle-info files here (NVRx versions that write them)")
     p.add_argument("--report-file", default=None, help="on exit, write the text SLO report here ('-': stdout)")
+    p.add_argument("--final-scrape-timeout", type=float, default=Config.final_scrape_timeout_s,
+                   help="on SIGTERM, read the journal once more and keep serving until /metrics is scraped once "
+                        "more, at most this many seconds, so the job's last seconds reach Prometheus (set it "
+                        "above the scrape interval and below the pod's termination grace period; "
+                        "0: exit at once) (default: %(default)s)")
     return p
 
 
@@ -164,7 +176,8 @@ def parse_args(argv: Sequence[str]) -> Config:
             host=args.host, port=args.port, poll_interval_s=args.poll_interval, state_interval_s=args.state_interval,
             per_rank=args.per_rank, max_ranks=args.max_ranks, otlp_endpoint=args.otlp_endpoint,
             otlp_interval_s=args.otlp_interval, podinfo_dir=args.podinfo_dir,
-            cycle_info_dir=args.ft_cycle_info_dir, report_file=args.report_file)
+            cycle_info_dir=args.ft_cycle_info_dir, report_file=args.report_file,
+            final_scrape_timeout_s=args.final_scrape_timeout)
     except ValueError as exc:
         p.error(str(exc))
         raise  # unreachable: error() exits
@@ -207,6 +220,8 @@ class Sidecar:
         self._renderer = TextRenderer()
         self._log = BoundedLog(log)
         self._render_lock = threading.Lock()
+        self._scraped = threading.Condition()
+        self._scrapes = 0  # /metrics answers rendered, counted under _render_lock
         self.server = Server(config.host, config.port, {
             "/metrics": self._metrics, "/healthz": self._healthz, "/readyz": self._readyz, "/": self._index})
 
@@ -225,7 +240,11 @@ class Sidecar:
         if not self._caught_up:
             return 503, TEXT, b"catching up with the journal\n"
         with self._render_lock, _gc_paused():
-            return 200, CONTENT_TYPE, self._renderer.generate(self._registry)
+            body = self._renderer.generate(self._registry)
+            with self._scraped:
+                self._scrapes += 1
+                self._scraped.notify_all()
+        return 200, CONTENT_TYPE, body
 
     def _healthz(self) -> Response:
         return 200, TEXT, b"ok\n"
@@ -261,6 +280,7 @@ class Sidecar:
                                   max_ranks=self.config.max_ranks)
         try:
             self._loop(sampler)
+            self._final_scrape()
         finally:
             self._save_state()
             if self.config.report_file and self._caught_up:
@@ -293,6 +313,25 @@ class Sidecar:
                 self._save_state()
                 next_save = time.monotonic() + self.config.state_interval_s
             self.stop.wait(self.config.poll_interval_s)
+
+    def _final_scrape(self) -> None:
+        """After SIGTERM: read what the journal still holds, then serve until one scrape rendered
+        it (``--final-scrape-timeout`` at most)."""
+        timeout = self.config.final_scrape_timeout_s
+        if timeout <= 0 or not self._caught_up:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            self.live.poll(lambda: time.monotonic() > deadline)
+        except Exception:
+            self._log.exception("poll", "reading the journal failed; serving what is known")
+        with self._render_lock:  # a scrape counted after this began rendering after the poll
+            seen = self._scrapes
+        with self._scraped:
+            while self._scrapes == seen and (left := deadline - time.monotonic()) > 0:
+                self._scraped.wait(left)
+            scraped = self._scrapes > seen
+        log.info("final numbers %s", "scraped" if scraped else f"not scraped within {timeout:g} s; exiting")
 
     def _load_state(self) -> None:
         self.live = resume(self.config, self._fresh_live)

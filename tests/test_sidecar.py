@@ -237,3 +237,47 @@ def test_wall_never_goes_down_when_the_finish_was_stamped_before_a_scrape_that_m
         proc.stop()
     assert value(running, "nvrx_wall_seconds_total", rank="0") > 40  # counted to the sidecar's now
     _check_went_on([running, finished])
+
+
+def test_after_sigterm_the_job_end_is_read_and_served_to_one_more_scrape(tmp_path):
+    """The kubelet stops the sidecar right after the job's end, usually before the next scrape: with
+    ``--final-scrape-timeout`` it reads the journal once more and serves until one scrape has the
+    finished job (its settled last seconds), then exits 0 without waiting out the timeout."""
+    from test_sidecar_bad_input import story
+
+    body, ends = _ends(story())
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    ran = time.monotonic() - 1.0 - max(r["mono"] for r in body)
+    _write(journal, body, ran)
+    with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "log", "--poll-interval", "60",
+                        "--final-scrape-timeout", "60") as proc:
+        proc.wait_ready()
+        running = proc.scrape()
+        _write(journal, ends, time.monotonic() - min(r["mono"] for r in ends))  # the job ends
+        proc.proc.send_signal(signal.SIGTERM)  # at once: the next poll would be a minute away
+        time.sleep(1.0)
+        assert proc.proc.poll() is None  # still serving, for the scrape that has the end
+        final = proc.scrape()
+        stopped = time.monotonic()
+        assert proc.proc.wait(timeout=10) == 0 and time.monotonic() - stopped < 10
+    for r in ("0", "1"):  # the ends settled each rank's shutdown, which the running job had not
+        shutdown = [value(s, "nvrx_time_seconds_total", rank=r, category="shutdown") for s in (running, final)]
+        assert shutdown[0] == 0 < shutdown[1], (r, shutdown)
+    _check_went_on([running, final])
+    assert "final numbers scraped" in (tmp_path / "log").read_text()
+
+
+def test_after_sigterm_without_a_scrape_the_sidecar_exits_at_the_final_scrape_timeout(tmp_path):
+    from test_sidecar_bad_input import story
+
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    _write(journal, story())
+    with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "log", "--final-scrape-timeout", "1") as proc:
+        proc.wait_ready()
+        signalled = time.monotonic()
+        code, _ = proc.stop()
+        waited = time.monotonic() - signalled
+    assert code == 0 and 1.0 <= waited < 10.0, waited
+    assert "final numbers not scraped within 1 s; exiting" in (tmp_path / "log").read_text()

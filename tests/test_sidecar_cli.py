@@ -17,7 +17,7 @@ from nvrx_slo.exporter import sidecar
 # The whole surface, frozen: a new flag is a deliberate change to this list (and the README).
 FLAGS = ["--help", "--journal-dir", "--state-file", "--host", "--port", "--poll-interval", "--state-interval",
          "--per-rank", "--no-per-rank", "--max-ranks", "--otlp-endpoint", "--otlp-interval", "--podinfo-dir",
-         "--ft-cycle-info-dir", "--report-file"]
+         "--ft-cycle-info-dir", "--report-file", "--final-scrape-timeout"]
 
 
 def test_the_flag_surface_is_frozen():
@@ -54,6 +54,8 @@ def test_defaults_and_the_journal_dir_from_the_trainers_variable(monkeypatch, tm
     (["--ft-cycle-info-dir", "FILE"], "--ft-cycle-info-dir"),
     (["--report-file", "JOURNAL"], "--report-file"),
     (["--report-file", "JOURNAL/missing/report.txt"], "--report-file"),
+    (["--final-scrape-timeout", "-1"], "--final-scrape-timeout"),
+    (["--final-scrape-timeout", "nan"], "--final-scrape-timeout"),
 ])
 def test_a_wrong_flag_exits_2_naming_it(argv, named, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
