@@ -1,6 +1,6 @@
 """Job-level derived signals, recorded from the pods' counters: checkpoint overlap, blocking cost
 per save, MTBF, the checkpoint interval and Young/Daly's optimum, restart cost, and the efficiency
-the ETTR model predicts (``exporter/derived.py`` has the same formulas for one pod's views).
+the ETTR model predicts (``exporter/engine/derived.py`` has the same formulas for one pod's views).
 
 A pod's ratio gauge cannot be added up across pods, and it dies with its pod. So the group records
 the job's rates over the shortest window at every evaluation (one series per job), and each signal

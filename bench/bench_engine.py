@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_engine.py [--events 1000000] [--ranks 1024]
 
 Synthetic journals: ranks stepping in lock step (1 s steps), a save every 100 steps; records are
-built as journal lines and decoded as the sidecar does (``nvrx_slo.exporter.decode``, a chunk at a time), so
+built as journal lines and decoded as the sidecar does (``nvrx_slo.exporter.ingest.decode``, a chunk at a time), so
 decoding is measured on the real wire format. Times are this process's
 CPU time (``time.process_time``): one core's cost, whatever else the machine is running.
 """
@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterator
 
 from nvrx_slo.contracts.schema import encode
-from nvrx_slo.exporter.decode import decode_batch
-from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.decode import decode_batch
 
 
 def journal(ranks: int, steps: int, step_s: float = 1.0) -> Iterator[bytes]:

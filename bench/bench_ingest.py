@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import synthetic_journal
 from nvrx_slo.contracts import schema
-from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.tail import JournalTail
 
 TARGET = 200_000
 

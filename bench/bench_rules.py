@@ -42,12 +42,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import synthetic_journal
-from nvrx_slo.exporter.collector import SnapshotCollector
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.exposition import TextRenderer
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.identity import Identity
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.views.collector import SnapshotCollector
+from nvrx_slo.exporter.views.exposition import TextRenderer
 from servers import free_port, stop, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

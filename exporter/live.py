@@ -6,7 +6,7 @@ and the status page each render a ``View``: there is no second instrumentation p
 
 The clock a view is taken at is the *read horizon*: the instant the last complete journal poll
 began. Every record written before it has been read, so a job's end read later lies after every
-instant a view has already counted wall to (see ``nvrx_slo.exporter.engine``).
+instant a view has already counted wall to (see ``nvrx_slo.exporter.engine.engine``).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvrx_slo.contracts.schema import RejectReason
-from nvrx_slo.exporter.cycleinfo import CycleInfoReader
-from nvrx_slo.exporter.decode import Event
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.podwatch import ContainerStatus, restart_deltas
-from nvrx_slo.exporter.ratelog import BoundedLog
-from nvrx_slo.exporter.snapshot import Snapshot
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.engine.snapshot import Snapshot
+from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
+from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
+from nvrx_slo.exporter.ingest.ratelog import BoundedLog
+from nvrx_slo.exporter.ingest.tail import JournalTail
 
 DUPLICATE = "duplicate"  # the engine saw this (pid, seq) already: ignored
 LATE = "late"  # older than the engine's reorder window when it arrived: not accounted

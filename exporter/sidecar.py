@@ -5,16 +5,16 @@ every journal file into the accounting engine (``nvrx_slo.exporter.live``), pers
 offsets together (``nvrx_slo.exporter.state_store``; every ``--state-interval`` seconds and on SIGTERM),
 and serves one state through every view:
 
-* ``/metrics`` — Prometheus text (``nvrx_slo.exporter.collector``); 503 until the state is loaded and the
+* ``/metrics`` — Prometheus text (``nvrx_slo.exporter.views.collector``); 503 until the state is loaded and the
   journal read to its end once, so a restarted sidecar never shows counters lower than before.
 * ``/healthz`` — the process is alive; ``/readyz`` — journal directory readable and caught up.
-* ``/`` — the status page (``nvrx_slo.exporter.status_page``).
-* OTLP/HTTP to ``--otlp-endpoint`` when one is given (``nvrx_slo.exporter.otlp``).
+* ``/`` — the status page (``nvrx_slo.exporter.views.status_page``).
+* OTLP/HTTP to ``--otlp-endpoint`` when one is given (``nvrx_slo.exporter.views.otlp``).
 
-Side inputs: NVML accelerator idle time when GPUs are visible (``nvrx_slo.exporter.nvml``), container
-restarts from the Kubernetes API inside a cluster (``nvrx_slo.exporter.podwatch``), each off with one log
+Side inputs: NVML accelerator idle time when GPUs are visible (``nvrx_slo.exporter.ingest.nvml``), container
+restarts from the Kubernetes API inside a cluster (``nvrx_slo.exporter.ingest.podwatch``), each off with one log
 line where it cannot work; and, with ``--ft-cycle-info-dir``, the cycle-info files of NVRx versions
-that write them (``nvrx_slo.exporter.cycleinfo``). SIGTERM (or SIGINT) saves the state, writes ``--report-file``
+that write them (``nvrx_slo.exporter.ingest.cycleinfo``). SIGTERM (or SIGINT) saves the state, writes ``--report-file``
 (the text SLO report) if asked, sends a last OTLP export and exits 0 — after, with
 ``--final-scrape-timeout``, reading the journal once more and serving one more scrape: a job's last
 seconds (its end settles the reorder window, shutdown and the last saves) reach Prometheus only
@@ -43,16 +43,18 @@ from prometheus_client import CollectorRegistry
 
 from nvrx_slo.contracts.schema import JOURNAL_DIR_ENV
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter import identity as identity_mod
-from nvrx_slo.exporter import nvml, podwatch, slo_report, state_store, status_page
-from nvrx_slo.exporter.collector import SnapshotCollector
-from nvrx_slo.exporter.cycleinfo import CycleInfoReader
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.exposition import CONTENT_TYPE, TextRenderer
+from nvrx_slo.exporter import state_store
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest import identity as identity_mod
+from nvrx_slo.exporter.ingest import nvml, podwatch
+from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
+from nvrx_slo.exporter.ingest.ratelog import BoundedLog
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live, View
-from nvrx_slo.exporter.ratelog import BoundedLog
 from nvrx_slo.exporter.server import TEXT, Response, Server
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.views import slo_report, status_page
+from nvrx_slo.exporter.views.collector import SnapshotCollector
+from nvrx_slo.exporter.views.exposition import CONTENT_TYPE, TextRenderer
 
 log = logging.getLogger("nvrx_slo.sidecar")
 
@@ -273,7 +275,7 @@ class Sidecar:
         watcher = podwatch.start(self.identity, self.live.observe_containers)
         provider = None
         if self.config.otlp_endpoint:
-            from nvrx_slo.exporter import otlp  # only then: opentelemetry costs ~9 MB and 0.2 s to import
+            from nvrx_slo.exporter.views import otlp  # only then: opentelemetry costs ~9 MB and 0.2 s to import
 
             provider = otlp.start(self.view, self.identity, endpoint=self.config.otlp_endpoint,
                                   interval_s=self.config.otlp_interval_s, per_rank=self.config.per_rank,

@@ -1,7 +1,7 @@
 """``nvrx-slo demo``: the reference job with the real sidecar beside it, ending in the SLO report.
 
 With ``--pods N`` the job runs as N pods, each a launcher with its own journal and sidecar, and
-the report is the job's: every pod's sidecar accounting, added up by ``exporter/job.py``.
+the report is the job's: every pod's sidecar accounting, added up by ``exporter/engine/job.py``.
 
 It spans the rooms, so it lives here rather than in ``trainer/`` (which may not import the
 exporter) or ``exporter/`` (which may not import torch): the job is ``nvrx_slo.trainer.demo.run_demo``, the
@@ -23,12 +23,13 @@ import urllib.request
 from pathlib import Path
 
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter import job as job_view
-from nvrx_slo.exporter import progress, report, slo_report, state_store
-from nvrx_slo.exporter.decode import Event
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.snapshot import Snapshot
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter import state_store
+from nvrx_slo.exporter.engine import job as job_view
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.engine.snapshot import Snapshot
+from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.ingest.tail import JournalTail
+from nvrx_slo.exporter.views import progress, report, slo_report
 from nvrx_slo.trainer import demo as job
 
 _SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from nvrx_slo.alerts import spec
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
-from nvrx_slo.exporter.snapshot import (
+from nvrx_slo.exporter.engine.snapshot import (
     CheckpointStats,
     Histogram,
     RankSnapshot,

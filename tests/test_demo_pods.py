@@ -20,9 +20,9 @@ import pytest
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel
 from nvrx_slo.exporter import state_store
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.snapshot import Snapshot
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.engine.snapshot import Snapshot
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.trainer.demo import read_journal, summarize
 
 PODS = ("pod-0", "pod-1")

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from nvrx_slo.exporter import derived
+from nvrx_slo.exporter.engine import derived
 
 
 @pytest.mark.parametrize("elapsed, faults, expected", [

@@ -10,9 +10,9 @@ import pytest
 import engine_scenarios as scenarios
 from journal_builder import Pod
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
-from nvrx_slo.exporter.decode import as_event
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.snapshot import RankState, Snapshot
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.engine.snapshot import RankState, Snapshot
+from nvrx_slo.exporter.ingest.decode import as_event
 
 P, L, B, R = Category.PRODUCTIVE, Category.LOST, Category.CHECKPOINT_BLOCKING, Category.CHECKPOINT_RESTORE
 RS, IN, D, U = Category.RESTART, Category.INIT, Category.DATA_WAIT, Category.UNATTRIBUTED

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from nvrx_slo.contracts.catalogue import RestartLevel
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.tail import JournalTail
 
 pytestmark = pytest.mark.slow
 WORKER = Path(__file__).with_name("faulty_worker.py")

@@ -18,12 +18,12 @@ from prometheus_client import CollectorRegistry
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter import state_store
-from nvrx_slo.exporter.collector import SnapshotCollector
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.exposition import TextRenderer
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.sidecar import Config, resume
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.views.collector import SnapshotCollector
+from nvrx_slo.exporter.views.exposition import TextRenderer
 from test_sidecar_bad_input import IDENT, by_file, story
 
 RECORDS = story()

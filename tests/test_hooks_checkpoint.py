@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from nvrx_slo.contracts.catalogue import Category
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import Identity, Journal
 from servers import free_port

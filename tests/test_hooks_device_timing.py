@@ -17,8 +17,8 @@ import pytest
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import Category
-from nvrx_slo.exporter.decode import as_event
-from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.decode import as_event
 from nvrx_slo.trainer import cuda_timing, journal
 from nvrx_slo.trainer import hooks as hooks_module
 from nvrx_slo.trainer.cuda_timing import MAX_PENDING

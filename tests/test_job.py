@@ -8,8 +8,9 @@ import re
 import pytest
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
-from nvrx_slo.exporter import job, slo_report
-from nvrx_slo.exporter.snapshot import RestartRecord, Snapshot
+from nvrx_slo.exporter.engine import job
+from nvrx_slo.exporter.engine.snapshot import RestartRecord, Snapshot
+from nvrx_slo.exporter.views import slo_report
 from snapshot_fixtures import TARGETS, rank, snapshot
 
 T0 = 1.7e9

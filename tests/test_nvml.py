@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nvrx_slo.exporter import nvml
+from nvrx_slo.exporter.ingest import nvml
 
 
 class FakeNvml:

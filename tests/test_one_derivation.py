@@ -17,11 +17,11 @@ import pytest
 import engine_scenarios
 from journal_builder import Pod
 from nvrx_slo.contracts.catalogue import Category
-from nvrx_slo.exporter import report
-from nvrx_slo.exporter.decode import as_event
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.tail import JournalTail
-from nvrx_slo.exporter.timeline import LOST, STEP, UNPROTECTED, TimelineBuilder
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.decode import as_event
+from nvrx_slo.exporter.ingest.tail import JournalTail
+from nvrx_slo.exporter.views import report
+from nvrx_slo.exporter.views.timeline import LOST, STEP, UNPROTECTED, TimelineBuilder
 from snapshot_fixtures import TARGETS
 from test_report import story, write_journal
 

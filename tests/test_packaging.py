@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("trainer", "exporter", "alerts", "dashboards")
-SHIPPED = ("*.py", "slo.yaml", "templates/*.css")
+SHIPPED = ("**/*.py", "slo.yaml", "**/templates/*.css")
 
 
 def shipped_files() -> set[str]:

@@ -19,7 +19,7 @@ import pytest
 from journal_builder import Pod
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import Category
-from nvrx_slo.exporter import report, timeline
+from nvrx_slo.exporter.views import report, timeline
 from snapshot_fixtures import TARGETS
 
 EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from nvrx_slo.exporter.decode import Event
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from test_report import assert_inert
 from test_status_page_browser import ARTIFACTS, dump_dom, screenshot
 

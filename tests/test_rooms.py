@@ -59,9 +59,26 @@ def test_the_contracts_need_only_the_standard_library():
     assert not outside
 
 
+_TOP = tuple(f"nvrx_slo.exporter.{m}" for m in ("live", "sidecar", "server", "state_store"))
+LAYERS = {  # inside the sidecar, one way: ingest -> engine -> views, and the process on top
+    "ingest": ("nvrx_slo.exporter.engine", "nvrx_slo.exporter.views", *_TOP),
+    "engine": ("nvrx_slo.exporter.views", *_TOP),
+    "views": ("nvrx_slo.exporter.sidecar", "nvrx_slo.exporter.server", "nvrx_slo.exporter.state_store"),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_an_exporter_layer_imports_nothing_above_it(layer):
+    paths = sorted((ROOT / "exporter" / layer).rglob("*.py"))
+    assert paths
+    bad = {f"{path.relative_to(ROOT)}: {module}" for path in paths
+           for module in imports(path) if offending(module, LAYERS[layer])}
+    assert not bad
+
+
 def test_the_boundaries_are_checked_against_real_imports():
     """A scan that found nothing because it read nothing would pass too: make sure it reads."""
-    assert "nvrx_slo.contracts.schema" in set().union(*(imports(p) for p in (ROOT / "exporter").glob("*.py")))
+    assert "nvrx_slo.contracts.schema" in set().union(*(imports(p) for p in (ROOT / "exporter").rglob("*.py")))
     assert "nvrx_slo.contracts.catalogue" in set().union(*(imports(p) for p in (ROOT / "alerts").glob("*.py")))
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from nvrx_slo.contracts.schema import EventType
-from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.tail import JournalTail
 from nvrx_slo.trainer.journal import Identity, Journal
 from sidecar_process import SidecarProcess, counters, value
 

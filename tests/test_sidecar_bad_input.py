@@ -12,13 +12,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from journal_builder import Pod
 from nvrx_slo.contracts import schema
-from nvrx_slo.exporter.collector import SnapshotCollector
-from nvrx_slo.exporter.decode import Event
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.exposition import TextRenderer
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.ingest.identity import Identity
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.views.collector import SnapshotCollector
+from nvrx_slo.exporter.views.exposition import TextRenderer
 from sidecar_process import SidecarProcess
 from test_tail import _make_unreadable
 

@@ -11,11 +11,11 @@ import pytest
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import RestartLevel, RestartPhase
-from nvrx_slo.exporter.cycleinfo import CycleInfoReader
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
+from nvrx_slo.exporter.ingest.identity import Identity
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.tail import JournalTail
 from test_sidecar_bad_input import by_file, story
 
 IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")

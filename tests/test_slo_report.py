@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from nvrx_slo.contracts.catalogue import Category
-from nvrx_slo.exporter import slo_report
+from nvrx_slo.exporter.views import slo_report
 from snapshot_fixtures import TARGETS, rank, snapshot
 
 

@@ -10,11 +10,11 @@ import pytest
 
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts import schema
-from nvrx_slo.exporter import status_page
-from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.engine.snapshot import RestartStats
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live, View
-from nvrx_slo.exporter.snapshot import RestartStats
-from nvrx_slo.exporter.tail import JournalTail
+from nvrx_slo.exporter.views import status_page
 from snapshot_fixtures import TARGETS, histogram, snapshot
 from test_report import EVIL, assert_inert, story, write_journal
 
@@ -102,6 +102,6 @@ def test_the_page_shows_each_verdict_with_its_value():
 
 def test_every_category_has_a_label():
     from nvrx_slo.contracts.catalogue import Category
-    from nvrx_slo.exporter.status_page import CATEGORY_LABELS
+    from nvrx_slo.exporter.views.status_page import CATEGORY_LABELS
 
     assert set(CATEGORY_LABELS) == set(Category)

@@ -7,10 +7,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from nvrx_slo.exporter import timeline
-from nvrx_slo.exporter.decode import as_event
-from nvrx_slo.exporter.engine import Engine
-from nvrx_slo.exporter.timeline import RestartBand, TimelineBuilder
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.ingest.decode import as_event
+from nvrx_slo.exporter.views import timeline
+from nvrx_slo.exporter.views.timeline import RestartBand, TimelineBuilder
 
 WALL0 = 1.7e9
 _SEQ = itertools.count()  # unique per record, so the engine takes none for a duplicate

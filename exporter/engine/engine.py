@@ -4,7 +4,7 @@ no globals, no clock reads — the caller passes the clock to ``snapshot``.
 Usage (one engine per pod journal)::
 
     engine = Engine()
-    for event in events:                      # nvrx_slo.exporter.decode's events, any order
+    for event in events:                      # nvrx_slo.exporter.ingest.decode's events, any order
         engine.ingest(event)
     snap = engine.snapshot(time.monotonic(), time.time())
     state = engine.to_state()                 # JSON-safe; persist it with the reader's offsets
@@ -59,13 +59,13 @@ import msgspec
 
 from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, STEP_BUCKETS
 from nvrx_slo.contracts.schema import CHECKPOINT_EVENTS, SPAN_EVENTS
-from nvrx_slo.exporter import derived
-from nvrx_slo.exporter.accounting import BLOCKING, GAP, INIT, LOST, PRODUCTIVE, Ledger
-from nvrx_slo.exporter.checkpoints import Checkpoints
-from nvrx_slo.exporter.decode import Event, as_event
-from nvrx_slo.exporter.histogram import Buckets
-from nvrx_slo.exporter.restarts import Restarts
-from nvrx_slo.exporter.snapshot import CheckpointRecord, CheckpointStats, RankSnapshot, RestartRecord, Snapshot
+from nvrx_slo.exporter.engine import derived
+from nvrx_slo.exporter.engine.accounting import BLOCKING, GAP, INIT, LOST, PRODUCTIVE, Ledger
+from nvrx_slo.exporter.engine.checkpoints import Checkpoints
+from nvrx_slo.exporter.engine.histogram import Buckets
+from nvrx_slo.exporter.engine.restarts import Restarts
+from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, CheckpointStats, RankSnapshot, RestartRecord, Snapshot
+from nvrx_slo.exporter.ingest.decode import Event, as_event
 
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
@@ -272,7 +272,7 @@ class Engine:
         return True
 
     def ingest(self, record: Event, not_after: float = float("inf")) -> None:
-        """Account one journal event (``nvrx_slo.exporter.decode``); ``not_after``: the latest
+        """Account one journal event (``nvrx_slo.exporter.ingest.decode``); ``not_after``: the latest
         ``mono`` that is not in the future of the caller's clock (see Plausibility above)."""
         pid: int = record.pid
         seq: int = record.seq

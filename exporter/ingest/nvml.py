@@ -19,7 +19,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from nvrx_slo.exporter.ratelog import BoundedLog
+from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 
 with warnings.catch_warnings():  # a stray "pynvml" wrapper package warns on import; the API is the same
     warnings.simplefilter("ignore", FutureWarning)

@@ -3,7 +3,7 @@
 For the engineer who copied a journal off a node after the fact, or wants one file to attach to
 an incident ticket. The journal is read exactly as the sidecar reads it (``JournalTail``: same
 decoding, same merge by time, same rejections) into the same ``Engine``; the page reuses the
-status page's sections and adds the timeline (``exporter/timeline.py``). One self-contained
+status page's sections and adds the timeline (``exporter/views/timeline.py``). One self-contained
 HTML file: stylesheet inlined, inline SVG, no script.
 
 "Now" for an offline journal is its newest event, so a journal that ends mid-run (the node died)
@@ -29,13 +29,14 @@ from pathlib import Path
 
 from nvrx_slo.contracts.catalogue import RestartPhase
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter import job, status_page, timeline
-from nvrx_slo.exporter.decode import Event
-from nvrx_slo.exporter.engine import Engine, History
+from nvrx_slo.exporter.engine import job
+from nvrx_slo.exporter.engine.engine import Engine, History
+from nvrx_slo.exporter.engine.snapshot import RestartRecord, Snapshot
+from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import DUPLICATE, IMPLAUSIBLE, LATE, View
-from nvrx_slo.exporter.snapshot import RestartRecord, Snapshot
-from nvrx_slo.exporter.tail import JournalTail
-from nvrx_slo.exporter.timeline import RestartBand, TimelineBuilder
+from nvrx_slo.exporter.views import status_page, timeline
+from nvrx_slo.exporter.views.timeline import RestartBand, TimelineBuilder
 
 
 class EmptyJournal(ValueError):
@@ -98,7 +99,7 @@ def _read(journal_dir: str | Path) -> _Pod:
 
 def build(journal_dirs: Sequence[str | Path], targets: Targets) -> str:
     """The report of one pod's journal directory, or of a job's (one directory per pod: the job's
-    accounting, ``exporter/job.py``, and one timeline with every pod's lanes), as one HTML
+    accounting, ``exporter/engine/job.py``, and one timeline with every pod's lanes), as one HTML
     document, its SLOs judged against ``targets``; ``EmptyJournal`` if a directory holds nothing."""
     pods = sorted((_read(d) for d in journal_dirs), key=lambda p: p.snap.job_start_wall or 0.0)
     if len(pods) == 1:

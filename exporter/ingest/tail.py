@@ -43,8 +43,8 @@ from typing import Any
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.schema import JournalError, RejectReason
-from nvrx_slo.exporter.decode import Event, decode_batch
-from nvrx_slo.exporter.ratelog import BoundedLog
+from nvrx_slo.exporter.ingest.decode import Event, decode_batch
+from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.tail")
 

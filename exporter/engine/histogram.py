@@ -5,7 +5,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any
 
-from nvrx_slo.exporter.snapshot import Histogram
+from nvrx_slo.exporter.engine.snapshot import Histogram
 
 
 class Buckets:

@@ -31,8 +31,8 @@ from collections import deque
 from typing import Any
 
 from nvrx_slo.contracts.catalogue import RESTART_BUCKETS, RestartLevel, RestartPhase
-from nvrx_slo.exporter.histogram import Buckets
-from nvrx_slo.exporter.snapshot import RestartRecord, RestartStats
+from nvrx_slo.exporter.engine.histogram import Buckets
+from nvrx_slo.exporter.engine.snapshot import RestartRecord, RestartStats
 
 RECENT = 32  # finished restarts kept for the status page
 LAUNCHER_KEPT = 4096  # ft_launcher events kept for phase boundaries

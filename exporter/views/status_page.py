@@ -10,7 +10,7 @@ tests and scripts read them without parsing display text. Every string from the 
 pod, checkpoint ids, causes) goes through ``html.escape``.
 
 It renders the same ``nvrx_slo.exporter.live.View`` as /metrics and OTLP, so the numbers agree by
-construction. The offline report (``exporter/report.py``) reuses ``sections`` and ``page`` around a
+construction. The offline report (``exporter/views/report.py``) reuses ``sections`` and ``page`` around a
 timeline.
 """
 
@@ -23,8 +23,8 @@ from importlib import resources
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
+from nvrx_slo.exporter.engine.snapshot import Histogram, RankState, Snapshot
 from nvrx_slo.exporter.live import View
-from nvrx_slo.exporter.snapshot import Histogram, RankState, Snapshot
 
 REFRESH_S = 5
 MAX_RANK_BARS = 16  # per-rank breakdown bars; beyond this only the job bar is drawn
@@ -322,7 +322,7 @@ def sections(view: View, targets: Targets) -> str:
 
 def page(title: str, snap: Snapshot, body: str, *, refresh_s: int | None, links: str) -> str:
     """A whole HTML document with the stylesheet inlined."""
-    css = resources.files("nvrx_slo.exporter").joinpath("templates/style.css").read_text(encoding="utf-8")
+    css = resources.files("nvrx_slo.exporter.views").joinpath("templates/style.css").read_text(encoding="utf-8")
     refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
     ident = " · ".join(f"{k} <b>{_e(v)}</b>" for k,
                        v in (("job", snap.job), ("pod", snap.pod), ("node", snap.node)) if v)

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from nvrx_slo.contracts.catalogue import CHECKPOINT_BUCKETS
-from nvrx_slo.exporter.decode import Event
-from nvrx_slo.exporter.histogram import Buckets
-from nvrx_slo.exporter.snapshot import CheckpointRecord
+from nvrx_slo.exporter.engine.histogram import Buckets
+from nvrx_slo.exporter.engine.snapshot import CheckpointRecord
+from nvrx_slo.exporter.ingest.decode import Event
 
 RECENT = 32
 MAX_OPEN = 64  # saves waiting for ranks that never report are closed, oldest first, beyond this

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter.printable import printable
-from nvrx_slo.exporter.snapshot import Histogram, Snapshot
-from nvrx_slo.exporter.status_page import CATEGORY_LABELS, breakdown, slo_results
+from nvrx_slo.exporter.engine.snapshot import Histogram, Snapshot
+from nvrx_slo.exporter.ingest.printable import printable
+from nvrx_slo.exporter.views.status_page import CATEGORY_LABELS, breakdown, slo_results
 
 
 def _pct(part: float, whole: float) -> str:

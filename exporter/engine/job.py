@@ -18,9 +18,9 @@ import dataclasses
 from collections.abc import Collection, Sequence
 
 from nvrx_slo.contracts.catalogue import RESTART_BUCKETS, Category, RestartLevel, RestartPhase
-from nvrx_slo.exporter import derived
-from nvrx_slo.exporter.histogram import Buckets
-from nvrx_slo.exporter.snapshot import CheckpointStats, Histogram, RestartRecord, RestartStats, Snapshot
+from nvrx_slo.exporter.engine import derived
+from nvrx_slo.exporter.engine.histogram import Buckets
+from nvrx_slo.exporter.engine.snapshot import CheckpointStats, Histogram, RestartRecord, RestartStats, Snapshot
 
 _DISRUPTION = (RestartLevel.INPROCESS, RestartLevel.INJOB, RestartLevel.POD)
 

@@ -31,8 +31,8 @@ import msgspec
 
 from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
 from nvrx_slo.contracts.schema import SPAN_EVENTS
-from nvrx_slo.exporter.decode import Event
-from nvrx_slo.exporter.snapshot import RankState
+from nvrx_slo.exporter.engine.snapshot import RankState
+from nvrx_slo.exporter.ingest.decode import Event
 
 IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
 PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TextIO
 
 from nvrx_slo.contracts.catalogue import RestartLevel
-from nvrx_slo.exporter.engine import Engine
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.engine.snapshot import Snapshot
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.snapshot import Snapshot
-from nvrx_slo.exporter.tail import JournalTail
 
 log = logging.getLogger("nvrx_slo.progress")
 

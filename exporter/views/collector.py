@@ -27,10 +27,10 @@ from prometheus_client.utils import INF, floatToGoString
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import ALL_RANKS, GpuIdleSource, Kind
 from nvrx_slo.contracts.schema import RejectReason
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot
+from nvrx_slo.exporter.ingest.identity import Identity
+from nvrx_slo.exporter.ingest.tail import FILE_TRUNCATED, UNREADABLE
 from nvrx_slo.exporter.live import DUPLICATE, ENGINE_ERROR, LATE, View
-from nvrx_slo.exporter.snapshot import Histogram, RankSnapshot
-from nvrx_slo.exporter.tail import FILE_TRUNCATED, UNREADABLE
 
 REJECT_REASONS: tuple[str, ...] = (*(r.value for r in RejectReason), UNREADABLE, FILE_TRUNCATED, DUPLICATE, LATE,
                                     ENGINE_ERROR)

@@ -1,6 +1,6 @@
 """The report's timeline: journal records in, lanes of spans out, drawn as one inline SVG.
 
-Pure: no I/O, no clock. ``TimelineBuilder.add`` takes journal events (``nvrx_slo.exporter.decode``) one at a time
+Pure: no I/O, no clock. ``TimelineBuilder.add`` takes journal events (``nvrx_slo.exporter.ingest.decode``) one at a time
 (the report streams a whole journal through it next to the engine); ``build`` returns a
 ``Timeline``; ``render_svg`` draws it. Nothing the engine decides is re-derived here: which steps
 were productive, lost or still unprotected (``decide``), which saves became durable, and what a
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
-from nvrx_slo.exporter.decode import Event
-from nvrx_slo.exporter.snapshot import CheckpointRecord
+from nvrx_slo.exporter.engine.snapshot import CheckpointRecord
+from nvrx_slo.exporter.ingest.decode import Event
 
 PLOT_WIDTH = 1100  # px of the time axis
 MERGE_PX = 2  # spans of one kind closer than this are drawn as one run
@@ -138,7 +138,7 @@ class TimelineBuilder:
         self._hi = float("-inf")
 
     def add(self, rec: Event) -> None:
-        """Take one journal event (``nvrx_slo.exporter.decode``)."""
+        """Take one journal event (``nvrx_slo.exporter.ingest.decode``)."""
         key = (rec.pod, rec.pid)
         off = self._offsets.setdefault(key, rec.wall - rec.mono)
         t = rec.mono + off
