@@ -85,12 +85,13 @@ def _adds_up(run: Run, pods: list[str]) -> None:
             assert snap.seconds[category] == pytest.approx(seconds, abs=1e-6), (pod, category)
     # the job's wall is its world size × its span: the pods' walls and the rank-seconds no pod ran
     # (the others start once pod-0 hosts the rendezvous; the first to finish waits for the last)
+    # (printed to 0.1 s, the absent seconds to 0.01 s)
     wall = float(re.search(r"Where the time went \(([\d.]+) rank-seconds of wall\)", run.stdout).group(1))
     absent = re.search(r"^  absent \(no pod ran the rank\)\s+([\d.]+) s", run.stdout, re.M)
-    assert wall == pytest.approx(sum(snap.wall_s for snap in live) + float(absent.group(1) if absent else 0), abs=0.05)
+    assert wall == pytest.approx(sum(snap.wall_s for snap in live) + float(absent.group(1) if absent else 0), abs=0.056)
     starts = [snap.job_start_wall for snap in live]
     ends = [snap.job_start_wall + snap.ranks[0].wall_s for snap in live]
-    assert wall == pytest.approx(len(pods) * (max(ends) - min(starts)), abs=0.05)
+    assert wall == pytest.approx(len(pods) * (max(ends) - min(starts)), abs=0.051)
     productive = float(re.search(r"^  productive\s+([\d.]+) s", run.stdout, re.M).group(1))
     assert productive == pytest.approx(sum(snap.seconds[Category.PRODUCTIVE] for snap in live), abs=0.01)
     # each fault (the crash, the exception) is one restart of the job, seen by every pod
