@@ -41,8 +41,26 @@ def _began(parts: dict[tuple[int, int], list[Any]]) -> float:
     return min(p[START] if p[START] is not None else p[LAST] for p in parts.values())
 
 
+def _one(rec: Event) -> list[Any]:
+    """The part one checkpoint_* record makes on its own."""
+    part = _part()
+    part[PID], part[LAST] = rec.pid, rec.mono
+    kind, mono = rec.type, rec.mono
+    if kind == "checkpoint_start":
+        part[START], part[START_WALL], part[STEP], part[MODE] = mono, rec.wall, rec.step, rec.mode
+    elif kind == "checkpoint_scheduled":
+        part[SCHED], part[BYTES] = mono, rec.bytes
+    elif kind == "checkpoint_finalize":
+        part[FINALIZE] = max(0.0, mono - rec.start)
+    else:  # checkpoint_end
+        part[OK], part[STEP], part[END], part[WRITTEN] = rec.ok, rec.step, mono, rec.written
+        part[WRITTEN_WALL] = rec.wall - (mono - rec.written)
+    return part
+
+
 def _merged(a: list[Any], b: list[Any]) -> list[Any]:
-    """Two parts of one process's save as one (a new list), combined as ``Checkpoints.add`` does."""
+    """Two parts of one process's save as one (a new list): earliest start, latest end, one failure
+    fails the part, finalize spans summed."""
     out = list(a)
     if b[START] is not None and (out[START] is None or b[START] < out[START]):
         out[START], out[START_WALL] = b[START], b[START_WALL]
@@ -100,30 +118,11 @@ class Checkpoints:
                 oldest = min(self.open, key=lambda k: (_began(self.open[k]) if self.open[k] else float("inf"), k))
                 self._close(oldest, self.open.pop(oldest), {})
         key = (rank, rec.pid)  # a restarted process may save the same id again
-        part = parts.get(key)
-        if part is None:
-            part = parts[key] = _part()
-            part[PID] = rec.pid
-        kind, mono = rec.type, rec.mono
-        part[LAST] = max(part[LAST], mono)
-        self.due = min(self.due, part[LAST] + self.window)
-        # Each field combines commutatively (min, max, sum, and), so arrival order cannot matter;
-        # a process that saves one id twice in one iteration (a retry) gets one part for both.
-        if kind == "checkpoint_start":
-            if part[START] is None or mono < part[START]:
-                part[START], part[START_WALL] = mono, rec.wall
-            part[STEP], part[MODE] = max(rec.step, part[STEP] or 0), rec.mode
-        elif kind == "checkpoint_scheduled":
-            part[SCHED] = mono if part[SCHED] is None else max(part[SCHED], mono)
-            part[BYTES] = max(part[BYTES], rec.bytes)
-        elif kind == "checkpoint_finalize":
-            part[FINALIZE] += max(0.0, mono - rec.start)
-        else:  # checkpoint_end
-            part[OK] = rec.ok and part[OK] is not False  # one failure fails the part
-            part[STEP] = max(rec.step, part[STEP] or 0)
-            if part[END] is None or mono > part[END]:
-                part[END], part[WRITTEN] = mono, rec.written
-                part[WRITTEN_WALL] = rec.wall - (mono - rec.written)
+        # Parts combine commutatively (``_merged``), so arrival order cannot matter; a process that
+        # saves one id twice in one iteration (a retry) gets one part for both.
+        part = _one(rec)
+        parts[key] = _merged(parts[key], part) if key in parts else part
+        self.due = min(self.due, parts[key][LAST] + self.window)
 
     def _grouped(self) -> tuple[dict[str, dict[tuple[int, int], list[Any]]], dict[str, list[tuple[str, Any]]]]:
         """The open saves as read: a process's part without a start joins the newest save of that id
