@@ -171,6 +171,28 @@ def test_one_process_saving_an_id_again_after_inprocess_restarts_makes_two_saves
     assert (ck.failures, ck.in_flight) == (0, 0)
 
 
+def test_a_pod_finishes_when_a_torn_down_process_had_journaled_as_another_rank():
+    """A four-pod job: the Wrapper's in-process restart shifted this pod's process from rank 2 to
+    rank 1 just before the launcher tore it down; the next round ran rank 2 to its end. Rank 1's
+    lane ends in a dead round, not in a process_end: the pod still finished (it once read running)."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    launcher.ev("launcher_worker_start", 0.1)
+    p = pod.proc(2)
+    p.start(1.0, world_size=4, local_world_size=1)
+    p.step(1, 1.5, 2.0)
+    p.rank, p.iter = 1, 1
+    p.ev("inprocess_initialize", 2.5)
+    launcher.ev("launcher_worker_exit", 3.0, worker_pid=p.pid)
+    launcher.ev("launcher_worker_start", 4.0)
+    q = pod.proc(2, restart=1)
+    q.start(5.0, world_size=4, local_world_size=1)
+    q.step(1, 6.0, 6.5)
+    q.end(7.0)
+    launcher.ev("launcher_exit", 7.5, code=0)
+    assert run(pod, 10.0).finished
+
+
 def test_a_finished_job_stops_accruing_wall_and_settles_everything():
     pod = scenarios.healthy()
     early, late = run(pod, 20.0, window=10.0), run(pod, 1000.0, window=10.0)

@@ -391,9 +391,13 @@ class Engine:
         counts as finished: a launcher read late could still show it running, and un-finishing
         would take settled seconds back.
         """
-        lanes = self._lanes.values()
         if self._launcher_exit is None or (self._launcher_start or float("-inf")) > self._launcher_exit:
             return False
+        # Ranks of the launcher's last round of workers only: an earlier round's process may have
+        # journaled as another rank before it was torn down (an in-process restart that shifted ranks)
+        began = next((at for at, kind in reversed(self._restarts.launcher) if kind == "launcher_worker_start"),
+                     float("-inf"))
+        lanes = [lane for lane in self._lanes.values() if lane.newest >= began]
         return (len(lanes) >= max((lane.local_world_size for lane in lanes), default=1)
                 and all(lane.newest_kind == "process_end" for lane in lanes))
 
