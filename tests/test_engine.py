@@ -193,6 +193,37 @@ def test_a_pod_finishes_when_a_torn_down_process_had_journaled_as_another_rank()
     assert run(pod, 10.0).finished
 
 
+def test_a_process_the_wrapper_shifted_to_another_rank_is_still_one_accelerator_of_its_pod():
+    """A four-pod job: NVRx's Wrapper terminated rank 1 (another pod's) and shifted this pod's
+    process from rank 2 to rank 1; it trained on as rank 1. It is one accelerator of this pod: one
+    lane (the rank it started as), its wall counted once, every step in it, through a state reload."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    launcher.ev("launcher_worker_start", 0.1)
+    p = pod.proc(2)
+    p.start(1.0, world_size=4, local_world_size=1)
+    p.step(1, 1.5, 2.0)
+    p.rank, p.iter = 1, 1
+    p.ev("inprocess_initialize", 2.5)
+    p.step(2, 3.0, 3.5)
+    p.step(3, 3.5, 4.0)
+    p.end(4.2)
+    launcher.ev("launcher_exit", 4.5, code=0)
+    half = len(pod.records) // 2
+    engine = Engine(reorder_window_s=0.0)
+    for record in pod.records[:half]:
+        engine.ingest(as_event(record))
+    engine = Engine.from_state(engine.to_state())
+    for record in pod.records[half:]:
+        engine.ingest(as_event(record))
+    snap = engine.snapshot(10.0, 10.0)
+    assert snap.finished
+    (lane,) = snap.ranks
+    assert (lane.rank, lane.steps, lane.step) == (2, 3, 3)
+    assert lane.wall_s == pytest.approx(4.5)
+    check_invariant(snap)
+
+
 def test_a_finished_job_stops_accruing_wall_and_settles_everything():
     pod = scenarios.healthy()
     early, late = run(pod, 20.0, window=10.0), run(pod, 1000.0, window=10.0)

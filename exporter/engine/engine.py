@@ -63,6 +63,7 @@ from nvrx_slo.exporter.engine import derived
 from nvrx_slo.exporter.engine.accounting import BLOCKING, GAP, INIT, LOST, PRODUCTIVE, Ledger
 from nvrx_slo.exporter.engine.checkpoints import Checkpoints
 from nvrx_slo.exporter.engine.histogram import Buckets
+from nvrx_slo.exporter.engine.lanes import ProcessLanes
 from nvrx_slo.exporter.engine.restarts import Restarts
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, CheckpointStats, RankSnapshot, RestartRecord, Snapshot
 from nvrx_slo.exporter.ingest.decode import Event, as_event
@@ -190,6 +191,7 @@ class Engine:
         self.window = reorder_window_s
         self.keep_history = keep_history
         self._lanes: dict[int, _Lane] = {}
+        self._lane_of = ProcessLanes()
         self._restarts = Restarts(None) if keep_history else Restarts()
         self._checkpoints = Checkpoints(reorder_window_s, None) if keep_history else Checkpoints(reorder_window_s)
         self._seen: dict[int, list[Any]] = {}  # pid -> [next seq not seen, set of seqs seen ahead of it]
@@ -288,6 +290,8 @@ class Engine:
             self._counts["duplicates"] += 1
             return
         rank: int | None = record.rank
+        if rank is not None:
+            rank = self._lane_of.of(pid, rank)
         begin = record.start if kind in SPAN_EVENTS else mono
         if self._origin is None or begin < self._origin:
             self._origin, self._origin_wall = begin, record.wall - (mono - begin)
@@ -533,6 +537,8 @@ class Engine:
         try:
             engine = cls(float(state["window"]))
             engine._lanes = {int(rank): _lane_from_state(int(rank), lane) for rank, lane in state["lanes"].items()}
+            runs = sorted((first, pid, rank) for rank, ln in engine._lanes.items() for pid, first in ln.pids.items())
+            engine._lane_of = ProcessLanes({pid: rank for _, pid, rank in reversed(runs)})  # its oldest lane wins
             engine._restarts = Restarts.from_state(state["restarts"])
             engine._checkpoints = Checkpoints.from_state(engine.window, state["checkpoints"])
             engine._seen = {int(pid): [int(floor), {int(q): float(m) for q, m in ahead}, -_infinite(gap),

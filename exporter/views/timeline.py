@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.exporter.engine.lanes import ProcessLanes
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord
 from nvrx_slo.exporter.ingest.decode import Event
 
@@ -131,6 +132,7 @@ class TimelineBuilder:
     def __init__(self) -> None:
         self._offsets: dict[tuple[str, int], float] = {}  # (pod, pid) -> wall - mono
         self._ranks: dict[int, _RankData] = defaultdict(_RankData)
+        self._lane_of = ProcessLanes()  # one pod's records: a pid is one process
         self._ckpt_started: dict[tuple[int, str], float] = {}  # (rank, ckpt) -> blocking start
         self._ckpt_scheduled: dict[tuple[int, str], float] = {}  # (rank, ckpt) -> background start
         self._started: dict[tuple[str, int], float] = {}  # (pod, pid) -> process start, until its first step
@@ -147,6 +149,7 @@ class TimelineBuilder:
         rank = rec.rank
         if rank is None:
             return  # launcher records only matter through the engine's restarts
+        rank = self._lane_of.of(rec.pid, rank)
         kind = rec.type
         data = self._ranks[rank]
         if kind in (EventType.STEP, EventType.RESTORE) and key in self._started:
