@@ -151,8 +151,8 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
         port = _free_port()
         topology = ["--nnodes", f"{pods}:{pods}", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "demo"]
-        # faults on the job's last rank: when the Wrapper terminates the faulty rank it shifts every
-        # higher rank down, and a process then journals a second rank (counted twice at job level)
+        # faults on the job's last rank: a Wrapper that terminates the faulty rank renumbers every
+        # rank above it (ShiftRanks); with none above, each pod's process keeps its rank
         train += ["--fault-rank", str(pods - 1)]
     cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher", *topology, "--max-restarts", "3",
            "--monitor-interval", "0.5", *train, *extra_args]
