@@ -49,9 +49,9 @@ def demo_command(tmp_path_factory: pytest.TempPathFactory) -> DemoCommand:
     inprocess.Wrapper, one crash, one exception) with the real sidecar beside it.
 
     Its tests compare what nvrx-slo reports with the planned faults. A run the machine restarted
-    once more on its own (seen once in CI on NVRx 0.6.0: a third round of workers, cause not
-    reproduced in 20 runs on NVRx 0.6.0 here, 3 of them under full CPU load) is kept, reported as a warning with the launcher's log, and run again
-    once; a second such run is what the tests see (and fail on)."""
+    once more on its own (seen once in CI on NVRx 0.6.0: a third round of workers; not reproduced
+    in 20 runs on NVRx 0.6.0 here, 3 of them under full CPU load) is kept, reported as a warning
+    with the launcher's log, and run again once; a second such run is what the tests see."""
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
     for attempt in (1, 2):
         run_dir = tmp_path_factory.mktemp("demo") / "run"
