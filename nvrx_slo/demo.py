@@ -39,19 +39,21 @@ LOSS_STEP = 15  # --node-loss: the step the lost pod's rank reaches before its n
 class _Sidecar:
     """``nvrx-slo sidecar`` on a free loopback port, following a journal directory."""
 
-    def __init__(self, run_dir: Path, journal_dir: Path, pod: str | None) -> None:
+    def __init__(self, run_dir: Path, journal_dir: Path, pod: str | None, final_scrape_s: float) -> None:
         """``pod``: the pod's name, as its processes journal it (None: the host's, as theirs)."""
         run_dir.mkdir(parents=True, exist_ok=True)
         self.journal_dir = journal_dir
         self.report_file = run_dir / "slo-report.txt"
         self.state_file = run_dir / "sidecar-state.json"
         self.log_path = run_dir / "sidecar.log"
+        self.final_scrape_s = final_scrape_s
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
         env.update({"NVRX_SLO_JOB": job.JOB_NAME, **({"POD_NAME": pod} if pod else {})})  # the Downward API's
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir), "--host", "127.0.0.1",
-             "--port", "0", "--state-file", str(self.state_file), "--report-file", str(self.report_file)],
+             "--port", "0", "--state-file", str(self.state_file), "--report-file", str(self.report_file),
+             "--final-scrape-timeout", str(final_scrape_s)],
             stdout=subprocess.DEVNULL, stderr=self._log, env=env)
         self.url = self._wait_for_url()
 
@@ -72,13 +74,16 @@ class _Sidecar:
         return float(match.group(1)) if match else 0.0
 
     def stop(self, journal_records: int, timeout_s: float = 15.0) -> str:
-        """Let the sidecar read the whole journal, stop it as a kubelet would, return its report."""
+        """Stop it, return its report. With a final scrape, SIGTERM at once, as a kubelet does when
+        the main container exits (the sidecar reads the journal's end on its way out); without,
+        first let it read the whole journal."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.proc.poll() is None and self.events_read() < journal_records:
+        while (not self.final_scrape_s and time.monotonic() < deadline and self.proc.poll() is None
+               and self.events_read() < journal_records):
             time.sleep(0.2)
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=timeout_s)
+            self.proc.wait(timeout=timeout_s + self.final_scrape_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -142,6 +147,9 @@ def main(argv: list[str], targets: Targets) -> int:
     parser.add_argument("--replace-after", type=float, default=10.0, metavar="S",
                         help="with --node-loss: start a replacement pod (a new journal and sidecar) S seconds "
                              "after the loss, as Kubernetes reschedules it (default: 10)")
+    parser.add_argument("--final-scrape-timeout", type=float, default=0.0, metavar="S",
+                        help="once stopped, each sidecar waits up to S seconds for one more scrape, as in a pod: "
+                             "set it when a Prometheus scrapes the sidecars (default: 0, none)")
     args = parser.parse_args(argv)
     faults = job.DEFAULT_FAULTS if args.node_loss is None else ()
     last = max(f.step for f in faults) if faults else LOSS_STEP
@@ -152,6 +160,8 @@ def main(argv: list[str], targets: Targets) -> int:
                      f"not {args.node_loss}")
     if args.replace_after < 0:
         parser.error(f"--replace-after must not be negative, not {args.replace_after:g}")
+    if not 0 <= args.final_scrape_timeout <= 60:
+        parser.error(f"--final-scrape-timeout must be from 0 to 60 seconds, not {args.final_scrape_timeout:g}")
 
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -164,8 +174,9 @@ def main(argv: list[str], targets: Targets) -> int:
     lost_at: dict[Path, tuple[float, float]] = {}  # a lost pod's journal -> when its sidecar died with it
 
     def start_sidecar(journal_dir: Path) -> None:
-        sidecars[journal_dir] = (_Sidecar(run_dir, journal_dir, None) if pods == 1 else
-                                 _Sidecar(journal_dir.parent, journal_dir, journal_dir.parent.name))
+        final = args.final_scrape_timeout
+        sidecars[journal_dir] = (_Sidecar(run_dir, journal_dir, None, final) if pods == 1 else
+                                 _Sidecar(journal_dir.parent, journal_dir, journal_dir.parent.name, final))
         print(f"sidecar of {journal_dir}: {sidecars[journal_dir].url}/ (status page), "
               f"{sidecars[journal_dir].url}/metrics", flush=True)
 

@@ -31,6 +31,9 @@ import yaml
 from nvrx_slo.alerts import generate, spec
 from nvrx_slo.alerts.conventions import ABSENT_RANKS, Alert, sli_total_record
 from nvrx_slo.alerts.windows import all_windows
+from nvrx_slo.contracts.catalogue import TIME, Category
+from nvrx_slo.exporter import state_store
+from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.trainer.demo import read_journal
 from servers import free_port, stop, wait_for
 
@@ -80,7 +83,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         errors = tmp / "demo.stderr"
         demo = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "demo", "--pods", "2", "--node-loss", "1", "--replace-after", "8",
-             "--run-dir", str(tmp / "run")], stdout=subprocess.PIPE, stderr=open(errors, "wb"), text=True, env=env)
+             "--final-scrape-timeout", "10", "--run-dir", str(tmp / "run")],
+            stdout=subprocess.PIPE, stderr=open(errors, "wb"), text=True, env=env)
         out: list[str] = []
 
         def follow() -> None:  # each sidecar becomes a scrape target as the demo starts it
@@ -140,3 +144,20 @@ def test_one_fault_is_one_restart_at_job_level_and_no_storm(run):
     assert float(counted["value"][1]) == pytest.approx(1.0, abs=0.3)
     storms = _query(run["prometheus"], f'max_over_time(ALERTS{{alertname="{Alert.RESTART_STORM.value}"}}[1h])')
     assert storms == []
+
+
+def test_a_finished_pods_last_settlement_reaches_prometheus(run):
+    """A pod's end settles its last reorder window and saves; the demo stops each sidecar as a
+    kubelet would (SIGTERM), and ``--final-scrape-timeout`` serves one more scrape. So Prometheus's
+    last productive seconds of each pod that finished are its sidecar's final ones (the lost pod's
+    unsettled seconds are not: its sidecar died with its node)."""
+    assert run["returncode"] == 0, run["stderr"][-3000:]
+    scraped = {p["metric"]["pod"]: float(p["value"][1]) for p in _query(
+        run["prometheus"], f'sum by (pod) (last_over_time({TIME.name}{{category="{Category.PRODUCTIVE.value}"}}[1h]))')}
+    for pod in ("pod-0", "pod-1-replacement"):
+        parts = state_store.load(run["run_dir"] / pod / "sidecar-state.json", run["run_dir"] / pod / "journal")
+        assert parts is not None, pod
+        snap = Engine.from_state(parts["engine"]).snapshot(time.monotonic(), time.time())
+        assert snap.finished, pod
+        final = sum(r.seconds[Category.PRODUCTIVE.value] for r in snap.ranks)
+        assert final > 1.0 and scraped[pod] == pytest.approx(final, abs=1e-6), (pod, scraped[pod], final)
