@@ -57,6 +57,33 @@ def test_a_synchronous_save_is_durable_when_its_block_ends(tmp_path):
     assert end["ok"] and end["step"] == 5 and scheduled["mono"] <= end["written"] <= end["mono"]
 
 
+def test_a_writer_that_stamps_its_finish_and_a_loop_that_waits_for_it_are_each_journaled_where_they_belong(tmp_path):
+    """The richer path, for a checkpointer that knows more (the reference job's): planning apart
+    from staging, the writer's own finish stamp as ``written``, the loop's later wait on the save as
+    a finalize span, and the writer process's liveness."""
+    slo = _hooks(tmp_path)
+    with slo.checkpoint(7, mode="async") as save:
+        time.sleep(0.03)
+        save.planned()
+        time.sleep(0.02)
+        done = save.completion()
+    stamp = time.monotonic()  # the writer finished here; the loop notices later
+    waited_from = time.monotonic()
+    time.sleep(0.02)
+    save.waited(waited_from)
+    done(written=stamp)
+    slo.checkpoint_worker(False, None)
+    start, scheduled, finalize, end, worker = _save_records(tmp_path)
+    assert [r["type"] for r in (start, scheduled, finalize, end, worker)] == [
+        "checkpoint_start", "checkpoint_scheduled", "checkpoint_finalize", "checkpoint_end", "checkpoint_worker"]
+    assert scheduled["plan_s"] >= 0.03 and 0.02 <= scheduled["stage_s"] < scheduled["plan_s"]
+    assert scheduled["plan_s"] + scheduled["stage_s"] == pytest.approx(scheduled["mono"] - start["mono"], abs=1e-3)
+    assert finalize["ckpt"] == "step-000007" and finalize["start"] == pytest.approx(waited_from, abs=1e-6)
+    assert finalize["mono"] >= waited_from + 0.02
+    assert end["ok"] and end["written"] == pytest.approx(stamp, abs=1e-6) and stamp < end["mono"]  # µs in the journal
+    assert worker["alive"] is False and worker["worker_pid"] is None
+
+
 def test_an_async_save_is_durable_when_its_future_completes_not_when_its_block_ends(tmp_path):
     slo = _hooks(tmp_path)
     future: concurrent.futures.Future = concurrent.futures.Future()

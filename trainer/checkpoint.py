@@ -1,6 +1,8 @@
-"""Journaled checkpoint saves (NVRx async or plain synchronous DCP) and restore from the newest complete one.
+"""The reference job's checkpoint saves (NVRx async or plain synchronous DCP).
 
-Each save of step N goes to ``<root>/step-NNNNNN/`` and journals, on every rank:
+Each save of step N goes to ``<root>/step-NNNNNN/``. It is observed through the public hooks
+(``Hooks.checkpoint``: ``CheckpointSave``), as any user's own checkpointing would be, which journal
+on every rank:
 
 * ``checkpoint_start`` when the save call begins (training blocked from here),
 * ``checkpoint_scheduled`` when the call returns (``plan_s`` planning, ``stage_s`` staging and
@@ -33,9 +35,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
-from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer import cpu_shims, nvrx_compat
-from nvrx_slo.trainer.hooks import Hooks
+from nvrx_slo.trainer.hooks import CheckpointSave, Hooks
 
 log = logging.getLogger("nvrx_slo.checkpoint")
 
@@ -112,8 +113,7 @@ def _payload_bytes(write_buckets: list[Any]) -> int:
 
 @dataclasses.dataclass
 class _Pending:
-    ckpt: str
-    step: int
+    save: CheckpointSave
     path: Path
     rank: int
     error: str | None = None
@@ -192,10 +192,10 @@ class Checkpointer:
         alive = process.is_alive()
         if alive != self._worker_alive:
             self._worker_alive = alive
-            self.hooks.journal.emit(EventType.CHECKPOINT_WORKER, alive=alive, worker_pid=process.pid)
+            self.hooks.checkpoint_worker(alive, process.pid)
         if not alive:
             for pending in self._pending.values():
-                self._end(pending, time.monotonic(), "checkpoint worker died")
+                pending.save.failed("checkpoint worker died")
             self._pending.clear()
             raise CheckpointWorkerDied(f"NVRx checkpoint worker (pid {process.pid}) exited "
                                        f"with code {process.exitcode}")
@@ -209,31 +209,25 @@ class Checkpointer:
         the save's blocking time, where it belongs."""
         ckpt = checkpoint_id(step)
         path = self.root / ckpt
-        self.hooks.journal.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode=self.mode)
-        if self.mode == "sync":
-            self._save_sync(state_dict() if callable(state_dict) else state_dict, ckpt, step, path)
-            return
-        try:
-            self._save_async(state_dict() if callable(state_dict) else state_dict, ckpt, step, path)
-        except BaseException as exc:  # a fault mid-save (a peer died): the save is over, and failed
-            self._end(_Pending(ckpt, step, path, -1), time.monotonic(), f"{type(exc).__name__}: {exc}"[:500])
-            self._stale = True  # it may have reached the writer
-            raise
+        with self.hooks.checkpoint(step, ckpt, mode=self.mode) as save:
+            if self.mode == "sync":
+                self._save_sync(state_dict() if callable(state_dict) else state_dict, save, path)
+                return
+            try:
+                self._save_async(state_dict() if callable(state_dict) else state_dict, save, path)
+            except BaseException:  # a fault mid-save (a peer died): the block ends it, failed
+                self._stale = True  # it may have reached the writer
+                raise
 
-    def _save_sync(self, state_dict: dict[str, Any], ckpt: str, step: int, path: Path) -> None:
-        t0 = time.monotonic()
-        error = None
+    def _save_sync(self, state_dict: dict[str, Any], save: CheckpointSave, path: Path) -> None:
         try:
             time.sleep(self.slow_storage_s)
             dcp.save(state_dict, checkpoint_id=str(path))
         except _SAVE_ERRORS as exc:  # DCP raises the same failure on every rank
-            error = f"{type(exc).__name__}: {exc}"[:500]
-        t1 = time.monotonic()
-        size = sum(t.numel() * t.element_size() for t in _local_tensors(state_dict))
-        self.hooks.journal.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=ckpt, plan_s=0.0, stage_s=t1 - t0, bytes=size)
-        self._end(_Pending(ckpt, step, path, dist.get_rank(), error), t1, error)
+            save.failed(exc)
+        save.bytes = sum(t.numel() * t.element_size() for t in _local_tensors(state_dict))
 
-    def _save_async(self, state_dict: dict[str, Any], ckpt: str, step: int, path: Path) -> None:
+    def _save_async(self, state_dict: dict[str, Any], save: CheckpointSave, path: Path) -> None:
         api = self._api
         assert api is not None  # async mode
         if self._queue is None:
@@ -243,10 +237,9 @@ class Checkpointer:
             self._warming = None
         self._check_worker()
         rank = dist.get_rank()
-        t0 = time.monotonic()
         writer = api.FileSystemWriterAsync(str(path), thread_count=1)
         planned = api.save_state_dict_async_plan(state_dict, writer)
-        t1 = time.monotonic()
+        save.planned()
         write, preload, args = writer.get_save_function_and_args()
         args = list(args)
         if cpu_shims.needed():  # on a GPU host the worker builds (0.6+) and preloads the buckets itself
@@ -254,9 +247,10 @@ class Checkpointer:
             if buckets is not None:
                 args[1] = self._stager.stage(buckets, reuse=not self._pending and not self._stale)
                 preload = None
-        size = (_payload_bytes(args[1]) if len(args) > 1 and args[1] is not None
-                else sum(t.numel() * t.element_size() for t in _local_tensors(state_dict)))
-        pending = _Pending(ckpt, step, path, rank)
+        save.bytes = (_payload_bytes(args[1]) if len(args) > 1 and args[1] is not None
+                      else sum(t.numel() * t.element_size() for t in _local_tensors(state_dict)))
+        save.completion()  # durable once finalized: ``poll`` ends it with the writer's stamp
+        pending = _Pending(save, path, rank)
 
         def finalize() -> None:  # NVRx calls it in the training thread once every rank's write is done
             pending.error = nvrx_compat.finalize_save(planned)
@@ -266,8 +260,6 @@ class Checkpointer:
         request = api.AsyncRequest(stamped, tuple(args), [finalize], preload_fn=preload)
         index = self._queue.schedule_async_request(request)
         self._pending[index] = pending
-        t2 = time.monotonic()
-        self.hooks.journal.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=ckpt, plan_s=t1 - t0, stage_s=t2 - t1, bytes=size)
 
     def poll(self, blocking: bool = False) -> None:
         """Finalize saves whose background write is done on every rank (``blocking``: wait for all).
@@ -293,21 +285,21 @@ class Checkpointer:
         # finalize function — charged to the save it finished, or to the oldest one it waited for.
         charged = self._pending[finalized[0] if finalized else min(self._pending)]
         if finalized or now - start > POLL_COST_S:
-            self.hooks.journal.emit(EventType.CHECKPOINT_FINALIZE, ckpt=charged.ckpt, start=start)
+            charged.save.waited(start)
         for index in finalized:
             pending = self._pending.pop(index)
-            self._end(pending, _read_stamp(pending.path, pending.rank, now), pending.error)
-
-    def _end(self, pending: _Pending, written: float, error: str | None) -> None:
-        self.hooks.journal.emit(EventType.CHECKPOINT_END, ckpt=pending.ckpt, step=pending.step, ok=error is None,
-                                written=written, error=error)
+            if pending.error is None:
+                pending.save.done(written=_read_stamp(pending.path, pending.rank, now))
+            else:
+                pending.save.failed(pending.error)
 
     def abandon(self, reason: str) -> None:
         """After a fault (in-process restart; call it from the Wrapper's ``finalize``): give up on
         saves in flight, at once and without any collective. Each is journaled as failed; the writer
         keeps running, and the next ``start`` clears what it still owes before the next save."""
         for pending in self._pending.values():
-            self._end(pending, _read_stamp(pending.path, pending.rank, time.monotonic()), f"abandoned: {reason}")
+            pending.save.failed(f"abandoned: {reason}")
+            _read_stamp(pending.path, pending.rank, 0.0)  # removes the stamp if the write got that far
         self._pending.clear()
         self._stale = self._queue is not None
 
@@ -366,7 +358,7 @@ class Checkpointer:
     def _worker_stopped(self) -> None:
         if self._worker_alive:
             self._worker_alive = False
-            self.hooks.journal.emit(EventType.CHECKPOINT_WORKER, alive=False, worker_pid=None)
+            self.hooks.checkpoint_worker(False, None)
 
 
 def _local_tensors(state_dict: Any) -> list[torch.Tensor]:

@@ -173,7 +173,7 @@ class CheckpointSave:
     Every method is safe from any thread and never raises into training.
     """
 
-    __slots__ = ("_journal", "ckpt", "step", "bytes", "_lock", "_start", "_asynchronous", "_scheduled",
+    __slots__ = ("_journal", "ckpt", "step", "bytes", "_lock", "_start", "_planned", "_asynchronous", "_scheduled",
                  "_outcome", "_ended")
 
     def __init__(self, journal: Journal, ckpt: str, step: int) -> None:
@@ -183,6 +183,7 @@ class CheckpointSave:
         self.bytes = 0  # set it if known: this rank's payload
         self._lock = threading.Lock()
         self._start = 0.0
+        self._planned: float | None = None
         self._asynchronous = False
         self._scheduled = False
         self._outcome: tuple[float, str | None] | None = None  # (written, error) once known
@@ -209,9 +210,19 @@ class CheckpointSave:
         self._asynchronous = True
         return self.done
 
-    def done(self, *_: Any) -> None:
-        """The write finished and is durable (now)."""
-        self._settle(None)
+    def planned(self) -> None:
+        """Inside the block: planning is over, staging and hand-off begin (``plan_s`` / ``stage_s``)."""
+        self._planned = _monotonic()
+
+    def done(self, *_: Any, written: float | None = None) -> None:
+        """The write finished and is durable: now, or at ``written`` (``time.monotonic()``) if the
+        writer stamped when it finished (the node's clock, so another process's stamp compares)."""
+        self._settle(None, written)
+
+    def waited(self, since: float) -> None:
+        """The loop spent ``since`` (``time.monotonic()``) to now finishing this save after its
+        block: a poll of the writer, the metadata write, the ranks' agreement. Checkpoint cost."""
+        self._journal.emit(EventType.CHECKPOINT_FINALIZE, ckpt=self.ckpt, start=since)
 
     def failed(self, error: BaseException | str) -> None:
         """The save failed; ``error`` says why."""
@@ -232,11 +243,11 @@ class CheckpointSave:
     def _fail_tracking(self, exc: BaseException) -> None:
         self._journal.emit(EventType.WARNING, message=f"checkpoint {self.ckpt}: tracking failed: {exc}"[:500])
 
-    def _settle(self, error: str | None) -> None:
+    def _settle(self, error: str | None, written: float | None = None) -> None:
         with self._lock:
             if self._outcome is not None:
                 return
-            self._outcome = (_monotonic(), error)
+            self._outcome = (_monotonic() if written is None else written, error)
             ready = self._scheduled
         if ready:
             self._end()
@@ -259,8 +270,9 @@ class CheckpointSave:
         if exc is not None:  # the save call itself failed: over, and failed
             self.failed(exc)
         else:
-            self._journal.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=self.ckpt, plan_s=0.0,
-                               stage_s=_monotonic() - self._start, bytes=self.bytes)
+            planned = self._start if self._planned is None else self._planned
+            self._journal.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=self.ckpt, plan_s=planned - self._start,
+                               stage_s=_monotonic() - planned, bytes=self.bytes)
             if not self._asynchronous:
                 self.done()
         with self._lock:
@@ -322,6 +334,10 @@ class Hooks:
         Put it between steps, not inside one (a step's span already covers its time)."""
         self._step.settle()
         return _UserSpan(self.journal, name)
+
+    def checkpoint_worker(self, alive: bool, pid: int | None) -> None:
+        """The background writer process of async saves was seen alive or dead (``pid`` if known)."""
+        self.journal.emit(EventType.CHECKPOINT_WORKER, alive=alive, worker_pid=pid)
 
     def warning(self, message: str, **fields: Any) -> None:
         """Something the operator should know (a fallback restore, a missing NVRx feature)."""
