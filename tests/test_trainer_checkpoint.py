@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from nvrx_slo.contracts import schema
+from nvrx_slo.trainer import checkpoint
 from nvrx_slo.trainer.checkpoint import METADATA, Checkpointer, CheckpointWorkerDied
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.restore import complete_checkpoints, restore
@@ -101,6 +102,34 @@ def test_a_dead_writer_is_journaled_and_raised_instead_of_hanging(tmp_path):
     assert [r["alive"] for r in liveness] == [True, False] and liveness[0]["worker_pid"] == worker.pid
     end = _spans(hooks, "step-000007")[-1]
     assert end["type"] == "checkpoint_end" and not end["ok"] and "died" in end["error"]
+
+
+def test_a_writer_stuck_on_an_abandoned_save_is_replaced_within_the_bound_not_waited_for(tmp_path, monkeypatch):
+    """An in-process restart abandons a save whose write hangs (storage stalled): the next
+    incarnation's ``start`` waits ``ABANDONED_WAIT_S`` at most (the Wrapper's soft timeout would
+    fire on a longer wait), says so, and saves again with a fresh writer."""
+    monkeypatch.setattr(checkpoint, "ABANDONED_WAIT_S", 1.0)
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal"))
+    ckpt = Checkpointer(hooks, tmp_path / "ckpt", "async", slow_storage_s=60.0)
+    try:
+        ckpt.start()
+        ckpt.save({"w": torch.ones(10)}, step=7)
+        stuck = ckpt._worker()
+        ckpt.abandon("in-process restart after RuntimeError: boom")
+        ckpt.slow_storage_s = 0.0
+        began = time.monotonic()
+        ckpt.start()
+        assert time.monotonic() - began < 15.0  # the bound, plus stopping one writer and starting another
+        assert not stuck.is_alive() and ckpt._worker() is not stuck
+        ckpt.save({"w": torch.ones(10)}, step=9)
+        ckpt.poll(blocking=True)
+    finally:
+        ckpt.kill()
+    records = _records(hooks)
+    assert any(r["type"] == "warning" and "replacing it" in r["message"] for r in records)
+    ends = {r["ckpt"]: r for r in records if r["type"] == "checkpoint_end"}
+    assert not ends["step-000007"]["ok"] and "abandoned" in ends["step-000007"]["error"]
+    assert ends["step-000009"]["ok"] and (tmp_path / "ckpt" / "step-000009" / METADATA).exists()
 
 
 def test_restore_skips_a_corrupt_checkpoint_with_a_warning_and_ignores_an_incomplete_one(tmp_path):

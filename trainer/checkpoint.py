@@ -43,6 +43,9 @@ log = logging.getLogger("nvrx_slo.checkpoint")
 # DCP's CheckpointException derives from BaseException, not Exception.
 _SAVE_ERRORS = (Exception, dcp.CheckpointException)
 
+# An in-process restart waits this long at most for the writer to finish saves it abandoned, then
+# replaces it: below the Wrapper's soft timeout (60 s), which a main thread blocked here would trip.
+ABANDONED_WAIT_S = 20.0
 POLL_COST_S = 0.001  # a poll that finalizes nothing is journaled as checkpoint cost from this long on
 METADATA = ".metadata"  # written last, by DCP's coordinator: its presence marks a complete checkpoint
 
@@ -169,9 +172,9 @@ class Checkpointer:
             return
         if self._pending:  # nobody abandoned them when the last incarnation failed
             self.abandon("left over from an earlier incarnation")
+        if self._queue is not None and self._stale:
+            self._clear_abandoned()  # may stop a stuck writer: a fresh one starts below
         if self._queue is not None:
-            if self._stale:
-                self._clear_abandoned()
             return
         self._queue = self._api.AsyncCallsQueue(persistent=True, **cpu_shims.queue_kwargs(self._api))
         self._queue.schedule_async_request(self._api.AsyncRequest(_warm_up, (), []))  # finalized with the first save
@@ -305,16 +308,25 @@ class Checkpointer:
 
     def _clear_abandoned(self) -> None:
         """Wait for the writer to finish what it was handed before the fault and drop the results,
-        so completions of abandoned saves are never taken for the next save's."""
+        so completions of abandoned saves are never taken for the next save's. A writer that does
+        not finish within ``ABANDONED_WAIT_S`` is replaced by a fresh one."""
         caller = self._queue.persistent_caller
         outstanding = len(self._queue.async_calls) - (1 if caller.cur_item is not None else 0)
+        deadline = time.monotonic() + ABANDONED_WAIT_S
+        replace = False
         for _ in range(outstanding):
             try:
-                caller.comp_q.get(timeout=300)
+                caller.comp_q.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue_module.Empty:
+                replace = True
                 break
-        caller.cur_item = None
-        self._queue.async_calls.clear()
+        if replace:
+            self.hooks.warning(f"the checkpoint writer did not finish abandoned saves in {ABANDONED_WAIT_S:g} s; "
+                               "replacing it")
+            self.kill()
+        else:
+            caller.cur_item = None
+            self._queue.async_calls.clear()
         assert self._api is not None  # only async saves are abandoned
         results = self._api.results_queue_module._results_queue
         while results is not None:
