@@ -8,7 +8,7 @@ import random
 import pytest
 
 import engine_scenarios as scenarios
-from journal_builder import Pod
+from journal_builder import Pod, Proc
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import RankState, Snapshot
@@ -171,10 +171,8 @@ def test_one_process_saving_an_id_again_after_inprocess_restarts_makes_two_saves
     assert (ck.failures, ck.in_flight) == (0, 0)
 
 
-def test_a_pod_finishes_when_a_torn_down_process_had_journaled_as_another_rank():
-    """A four-pod job: the Wrapper's in-process restart shifted this pod's process from rank 2 to
-    rank 1 just before the launcher tore it down; the next round ran rank 2 to its end. Rank 1's
-    lane ends in a dead round, not in a process_end: the pod still finished (it once read running)."""
+def _shifted_from_rank_2_to_1() -> tuple[Pod, Proc, Proc]:
+    """One pod (rank 2) of a four-pod job whose process the Wrapper shifted to rank 1 at 2.5 s."""
     pod = Pod()
     launcher = pod.launcher(0.0)
     launcher.ev("launcher_worker_start", 0.1)
@@ -183,6 +181,14 @@ def test_a_pod_finishes_when_a_torn_down_process_had_journaled_as_another_rank()
     p.step(1, 1.5, 2.0)
     p.rank, p.iter = 1, 1
     p.ev("inprocess_initialize", 2.5)
+    return pod, launcher, p
+
+
+def test_a_pod_finishes_when_a_torn_down_process_had_journaled_as_another_rank():
+    """A four-pod job: the Wrapper's in-process restart shifted this pod's process from rank 2 to
+    rank 1 just before the launcher tore it down; the next round ran rank 2 to its end. The torn-down
+    process never journaled its end: the pod still finished (it once read running)."""
+    pod, launcher, p = _shifted_from_rank_2_to_1()
     launcher.ev("launcher_worker_exit", 3.0, worker_pid=p.pid)
     launcher.ev("launcher_worker_start", 4.0)
     q = pod.proc(2, restart=1)
@@ -197,14 +203,7 @@ def test_a_process_the_wrapper_shifted_to_another_rank_is_still_one_accelerator_
     """A four-pod job: NVRx's Wrapper terminated rank 1 (another pod's) and shifted this pod's
     process from rank 2 to rank 1; it trained on as rank 1. It is one accelerator of this pod: one
     lane (the rank it started as), its wall counted once, every step in it, through a state reload."""
-    pod = Pod()
-    launcher = pod.launcher(0.0)
-    launcher.ev("launcher_worker_start", 0.1)
-    p = pod.proc(2)
-    p.start(1.0, world_size=4, local_world_size=1)
-    p.step(1, 1.5, 2.0)
-    p.rank, p.iter = 1, 1
-    p.ev("inprocess_initialize", 2.5)
+    pod, launcher, p = _shifted_from_rank_2_to_1()
     p.step(2, 3.0, 3.5)
     p.step(3, 3.5, 4.0)
     p.end(4.2)
