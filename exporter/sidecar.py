@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry
 from nvrx_slo.contracts.schema import JOURNAL_DIR_ENV
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter import state_store
-from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S, Engine
 from nvrx_slo.exporter.ingest import identity as identity_mod
 from nvrx_slo.exporter.ingest import nvml, podwatch
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
@@ -59,6 +59,7 @@ from nvrx_slo.exporter.views.exposition import CONTENT_TYPE, TextRenderer
 log = logging.getLogger("nvrx_slo.sidecar")
 
 DEFAULT_PORT = 9400
+MAX_REORDER_WINDOW_S = 600.0  # records later than this are a reader far behind, not reordering
 MAX_INTERVAL_S = 86400.0  # an interval longer than a day is a typo (and inf would overflow a wait)
 MAX_RANKS = 1 << 20
 
@@ -91,6 +92,7 @@ class Config:
     cycle_info_dir: Path | None = None  # newer NVRx: ft_launcher --ft-cycle-info-dir
     report_file: str | None = None  # a path, or "-" for stdout
     final_scrape_timeout_s: float = 0.0  # after SIGTERM: wait this long at most for one more scrape
+    reorder_window_s: float = REORDER_WINDOW_S  # how late a rank's record may come
 
     def __post_init__(self) -> None:
         def interval(flag: str, value: float) -> tuple[bool, str]:
@@ -113,6 +115,8 @@ class Config:
             (math.isfinite(self.final_scrape_timeout_s) and 0 <= self.final_scrape_timeout_s <= MAX_INTERVAL_S,
              f"--final-scrape-timeout must be >= 0 and <= {MAX_INTERVAL_S:g} seconds, "
              f"got {self.final_scrape_timeout_s}"),
+            (math.isfinite(self.reorder_window_s) and 0 <= self.reorder_window_s <= MAX_REORDER_WINDOW_S,
+             f"--reorder-window must be >= 0 and <= {MAX_REORDER_WINDOW_S:g} seconds, got {self.reorder_window_s}"),
             (1 <= self.max_ranks <= MAX_RANKS, f"--max-ranks must be 1..{MAX_RANKS}, got {self.max_ranks}"),
             (self.otlp_endpoint is None or _http_url(self.otlp_endpoint),
              f"--otlp-endpoint must be an http(s) URL with a host, got {self.otlp_endpoint!r}"),
@@ -163,6 +167,10 @@ def parser() -> argparse.ArgumentParser:
                         "more, at most this many seconds, so the job's last seconds reach Prometheus (set it "
                         "above the scrape interval and below the pod's termination grace period; "
                         "0: exit at once) (default: %(default)s)")
+    p.add_argument("--reorder-window", type=float, default=Config.reorder_window_s,
+                   help="seconds a rank's records wait to be accounted, so a record read late still lands in "
+                        "order; settled numbers lag the journal by as much (lower it for journals on local "
+                        "disk and a more timely SLI) (default: %(default)s)")
     return p
 
 
@@ -179,7 +187,7 @@ def parse_args(argv: Sequence[str]) -> Config:
             per_rank=args.per_rank, max_ranks=args.max_ranks, otlp_endpoint=args.otlp_endpoint,
             otlp_interval_s=args.otlp_interval, podinfo_dir=args.podinfo_dir,
             cycle_info_dir=args.ft_cycle_info_dir, report_file=args.report_file,
-            final_scrape_timeout_s=args.final_scrape_timeout)
+            final_scrape_timeout_s=args.final_scrape_timeout, reorder_window_s=args.reorder_window)
     except ValueError as exc:
         p.error(str(exc))
         raise  # unreachable: error() exits
@@ -230,7 +238,8 @@ class Sidecar:
     def _fresh_live(self) -> Live:
         cycles = (CycleInfoReader(self.config.cycle_info_dir, self.identity)
                   if self.config.cycle_info_dir is not None else None)
-        return Live(Engine(), JournalTail(self.config.journal_dir, max_open=_max_open()), cycles=cycles)
+        tail = JournalTail(self.config.journal_dir, max_open=_max_open())
+        return Live(Engine(self.config.reorder_window_s), tail, cycles=cycles)
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -370,6 +379,10 @@ def resume(config: Config, fresh: Callable[[], Live]) -> Live:
     live = fresh()
     try:
         live.load_state(parts)
+        if live.engine.window != config.reorder_window_s:  # accounted with another window: account again
+            log.info("saved state has a reorder window of %g s, not %g s: reading the journal from the start",
+                     live.engine.window, config.reorder_window_s)
+            return fresh()
         live.view()
         state_store.save(os.devnull, config.journal_dir, live.to_state(), dry_run=True)
     except Exception as exc:  # any state that is not one of ours: never a crash loop on it

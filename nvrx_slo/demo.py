@@ -25,7 +25,7 @@ from pathlib import Path
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine import job as job_view
-from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S, Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.ingest.decode import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail
@@ -39,7 +39,8 @@ LOSS_STEP = 15  # --node-loss: the step the lost pod's rank reaches before its n
 class _Sidecar:
     """``nvrx-slo sidecar`` on a free loopback port, following a journal directory."""
 
-    def __init__(self, run_dir: Path, journal_dir: Path, pod: str | None, final_scrape_s: float) -> None:
+    def __init__(self, run_dir: Path, journal_dir: Path, pod: str | None, final_scrape_s: float,
+                 reorder_window_s: float) -> None:
         """``pod``: the pod's name, as its processes journal it (None: the host's, as theirs)."""
         run_dir.mkdir(parents=True, exist_ok=True)
         self.journal_dir = journal_dir
@@ -53,7 +54,7 @@ class _Sidecar:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir), "--host", "127.0.0.1",
              "--port", "0", "--state-file", str(self.state_file), "--report-file", str(self.report_file),
-             "--final-scrape-timeout", str(final_scrape_s)],
+             "--final-scrape-timeout", str(final_scrape_s), "--reorder-window", str(reorder_window_s)],
             stdout=subprocess.DEVNULL, stderr=self._log, env=env)
         self.url = self._wait_for_url()
 
@@ -106,10 +107,10 @@ class _Sidecar:
         return Engine.from_state(parts["engine"]).snapshot(time.monotonic(), time.time())
 
 
-def _replayed(journal_dir: Path, at: tuple[float, float]) -> Snapshot:
+def _replayed(journal_dir: Path, at: tuple[float, float], reorder_window_s: float) -> Snapshot:
     """A lost pod as its sidecar would have accounted it had it read every record before its node
     went (it was killed with the node): its journal, which outlives it here, replayed as of ``at``."""
-    engine = Engine()
+    engine = Engine(reorder_window_s)
 
     def ingest(events: list[Event]) -> None:
         for event in events:
@@ -150,6 +151,9 @@ def main(argv: list[str], targets: Targets) -> int:
     parser.add_argument("--final-scrape-timeout", type=float, default=0.0, metavar="S",
                         help="once stopped, each sidecar waits up to S seconds for one more scrape, as in a pod: "
                              "set it when a Prometheus scrapes the sidecars (default: 0, none)")
+    parser.add_argument("--reorder-window", type=float, default=REORDER_WINDOW_S, metavar="S",
+                        help="each sidecar's reorder window: how long records wait to be accounted, so how "
+                             "late settled numbers reach Prometheus (default: %(default)s)")
     args = parser.parse_args(argv)
     faults = job.DEFAULT_FAULTS if args.node_loss is None else ()
     last = max(f.step for f in faults) if faults else LOSS_STEP
@@ -162,6 +166,8 @@ def main(argv: list[str], targets: Targets) -> int:
         parser.error(f"--replace-after must not be negative, not {args.replace_after:g}")
     if not 0 <= args.final_scrape_timeout <= 60:
         parser.error(f"--final-scrape-timeout must be from 0 to 60 seconds, not {args.final_scrape_timeout:g}")
+    if not 0 <= args.reorder_window <= 60:
+        parser.error(f"--reorder-window must be from 0 to 60 seconds, not {args.reorder_window:g}")
 
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -174,9 +180,9 @@ def main(argv: list[str], targets: Targets) -> int:
     lost_at: dict[Path, tuple[float, float]] = {}  # a lost pod's journal -> when its sidecar died with it
 
     def start_sidecar(journal_dir: Path) -> None:
-        final = args.final_scrape_timeout
-        sidecars[journal_dir] = (_Sidecar(run_dir, journal_dir, None, final) if pods == 1 else
-                                 _Sidecar(journal_dir.parent, journal_dir, journal_dir.parent.name, final))
+        timing = (args.final_scrape_timeout, args.reorder_window)
+        sidecars[journal_dir] = (_Sidecar(run_dir, journal_dir, None, *timing) if pods == 1 else
+                                 _Sidecar(journal_dir.parent, journal_dir, journal_dir.parent.name, *timing))
         print(f"sidecar of {journal_dir}: {sidecars[journal_dir].url}/ (status page), "
               f"{sidecars[journal_dir].url}/metrics", flush=True)
 
@@ -208,7 +214,7 @@ def main(argv: list[str], targets: Targets) -> int:
         print(slo_reports[journal_dir], end="")
         print(f"\nHTML report with a timeline: {report.write([journal_dir], run_dir / 'report.html', targets)}")
     else:
-        snapshots = [_replayed(d, lost_at[d]) if d in lost_at else sidecar.snapshot()
+        snapshots = [_replayed(d, lost_at[d], args.reorder_window) if d in lost_at else sidecar.snapshot()
                      for d, sidecar in sidecars.items()]
         for snap, (d, sidecar) in zip(snapshots, sidecars.items(), strict=True):
             eff = "—" if snap.efficiency is None else f"{100 * snap.efficiency:.2f}%"

@@ -135,6 +135,7 @@ def test_each_fault_is_one_restart_of_the_job_with_the_latency_the_raw_records_g
     (["--pods", "2", "--node-loss", "2"], "--node-loss", "from 1 to --pods - 1"),
     (["--pods", "2", "--node-loss", "1", "--replace-after", "-1"], "--replace-after", "not be negative"),
     (["--final-scrape-timeout", "-1"], "--final-scrape-timeout", "from 0 to 60"),
+    (["--reorder-window", "61"], "--reorder-window", "from 0 to 60"),
 ])
 def test_a_wrong_flag_is_refused_naming_the_flag(args, flag, why):
     proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", *args], capture_output=True, text=True,

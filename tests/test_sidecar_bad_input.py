@@ -3,6 +3,7 @@ it would for the same journal without the damage."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from journal_builder import Pod
 from nvrx_slo.contracts import schema
+from nvrx_slo.exporter import sidecar, state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.decode import Event
 from nvrx_slo.exporter.ingest.identity import Identity
@@ -193,6 +195,21 @@ def test_an_unusable_state_file_means_a_rebuild_from_the_journal(tmp_path):
     assert "reading the journal from the start" in (tmp_path / "log").read_text()
     assert sum(v for (n, _), v in got.items() if n == "nvrx_steps_total") == 100
     assert os.path.getsize(state) > 100  # saved again, whole
+
+
+def test_a_state_accounted_with_another_reorder_window_is_accounted_again_with_the_flags(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    write_clean(tmp_path / "journal")
+    state = tmp_path / "state.json"
+    live = Live(Engine(10.0), JournalTail(tmp_path / "journal"))
+    live.poll()
+    state_store.save(state, tmp_path / "journal", live.to_state())
+    for window, resumed in ((10.0, True), (1.0, False)):
+        config = sidecar.parse_args(["--journal-dir", str(tmp_path / "journal"), "--state-file", str(state),
+                                     "--reorder-window", str(window)])
+        got = sidecar.resume(config, lambda w=window: Live(Engine(w), JournalTail(tmp_path / "journal")))
+        assert got.engine.window == window and (got.engine.to_state()["counts"]["accepted"] > 0) == resumed
+    assert "reorder window of 10 s, not 1 s" in caplog.text
 
 
 def test_a_record_the_engine_raises_on_is_skipped_counted_and_the_rest_accounted(tmp_path, caplog):

@@ -56,6 +56,8 @@ def test_defaults_and_the_journal_dir_from_the_trainers_variable(monkeypatch, tm
     (["--report-file", "JOURNAL/missing/report.txt"], "--report-file"),
     (["--final-scrape-timeout", "-1"], "--final-scrape-timeout"),
     (["--final-scrape-timeout", "nan"], "--final-scrape-timeout"),
+    (["--reorder-window", "-1"], "--reorder-window"),
+    (["--reorder-window", "inf"], "--reorder-window"),
 ])
 def test_a_wrong_flag_exits_2_naming_it(argv, named, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
