@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from nvrx_slo.alerts import generate, spec
-from nvrx_slo.alerts.conventions import ABSENT_RANKS, Alert, sli_total_record
+from nvrx_slo.alerts.conventions import ABSENT_RANKS, Alert, sli_bad_record, sli_total_record
 from nvrx_slo.alerts.windows import all_windows
 from nvrx_slo.contracts.catalogue import TIME, Category
 from nvrx_slo.exporter import state_store
@@ -161,3 +161,32 @@ def test_a_finished_pods_last_settlement_reaches_prometheus(run):
         assert snap.finished, pod
         final = sum(r.seconds[Category.PRODUCTIVE.value] for r in snap.ranks)
         assert final > 1.0 and scraped[pod] == pytest.approx(final, abs=1e-6), (pod, scraped[pod], final)
+
+
+def _truth(run_dir) -> tuple[float, float]:
+    """The job's error ratio and span from the raw journals of every pod, the lost one included:
+    1 - (step work the job kept) / (world size x span). A step is kept unless a restore after it
+    resumed from an older step (the job rolled back past it); the span is the job's first record
+    to its last on the machine's one monotonic clock."""
+    records = read_journal(*sorted(run_dir.glob("pod-*/journal")))
+    steps = [r for r in records if r["type"] == "step"]
+    restores = [r for r in records if r["type"] == "restore" and r["step"] is not None]
+    kept = sum(s["mono"] - s["start"] for s in steps
+               if not any(r["mono"] > s["mono"] and r["step"] < s["step"] for r in restores))
+    span = max(r["mono"] for r in records) - min(r.get("start", r["mono"]) for r in records)
+    world = max(r["world_size"] for r in records if r["type"] == "process_start")
+    return 1.0 - kept / (world * span), span
+
+
+def test_the_job_error_ratio_prometheus_records_over_the_run_is_the_ground_truths(run):
+    """The efficiency SLI's bad and total rates, summed over every evaluation of the run (what the
+    period's budget sums), against the ground truth of the raw journals."""
+    assert run["returncode"] == 0, run["stderr"][-3000:]
+    base = all_windows(run["spec"].period, run["spec"].min_window)[0]
+    sums = {}
+    for name, record in (("bad", sli_bad_record(base)), ("total", sli_total_record(base))):
+        (got,) = _query(run["prometheus"], f'sum_over_time({record}{{slo="efficiency"}}[1h])')
+        sums[name] = float(got["value"][1])
+    truth, span = _truth(run["run_dir"])
+    recorded = sums["bad"] / sums["total"]
+    assert abs(recorded - truth) <= 0.02, (recorded, truth, span, sums)
