@@ -60,6 +60,6 @@ def snapshot(n_ranks: int = 2, **kw: object) -> Snapshot:
         finished=False, ranks=tuple(rank(r) for r in range(n_ranks)), checkpoints=checkpoints, restarts=restarts,
         predicted_efficiency=0.97, events_accepted=1234, duplicates=2, out_of_order=3, late=1, implausible=0,
         records_lost=0,
-        journal_lag_s=0.4, world_size=n_ranks, absent_s=0.0)
+        journal_lag_s=0.4, world_size=n_ranks, pod_ranks=n_ranks, absent_s=0.0)
     fields.update(kw)
     return Snapshot(**fields)

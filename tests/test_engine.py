@@ -275,6 +275,23 @@ def test_launcher_restarts_remaining_is_max_restarts_minus_the_current_launchers
     assert run(unknown, 1.0).restarts.launcher_remaining is None
 
 
+def test_a_pod_runs_the_ranks_its_launcher_said_from_the_launchers_start_and_the_job_its_fixed_world():
+    """So the job counts no rank absent while a pod's launcher is starting its workers: that time
+    is the ranks' init, from the launcher's start (the job report counts it so too)."""
+    pod = Pod()
+    launcher = pod.proc(None)
+    launcher.ev("launcher_start", 0.0, max_restarts=3, local_world_size=2, world_size=8)
+    early = run(pod, 3.0)
+    assert (early.pod_ranks, early.world_size, early.ranks) == (2, 8, ())
+    pod.proc(0).start(4.0, world_size=8, local_world_size=2)
+    assert run(pod, 5.0).pod_ranks == 2  # one journaled, the other still starting
+    launcher.ev("launcher_exit", 6.0, code=0)
+    assert run(pod, 7.0).pod_ranks == 1  # no launcher left to start the other
+    unsaid = Pod()
+    unsaid.proc(None).ev("launcher_start", 0.0, max_restarts=3)  # an older launcher, or --nproc-per-node gpu
+    assert (run(unsaid, 1.0).pod_ranks, run(unsaid, 1.0).world_size) == (0, None)
+
+
 def test_a_ranks_buffer_keeps_only_the_records_its_reorder_window_still_holds():
     pod = Pod()
     p = pod.proc(0)

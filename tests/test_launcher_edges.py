@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer import nvrx_compat
+from nvrx_slo.trainer.ft_launcher import _launch_counts
 from nvrx_slo.trainer.journal import Identity, Journal
 
 
@@ -54,5 +56,20 @@ def test_the_launcher_journals_its_whole_life_as_measured_from_outside(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     launcher = [r for r in _records(tmp_path) if r["rank"] is None]
     assert launcher[0]["type"] == "launcher_start" and launcher[-1]["type"] == "launcher_exit"
+    assert (launcher[0]["local_world_size"], launcher[0]["world_size"], launcher[0]["max_restarts"]) == (1, 1, 0)
     assert abs(launcher[0]["mono"] - began) < 0.1, launcher[0]["mono"] - began  # not after the imports
     assert 0 <= ended - launcher[-1]["mono"] < 0.25, ended - launcher[-1]["mono"]  # nothing runs after it
+
+
+@pytest.mark.parametrize("argv, counts", [
+    (["--nnodes", "4", "--nproc-per-node", "8"], (8, 32)),
+    (["--nnodes", "2:2", "--nproc-per-node", "1"], (1, 2)),
+    (["--nnodes", "2:4", "--nproc-per-node", "8"], (8, None)),  # elastic: the world is not known ahead
+    (["--nnodes", "2", "--nproc-per-node", "gpu"], (None, None)),
+])
+def test_the_launcher_says_its_workers_and_a_fixed_size_jobs_world_as_ft_launcher_parses_them(argv, counts):
+    launcher = nvrx_compat.launcher()
+    if launcher is None:
+        pytest.skip("nvidia-resiliency-ext is not installed")
+    said = _launch_counts(launcher, [*argv, "--max-restarts", "2", "train.py"])
+    assert (said["local_world_size"], said["world_size"], said["max_restarts"]) == (*counts, 2)

@@ -186,11 +186,24 @@ def install(target: LauncherJournal) -> bool:
     return bool(nvrx_compat.elastic())
 
 
-def _max_restarts(launcher: Any, argv: list[str]) -> int | None:
+def _launch_counts(launcher: Any, argv: list[str]) -> dict[str, int | None]:
+    """``--max-restarts``, ``--nproc-per-node`` and the world size as ft_launcher parses them
+    (None where not a number: ``auto``, ``gpu``, an elastic ``--nnodes 2:4``)."""
     try:
         args, _ = launcher.get_args_parser().parse_known_args(argv)
-        return int(args.max_restarts)
     except (Exception, SystemExit):
+        return {"max_restarts": None, "local_world_size": None, "world_size": None}
+    local = _int(args.nproc_per_node)
+    low, _, high = str(args.nnodes).partition(":")
+    nodes = _int(low) if high in ("", low) else None
+    return {"max_restarts": _int(args.max_restarts), "local_world_size": local,
+            "world_size": None if local is None or nodes is None else nodes * local}
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
         return None
 
 
@@ -206,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     # dated when the container's process started, not after the imports above (seconds under load)
     started = process_start_mono()
     journal.emit_first(EventType.LAUNCHER_START, started if started is not None else time.monotonic(),
-                       max_restarts=_max_restarts(launcher, argv))
+                       **_launch_counts(launcher, argv))
     code = 1
     sys.argv = ["nvrx-slo ft-launcher", *argv]  # ft_launcher's usage and errors name this command
     try:

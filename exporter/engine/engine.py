@@ -71,7 +71,7 @@ from nvrx_slo.exporter.ingest.decode import Event, as_event
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 6
+STATE_VERSION = 7
 RESTORES_KEPT = 8  # per rank, for the job view: the step a job resumed from after a pod was lost
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
@@ -201,6 +201,8 @@ class Engine:
         self._launcher_start: float | None = None
         self._launcher_exit: float | None = None
         self._max_restarts: int | None = None  # of the newest launcher_start
+        self._launcher_ranks: int | None = None  # the workers the newest launcher_start said it starts
+        self._launcher_world: int | None = None  # the job's ranks a launcher_start said (a fixed-size job)
         self._world_size: int | None = None  # the most ranks a process was started among
         self._identity = ("", "", "")
         self._accepted = 0  # the hot counter, apart from the rest
@@ -337,6 +339,8 @@ class Engine:
         self._restarts.launcher_event(kind, mono)
         if kind == "launcher_start" and (self._launcher_start is None or mono > self._launcher_start):
             self._launcher_start, self._max_restarts = mono, record.max_restarts
+            self._launcher_ranks = record.local_world_size
+            self._launcher_world = record.world_size
         elif kind == "launcher_exit" and (self._launcher_exit is None or mono > self._launcher_exit):
             self._launcher_exit = mono
 
@@ -384,6 +388,12 @@ class Engine:
         start = self._launcher_start
         done = max((lane.newest_restart for lane in self._lanes.values() if lane.newest >= start), default=0)
         return max(0, self._max_restarts - done)
+
+    def _pod_ranks(self) -> int:
+        """The ranks this pod runs: those its processes journaled, and while its launcher runs, the
+        workers it said it starts (so a pod's ranks count from its launcher's start, as its wall does)."""
+        running = self._launcher_start is not None and (self._launcher_exit or float("-inf")) < self._launcher_start
+        return max(len(self._lanes), (self._launcher_ranks or 0) if running else 0)
 
     def _finished(self) -> bool:
         """The pod's launcher exited after its last start, and every rank it ran ended cleanly.
@@ -447,7 +457,7 @@ class Engine:
             out_of_order=self._counts["out_of_order"], late=self._counts["late"],
             implausible=self._counts["implausible"], records_lost=self._counts["records_lost"],
             journal_lag_s=None if self._origin is None else max(0.0, now_mono - self._newest),
-            world_size=self._world_size, absent_s=0.0)
+            world_size=self._world_size or self._launcher_world, pod_ranks=self._pod_ranks(), absent_s=0.0)
 
     def _settled(self, finished: bool) -> tuple[Restarts, dict[int, Ledger]]:
         """The restarts and ledgers by rank as of now; a finished job's buffers applied, on copies."""
@@ -522,6 +532,7 @@ class Engine:
             "newest": _finite(self._newest),
             "launcher": [self._launcher_start, self._launcher_exit],
             "max_restarts": self._max_restarts,
+            "launcher_ranks": [self._launcher_ranks, self._launcher_world],
             "world_size": self._world_size,
             "identity": list(self._identity),
             "counts": {"accepted": self._accepted, **self._counts},
@@ -550,6 +561,8 @@ class Engine:
             engine._launcher_start, engine._launcher_exit = msgspec.convert(state["launcher"],
                                                                             tuple[float | None, float | None])
             engine._max_restarts = msgspec.convert(state["max_restarts"], int | None)
+            engine._launcher_ranks, engine._launcher_world = msgspec.convert(state["launcher_ranks"],
+                                                                             tuple[int | None, int | None])
             engine._world_size = msgspec.convert(state["world_size"], int | None)
             job, pod, node = state["identity"]
             engine._identity = (str(job), str(pod), str(node))

@@ -222,4 +222,4 @@ def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapsh
         events_accepted=sum(snap.events_accepted for snap in pods), duplicates=sum(s.duplicates for s in pods),
         out_of_order=sum(s.out_of_order for s in pods), late=sum(s.late for s in pods),
         implausible=sum(s.implausible for s in pods), records_lost=sum(s.records_lost for s in pods),
-        journal_lag_s=None, world_size=world, absent_s=absent)
+        journal_lag_s=None, world_size=world, pod_ranks=sum(snap.pod_ranks for snap in pods), absent_s=absent)

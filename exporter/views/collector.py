@@ -194,7 +194,7 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
                            cat.STEP_DURATION.buckets)
     single(cat.JOB_START_TIMESTAMP, snap.job_start_wall)
     single(cat.JOB_WORLD_SIZE, snap.world_size)
-    single(cat.POD_RANKS, len({r.rank for r in ranks}))
+    single(cat.POD_RANKS, snap.pod_ranks)
 
     ck = snap.checkpoints
     _add_histogram(out[cat.CKPT_BLOCKING.name], lab, base, ck.blocking, cat.CKPT_BLOCKING.buckets)

@@ -132,7 +132,8 @@ JOB_START_TIMESTAMP = _m("job_start_timestamp_seconds", Kind.GAUGE,
 # Every pod exports both: the job-level rules count the ranks no pod runs (a lost node, a pod not
 # scheduled yet) as absent, against the job's world size.
 JOB_WORLD_SIZE = _m("job_world_size", Kind.GAUGE, "Ranks of the job: the WORLD_SIZE its processes were started with.")
-POD_RANKS = _m("pod_ranks", Kind.GAUGE, "Ranks this pod runs: the ranks its processes journaled.")
+POD_RANKS = _m("pod_ranks", Kind.GAUGE,
+               "Ranks this pod runs: the ranks its processes journaled, or the workers its running launcher starts.")
 
 CKPT_BLOCKING = _m("checkpoint_blocking_seconds", Kind.HISTOGRAM,
                    "Training-loop time stalled by one save (plan, staging, finalize).", buckets=CHECKPOINT_EXPORTED)

@@ -156,6 +156,10 @@ OPTIONAL_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
     # local_world_size: the worker processes of this rank's pod (``LOCAL_WORLD_SIZE``), so a pod
     # knows of ranks whose records it has not read yet.
     EventType.PROCESS_START: {"local_world_size": _OPT_INT},
+    # local_world_size: the workers this launcher starts (``--nproc-per-node``), and world_size the
+    # job's ranks when its size is fixed (``--nnodes N`` or ``N:N``, times that): so a pod counts
+    # its ranks, and the job its world, from the launcher's start, before any worker journaled.
+    EventType.LAUNCHER_START: {"local_world_size": _OPT_INT, "world_size": _OPT_INT},
 }
 
 _TYPES = {t.value: t for t in EventType}
