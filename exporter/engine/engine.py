@@ -392,8 +392,12 @@ class Engine:
     def _pod_ranks(self) -> int:
         """The ranks this pod runs: those its processes journaled, and while its launcher runs, the
         workers it said it starts (so a pod's ranks count from its launcher's start, as its wall does)."""
-        running = self._launcher_start is not None and (self._launcher_exit or float("-inf")) < self._launcher_start
+        running = self._launcher_start is not None and not self._launcher_exited()
         return max(len(self._lanes), (self._launcher_ranks or 0) if running else 0)
+
+    def _launcher_exited(self) -> bool:
+        """Whether the pod's newest launcher has exited (none journaled: not exited)."""
+        return self._launcher_exit is not None and self._launcher_exit >= (self._launcher_start or float("-inf"))
 
     def _finished(self) -> bool:
         """The pod's launcher exited after its last start, and every rank it ran ended cleanly.
@@ -405,7 +409,7 @@ class Engine:
         counts as finished: a launcher read late could still show it running, and un-finishing
         would take settled seconds back.
         """
-        if self._launcher_exit is None or (self._launcher_start or float("-inf")) > self._launcher_exit:
+        if not self._launcher_exited():
             return False
         # Ranks of the launcher's last round of workers only: an earlier round's process may have
         # journaled as another rank before it was torn down (an in-process restart that shifted ranks)

@@ -155,7 +155,7 @@ class Snapshot:
     implausible: int  # times contradicting themselves, their process or the clock: counted, not accounted
     records_lost: int  # seqs a process wrote that were never read (rotated away unread, failed writes)
     journal_lag_s: float | None  # now_mono - newest event's mono
-    world_size: int | None  # the job's ranks, as its processes were started with (None: none started yet)
+    world_size: int | None  # the job's ranks: its processes' WORLD_SIZE, or a fixed-size launcher's (None: unknown)
     pod_ranks: int  # ranks the pod runs: journaled, or said by its running launcher (a job: its pods' sum)
     absent_s: float  # job level: rank-seconds no pod accounted (Category.ABSENT); 0 for a pod
 

@@ -131,7 +131,8 @@ JOB_START_TIMESTAMP = _m("job_start_timestamp_seconds", Kind.GAUGE,
                          "Unix time of the job's first process start (the origin of wall time).")
 # Every pod exports both: the job-level rules count the ranks no pod runs (a lost node, a pod not
 # scheduled yet) as absent, against the job's world size.
-JOB_WORLD_SIZE = _m("job_world_size", Kind.GAUGE, "Ranks of the job: the WORLD_SIZE its processes were started with.")
+JOB_WORLD_SIZE = _m("job_world_size", Kind.GAUGE,
+                    "Ranks of the job: its processes' WORLD_SIZE, or its launcher's nodes × workers.")
 POD_RANKS = _m("pod_ranks", Kind.GAUGE,
                "Ranks this pod runs: the ranks its processes journaled, or the workers its running launcher starts.")
 
