@@ -60,6 +60,9 @@ def evaluations(slo: str, window: int, interval: int) -> str:
             f"{window // interval}))")
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
+# Rank-seconds of a pod's last ``nvrx_work_at_risk_seconds``, once, at the evaluation that sees its
+# series gone for the shortest window (a sidecar dies with its pod's node): badput for the job.
+VANISHED_AT_RISK = f"{_LEVEL}:nvrx_work_at_risk_seconds:vanished"
 # Each rank's mean step time over the shortest window, and that over the job's median rank's: the
 # straggler alert reads the skew (a rank, or a pod whose series are summed as rank="all", slow
 # against the whole job, whichever pod it is in).

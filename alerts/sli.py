@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import ABSENT_RANKS, BY_JOB, BY_POD, ON_JOB, evaluations
+from nvrx_slo.alerts.conventions import ABSENT_RANKS, BY_JOB, BY_POD, ON_JOB, VANISHED_AT_RISK, evaluations
 from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.alerts.windows import all_windows
 from nvrx_slo.contracts import catalogue as cat
 
 
@@ -64,6 +65,14 @@ def _or_zero(expr: str) -> str:
     return f"({expr} or 0 * {_JOBS})"
 
 
+def _added(parts: dict[str, str]) -> str:
+    """The parts' sum per job, a part without a series counting as 0: each part is told apart by a
+    ``part`` label, so ``or`` keeps them all. No part needs the others' presence, so a job's last
+    increases still count once its pods are gone (the rates still see them for a window)."""
+    tagged = " or ".join(f'label_replace({expr}, "part", "{name}", "", "")' for name, expr in parts.items())
+    return f"sum {BY_JOB} ({tagged})"
+
+
 def _time_sli(slo: Slo, title: str, goal: str, categories: tuple[cat.Category, ...]) -> Sli:
     time = _matching(cat.TIME.name, "category", "|".join(c.value for c in categories))
 
@@ -79,6 +88,17 @@ def le_regex(bound: float) -> str:
     return "|".join(s.replace(".", "\\\\.") for s in spellings)
 
 
+def _vanished(metric: str, hold: int, interval: int) -> str:
+    """Each pod's last ``metric`` at the one evaluation whose interval saw its series go ``hold``
+    seconds ago, with no sample since. Prometheus marks a target's series stale when a scrape
+    fails, so a failed scrape or a restarting sidecar, back within ``hold``, is not a pod gone; a
+    replacement pod is another series (another address), even under the same name."""
+    return (f"sum {BY_JOB} (last_over_time({metric}[5m] offset {duration.format(hold)})\n"
+            f"  and {metric} offset {duration.format(hold + interval)}\n"
+            f"  unless {metric} offset {duration.format(hold)}\n"
+            f"  unless last_over_time({metric}[{duration.format(hold)}]))")
+
+
 def _efficiency(spec: Spec) -> Sli:
     """Badput rank-seconds, plus the rank-seconds of ranks no pod ran, over the job's world size.
 
@@ -87,18 +107,27 @@ def _efficiency(spec: Spec) -> Sli:
     evaluation. Summing those samples over a window counts a rank absent only while the job had
     series (time before the job existed stays healthy, as the young-job rule wants); the rank
     count the time SLI divides by is the world size (a job without it falls back to its wall rate).
+
+    A lost pod's unsettled time never reaches its counters (its sidecar died with it): the work
+    at risk it last exported counts as badput once its series are gone for the shortest window.
     """
     plain = _time_sli(Slo.EFFICIENCY, "", "", cat.BADPUT_CATEGORIES)
+    badput = _matching(cat.TIME.name, "category", "|".join(c.value for c in cat.BADPUT_CATEGORIES))
     world = f"max {BY_JOB} ({cat.JOB_WORLD_SIZE.name})"
     absent_now = f"clamp_min({world} - sum {BY_JOB} ({cat.POD_RANKS.name}), 0)"
+    hold = all_windows(spec.period, spec.min_window)[0]
+    vanished_now = _vanished(cat.WORK_AT_RISK.name, hold, spec.evaluation_interval)
 
     def bad(w: str) -> str:
         every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), spec.evaluation_interval)
         absent = f"sum {BY_JOB} (sum_over_time({ABSENT_RANKS}[{w}])) / {every}"
-        return f"({plain.bad(w)} + {_or_zero(absent)})"
+        # rank-seconds counted at one evaluation: as many ranks absent for one interval
+        vanished = f"sum {BY_JOB} (sum_over_time({VANISHED_AT_RISK}[{w}])) / {every} / {spec.evaluation_interval}"
+        return _added({"badput": job_rate(badput, w), "absent": absent, "vanished": vanished, "none": f"0 * {_JOBS}"})
 
     return Sli(Slo.EFFICIENCY, True, bad, lambda w: f"({world} or {plain.total(w)})", "training efficiency",
-               "productive ≥ {good} of wall rank-seconds", ((ABSENT_RANKS, absent_now),))
+               "productive ≥ {good} of wall rank-seconds",
+               ((ABSENT_RANKS, absent_now), (VANISHED_AT_RISK, vanished_now)))
 
 
 def busiest_pod_rate(expr: str, window: str) -> str:

@@ -24,14 +24,16 @@ def histogram(bounds: tuple[float, ...], observations: list[float]) -> Histogram
     return Histogram(bounds, counts, float(sum(observations)), len(observations))
 
 
-def rank(r: int, *, wall: float = 100.0, productive: float = 90.0, unprotected: float = 2.0) -> RankSnapshot:
+def rank(r: int, *, wall: float = 100.0, productive: float = 90.0, unprotected: float = 2.0,
+         at_risk: float = 1.5) -> RankSnapshot:
     rest = wall - productive - unprotected
     seconds = {c: 0.0 for c in cat.SETTLED_CATEGORIES}
     seconds[Category.PRODUCTIVE] = productive
     seconds[Category.CHECKPOINT_BLOCKING] = rest * 0.25
     seconds[Category.RESTART] = rest * 0.5
     seconds[Category.INIT] = rest * 0.25
-    return RankSnapshot(rank=r, wall_s=wall, seconds=seconds, unprotected_s=unprotected, steps=100 + r, step=99 + r,
+    return RankSnapshot(rank=r, wall_s=wall, seconds=seconds, unprotected_s=unprotected, at_risk_s=at_risk,
+                        steps=100 + r, step=99 + r,
                         last_step_wall=1.7e9 + r, step_duration=histogram(cat.STEP_BUCKETS, [0.2, 0.3, 0.9 + r]),
                         worker_alive=r != 1, skew_ratio=1.0 + r / 10, gpu_idle_s=5.0 + r, state=RankState.TRAINING,
                         pid=1000 + r, restart=0, iter=0, restores=(), user_spans={"eval": 0.0}, first_step_wall=None)

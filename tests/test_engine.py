@@ -605,3 +605,29 @@ def test_user_span_names_past_the_sixteenth_are_summed_as_other():
     spans = run(pod, 40.0).ranks[0].user_spans
     assert len(spans) == 17 and spans["other"] == pytest.approx(4 * 0.5)
     assert sum(spans.values()) == pytest.approx(20 * 0.5)
+
+
+def test_work_at_risk_is_the_unsettled_time_no_save_read_so_far_keeps_and_none_once_finished():
+    """One rank: init to 1 s, steps of 1 s, a save of step 4 durable at 6.5 s, steps to 9 s. While
+    the reorder window (10 s) holds every record, all of it is unprotected, but the save already
+    read keeps steps 1-4: the rest is at risk (lost, or badput, once settled). Settling moves the
+    init into its category and the kept steps into productive; nothing is at risk once finished."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    p = pod.proc(0)
+    p.start(0.5, world_size=1, local_world_size=1)
+    for step in range(1, 9):
+        p.step(step, float(step), step + 1.0)
+        if step == 4:
+            p.save(4, 5.0, 5.0, 6.0, 6.5)
+            p.save_end()
+    early = run(pod, 9.5, window=10.0).ranks[0]
+    assert sum(early.seconds.values()) == 0.0 and early.unprotected_s == pytest.approx(9.5)
+    assert early.at_risk_s == pytest.approx(9.5 - 4.0)
+    settled = run(pod, 9.5, window=0.0, records=sorted(pod.records, key=lambda r: r["mono"])).ranks[0]
+    assert (settled.seconds[Category.PRODUCTIVE], settled.seconds[Category.INIT]) == pytest.approx((4.0, 1.0))
+    assert settled.at_risk_s == pytest.approx(4.5)  # steps 5-8 and the open tail
+    p.end(9.2)
+    launcher.ev("launcher_exit", 9.3, code=0)
+    done = run(pod, 9.5, window=10.0)
+    assert done.finished and done.ranks[0].unprotected_s > 0 and done.ranks[0].at_risk_s == 0.0

@@ -4,12 +4,14 @@ All real: ``nvrx-slo demo --pods 2 --node-loss 1`` (two ft_launcher agents in on
 one gloo rank and one sidecar per pod; pod 1 and its sidecar SIGKILLed at step 15, a replacement
 pod and sidecar started 8 s later) → Prometheus 2.42 discovering each sidecar as the demo starts it
 (file service discovery, as a PodMonitor would), 1 s scrapes and evaluations, with the rules
-``nvrx-slo generate`` writes for a one-hour SLO period (windows scaled 720× down, the shortest 4 s).
+``nvrx-slo generate`` writes for a three-hour SLO period (windows scaled 1,080× down, the shortest
+10 s: several scrapes, so ``rate()``'s edges lose little of a counter's jump).
 
 Checked against the demo's own job report, which ``tests/test_demo_pods.py`` checks against the
 raw journals and the harness's kill instant: the rank-seconds Prometheus counted absent, and one
 restart for the one fault (each pod records it; the recovery SLI counts the pod that counted most),
-with no restart storm.
+with no restart storm. And against the raw journals: the job's error ratio, the lost pod's work
+since its last save included (its sidecar died with it; the rules count what it last put at risk).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from nvrx_slo.alerts import generate, spec
-from nvrx_slo.alerts.conventions import ABSENT_RANKS, Alert, sli_total_record
+from nvrx_slo.alerts.conventions import ABSENT_RANKS, VANISHED_AT_RISK, Alert, sli_bad_record, sli_total_record
 from nvrx_slo.alerts.windows import all_windows
 from nvrx_slo.contracts.catalogue import TIME, Category
 from nvrx_slo.exporter import state_store
@@ -59,7 +62,7 @@ def _ready(url: str) -> bool:
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("pods-prometheus")
     data = yaml.safe_load(spec.DEFAULT_PATH.read_text())
-    data.update(period="1h", min_window="4s", evaluation_interval="1s")
+    data.update(period="3h", min_window="10s", evaluation_interval="1s")
     (tmp / "slo.yaml").write_text(yaml.safe_dump(data))
     assert generate.main(["--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
     targets = tmp / "targets.json"
@@ -103,7 +106,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         demo.wait(timeout=600)
         reader.join(timeout=10)
         stderr = errors.read_text(errors="replace")
-        time.sleep(3)  # the last evaluations after the last scrapes
+        time.sleep(12)  # the last evaluations after the last scrapes: a shortest window (10 s) and more
         yield {"prometheus": url, "stdout": "".join(out), "stderr": stderr, "returncode": demo.returncode,
                "spec": spec.load(tmp / "slo.yaml"), "run_dir": tmp / "run"}
     finally:
@@ -132,7 +135,8 @@ def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run)
     # a poll, a scrape (1 s) and an evaluation (1 s) at the loss and at each launcher
     assert absent - 3.0 <= seconds <= absent + unread + 3.0, (seconds, absent, unread)
     assert seconds >= 8.0  # the replacement came 8 s after the loss
-    world = _query(run["prometheus"], f'max_over_time({sli_total_record(4)}{{slo="efficiency"}}[1h])')
+    base = all_windows(run["spec"].period, run["spec"].min_window)[0]
+    world = _query(run["prometheus"], f'max_over_time({sli_total_record(base)}{{slo="efficiency"}}[1h])')
     assert [float(w["value"][1]) for w in world] == [2.0]  # the job's world size, not its live ranks
 
 
@@ -145,8 +149,8 @@ def test_one_fault_is_one_restart_at_job_level_and_no_storm(run):
     per_pod = _query(run["prometheus"], "sum by (pod) (max_over_time(nvrx_restarts_total[1h]))")
     assert {p["metric"]["pod"]: float(p["value"][1]) for p in per_pod} == {
         "pod-0": 1.0, "pod-1": 0.0, "pod-1-replacement": 0.0}
-    # each evaluation's 4 s restart rate, summed over the run: 4 s windows at 1 s evaluations hold a
-    # restart in four of them, 1/4 each (rate() extrapolates at the edges)
+    # each evaluation's restart rate over the shortest window, summed over the run: 10 s windows at
+    # 1 s evaluations hold a restart in ten of them, 1/10 each (rate() extrapolates at the edges)
     (counted,) = _query(run["prometheus"], f"sum_over_time({total}[1h])")
     assert float(counted["value"][1]) == pytest.approx(1.0, abs=0.3)
     storms = _query(run["prometheus"], f'max_over_time(ALERTS{{alertname="{Alert.RESTART_STORM.value}"}}[1h])')
@@ -168,3 +172,32 @@ def test_a_finished_pods_last_settlement_reaches_prometheus(run):
         assert snap.finished, pod
         final = sum(r.seconds[Category.PRODUCTIVE.value] for r in snap.ranks)
         assert final > 1.0 and scraped[pod] == pytest.approx(final, abs=1e-6), (pod, scraped[pod], final)
+
+
+def _truth(run_dir: Path) -> tuple[float, float]:
+    """The job's bad rank-seconds and its rank-seconds, from the raw journals: world × span, less
+    the step work the job kept. A step's work is kept in its last execution (a step redone after
+    a restore was lost the first time); the span runs from the job's first record to its last
+    (one monotonic clock here)."""
+    records = read_journal(*run_dir.glob("pod-*/journal"))
+    kept: dict[tuple[int, int], float] = {}
+    for r in records:
+        if r["type"] == "step":
+            kept[(r["rank"], r["step"])] = r["mono"] - r["start"] - r["data_s"]
+    world = max(r["world_size"] for r in records if r["type"] == "process_start")
+    total = world * (records[-1]["mono"] - records[0]["mono"])
+    return total - sum(kept.values()), total
+
+
+def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
+    """The bad rank-seconds the efficiency SLI recorded over the run (each evaluation's rate over
+    the shortest window, 1 s apart) against the journals': the job's error ratio over its span
+    within 2 pp. The lost pod's work since its last save (its sidecar died with it) is in it."""
+    assert run["returncode"] == 0, run["stderr"][-3000:]
+    base = all_windows(run["spec"].period, run["spec"].min_window)[0]
+    (value,) = _query(run["prometheus"], f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
+    recorded = float(value["value"][1]) * run["spec"].evaluation_interval
+    (vanished,) = _query(run["prometheus"], f"sum_over_time({VANISHED_AT_RISK}[1h])")
+    bad, total = _truth(run["run_dir"])
+    assert float(vanished["value"][1]) > 1.0  # the lost pod's: steps since its last save, and its tail
+    assert recorded / total == pytest.approx(bad / total, abs=0.02), (recorded, bad, total)

@@ -424,6 +424,8 @@ class Engine:
         the module docstring). Changes nothing but the furthest instant shown, so wall never goes back."""
         finished = self._finished()
         restarts, ledgers = self._settled(finished)
+        # every record read, applied on copies: what the reorder window has yet to settle as productive
+        previews = ledgers if finished else self._settled(True)[1]
         origin = self._origin if self._origin is not None else now_mono
         end = max(self._newest, self._shown) if finished else max(now_mono, self._newest, self._shown)
         if self._lanes:
@@ -431,7 +433,8 @@ class Engine:
         live = self._live()
         skew = derived.skew_ratios({r: sum(lane.recent) / len(lane.recent)
                                     for r, lane in self._lanes.items() if lane.recent})
-        ranks = tuple(self._rank(ledgers[r], self._lanes[r], origin, end, finished, skew.get(r)) for r in ledgers)
+        ranks = tuple(self._rank(ledgers[r], previews[r], self._lanes[r], origin, end, finished, skew.get(r))
+                      for r in ledgers)
 
         elapsed = end - origin
         mtbf = derived.mtbf(elapsed, restarts.faults())
@@ -499,7 +502,7 @@ class Engine:
         return History(tuple(restarts.records()), self._checkpoints.view(finished, self._live())["records"])
 
     @staticmethod
-    def _rank(led: Ledger, lane: _Lane, origin: float, end: float, finished: bool,
+    def _rank(led: Ledger, preview: Ledger, lane: _Lane, origin: float, end: float, finished: bool,
               skew: float | None) -> RankSnapshot:
         seconds = [0.0] * len(SETTLED_CATEGORIES)
         unprotected = end - origin  # nothing applied yet: all provisional
@@ -513,9 +516,11 @@ class Engine:
             else:
                 unprotected += tail
         idle = sum(seconds) - seconds[PRODUCTIVE] - seconds[LOST]
+        kept = preview.seconds[PRODUCTIVE] - led.seconds[PRODUCTIVE]  # by saves read, not yet settled
         return RankSnapshot(
             rank=led.rank, wall_s=end - origin, seconds=dict(zip(SETTLED_CATEGORIES, seconds, strict=True)),
-            unprotected_s=unprotected, steps=lane.steps, step=lane.step, last_step_wall=lane.step_wall,
+            unprotected_s=unprotected, at_risk_s=0.0 if finished else max(0.0, unprotected - kept),
+            steps=lane.steps, step=lane.step, last_step_wall=lane.step_wall,
             step_duration=lane.hist.frozen(), worker_alive=lane.worker_alive(), skew_ratio=skew, gpu_idle_s=idle,
             state=led.state, pid=lane.newest_pid, restart=lane.newest_restart, iter=lane.newest_iter,
             restores=tuple(lane.restores), user_spans=dict(led.user), first_step_wall=lane.first_step_wall)

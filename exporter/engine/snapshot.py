@@ -61,6 +61,9 @@ class RankSnapshot:
     wall_s: float  # rank-seconds since the job's first process start (stops when the job finished)
     seconds: Mapping[Category, float]  # settled seconds per category; UNPROTECTED is not a key
     unprotected_s: float  # provisional: steps since the last durable save + the open tail
+    # Of unprotected_s, what no save or restore read so far keeps (once the reorder window settles
+    # it, it is lost or badput): what the job loses if the pod goes now. 0 once the pod finished.
+    at_risk_s: float
     steps: int  # completed steps, rolled-back ones included
     step: int | None  # latest training step number reached
     last_step_wall: float | None  # Unix time the latest step ended

@@ -181,6 +181,8 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     for category in cat.SETTLED_CATEGORIES:
         per_rank_values(cat.TIME, [r.seconds.get(category, 0.0) for r in ranks], (("category", category.value),))
     per_rank_values(cat.UNPROTECTED_WORK, field(lambda r: r.unprotected_s))
+    if ranks:
+        single(cat.WORK_AT_RISK, sum(r.at_risk_s for r in ranks))
     per_rank_values(cat.STEPS, field(lambda r: r.steps))
     single(cat.TRAINING_STEP, max((r.step for r in ranks if r.step is not None), default=None))
     per_rank_values(cat.LAST_STEP_TIMESTAMP, field(lambda r: r.last_step_wall))

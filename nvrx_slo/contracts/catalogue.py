@@ -122,6 +122,11 @@ TIME = _m("time_seconds_total", Kind.COUNTER, "Settled rank-seconds by accountin
 UNPROTECTED_WORK = _m("unprotected_work_seconds", Kind.GAUGE,
                       "Rank-seconds of training since the last durable checkpoint (lost if a fault comes now).",
                       per_rank=True)
+# A pod's sidecar dies with its node: the job-level rules count this pod's last value as badput
+# once its series vanish (a lost pod's at-risk work is lost; a finished pod's is 0).
+WORK_AT_RISK = _m("work_at_risk_seconds", Kind.GAUGE,
+                  "Rank-seconds of this pod's unsettled time that no save or restore read so far keeps: "
+                  "what the job loses if the pod goes now (0 once it finished).")
 STEPS = _m("steps_total", Kind.COUNTER, "Training steps completed (including steps later rolled back).", per_rank=True)
 TRAINING_STEP = _m("training_step", Kind.GAUGE, "Latest training step number reached by the pod's most advanced rank.")
 LAST_STEP_TIMESTAMP = _m("last_step_timestamp_seconds", Kind.GAUGE, "Unix time of the latest completed step.",
