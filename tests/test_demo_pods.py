@@ -175,12 +175,13 @@ def test_a_lost_pods_rank_is_absent_until_its_replacement_runs_it(node_loss):
     assert absent >= spans["pod-1-replacement"][0] - spans["pod-1"][1] >= 8.0
     wall = float(re.search(r"Where the time went \(([\d.]+) rank-seconds of wall\)", report).group(1))
     assert wall == pytest.approx(2 * (end - start), abs=0.1)  # the world size × the job's span
-    # pod-1's work since its last durable save: redone by the job if it resumed from no later step
-    durable = max((r["step"] for r in pods["pod-1"] if r["type"] == "checkpoint_end" and r["ok"]), default=None)
-    resumed = next(r["step"] for r in pods["pod-0"] if r["type"] == "restore" and r["mono"] > spans["pod-1"][1])
+    # the step work the job kept, each step's in its last execution (one redone after the restore
+    # was lost the first time): the lost pod's work since its last save is lost, nothing undecided
+    kept = {(r["rank"], r["step"]): r["mono"] - r["start"] - r["data_s"]
+            for r in read_journal(*(run.run_dir / pod / "journal" for pod in pods)) if r["type"] == "step"}
+    productive = float(re.search(r"^  productive\s+([\d.]+) s", report, re.M).group(1))
     unprotected = float(re.search(r"^  unprotected \(not yet checkpointed\)\s+([\d.]+) s", report, re.M).group(1))
-    redone = resumed is None or (durable is not None and resumed <= durable)
-    assert (unprotected == 0.0) == redone, (durable, resumed, unprotected)
+    assert (productive, unprotected) == pytest.approx((sum(kept.values()), 0.0), abs=0.02)
 
 
 @pytest.mark.slow
@@ -233,5 +234,5 @@ def test_the_job_report_replays_every_pods_journal_and_finds_the_lost_pod_itself
     absent = float(re.search(r"^  absent \(no pod ran the rank\)\s+([\d.]+) s", printed, re.M).group(1))
     assert seconds(Category.ABSENT) == pytest.approx(absent, abs=1.0)
     unprotected = float(re.search(r"^  unprotected \(not yet checkpointed\)\s+([\d.]+) s", printed, re.M).group(1))
-    # the lost pod's unsettled work settled by the step the job resumed from, as the demo did
-    assert (seconds(Category.UNPROTECTED) == 0.0) == (unprotected == 0.0)
+    # the lost pod's unsettled time settled as its going decided it, as the demo did
+    assert seconds(Category.UNPROTECTED) == pytest.approx(unprotected, abs=0.01)

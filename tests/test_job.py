@@ -122,30 +122,21 @@ def test_a_job_whose_world_size_is_unknown_counts_nothing_absent():
     assert snap.absent_s == 0.0 and snap.wall_s == pytest.approx(100.0)
 
 
-@pytest.mark.parametrize(("durable", "resumed", "verdict"), [
-    (None, None, Category.LOST),  # the job started afresh: everything since the start is gone
-    (9, 9, Category.LOST),  # resumed from the save the lost pod had: its later steps were redone
-    (9, 19, Category.PRODUCTIVE),  # a save at the lost rank's newest step landed before the loss
-    (9, 15, None),  # in between: which of its steps the save held is not known here
-])
-def test_a_lost_pods_unsettled_work_is_decided_by_the_step_the_job_resumed_from(durable, resumed, verdict):
-    """pod-1 (rank 1, at step 19, 12 s unprotected) was lost at 30 s; pod-0's rank restored at 45 s."""
+def test_a_lost_pods_unsettled_time_is_productive_where_its_saves_keep_it_and_lost_elsewhere():
+    """pod-1 (rank 1) was lost with 12 s unprotected, of which a save it journaled keeps 7 s (its
+    reorder window had not settled them): 7 s productive, the 5 s at risk lost. A pod not named
+    lost keeps its own accounting."""
     lost = pod("pod-1", [1], [], wall=30.0, world_size=2, job_start_wall=T0)
-    lost = dataclasses.replace(
-        lost, ranks=(dataclasses.replace(lost.ranks[0], step=19, unprotected_s=12.0),),
-        checkpoints=dataclasses.replace(lost.checkpoints, last_success_step=durable))
+    lost = dataclasses.replace(lost, ranks=(rank(1, wall=30.0, productive=10.0, unprotected=12.0, at_risk=5.0),))
     survivor = pod("pod-0", [0], [], wall=100.0, world_size=2, job_start_wall=T0, finished=True)
-    survivor = dataclasses.replace(survivor, ranks=(dataclasses.replace(
-        survivor.ranks[0], restores=((T0 + 5.0, None), (T0 + 45.0, resumed), (T0 + 80.0, 3))),))
     before = lost.ranks[0].seconds
-    (rank,) = [r for r in job.job_snapshot([survivor, lost], lost={"pod-1"}).ranks if r.rank == 1]
-    if verdict is None:
-        assert rank.unprotected_s == 12.0 and rank.seconds == before
-    else:
-        assert rank.unprotected_s == 0.0 and rank.seconds[verdict] == pytest.approx(before[verdict] + 12.0)
-    # not named lost: its pod's own accounting stands
+    (settled,) = [r for r in job.job_snapshot([survivor, lost], lost={"pod-1"}).ranks if r.rank == 1]
+    assert (settled.unprotected_s, settled.at_risk_s) == (0.0, 0.0)
+    assert settled.seconds[Category.PRODUCTIVE] == pytest.approx(before[Category.PRODUCTIVE] + 7.0)
+    assert settled.seconds[Category.LOST] == pytest.approx(before[Category.LOST] + 5.0)
+    assert sum(settled.seconds.values()) == pytest.approx(settled.wall_s)
     (kept,) = [r for r in job.job_snapshot([survivor, lost]).ranks if r.rank == 1]
-    assert kept.unprotected_s == 12.0
+    assert (kept.unprotected_s, kept.seconds) == (12.0, before)
 
 
 def test_a_replacement_pod_that_starts_during_the_restart_ends_it_with_its_first_step():

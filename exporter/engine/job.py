@@ -124,33 +124,17 @@ def _restart_stats(restarts: list[JobRestart], elapsed: float) -> RestartStats:
                         tuple(r.record for r in restarts), None)
 
 
-def _settled(gone: Snapshot, pods: Sequence[Snapshot]) -> Snapshot:
-    """A lost pod's unprotected work, decided by the step the job resumed from after the loss (the
-    first restore of another pod's rank since): its steps after its last durable save are lost if
-    the job resumed from before them (or afresh), productive if it resumed from its newest step or
-    later; in between, or with no restore seen yet, they stay unprotected."""
-    end = (gone.job_start_wall or 0.0) + max((r.wall_s for r in gone.ranks), default=0.0)
-    after = sorted((wall, step) for snap in pods if snap.pod != gone.pod for r in snap.ranks
-                   for wall, step in r.restores if wall > end)
-    if not after:
-        return gone
-    resumed = after[0][1]
-    durable = gone.checkpoints.last_success_step
+def _settled(gone: Snapshot) -> Snapshot:
+    """A lost pod's unsettled time, as its going decided it: what the saves it journaled keep is
+    productive, the rest (its work at risk: its steps since, the badput its reorder window still
+    held, its open tail) lost, since no save of its can land now. The rules count the same at-risk
+    seconds as badput once its series are gone."""
     ranks = []
     for r in gone.ranks:
-        verdict: Category | None = None
-        if r.step is None:  # no step: nothing of its work to decide
-            pass
-        elif resumed is None or (durable is not None and resumed <= durable):
-            verdict = Category.LOST
-        elif resumed >= r.step:
-            verdict = Category.PRODUCTIVE
-        if verdict is None or not r.unprotected_s:
-            ranks.append(r)
-            continue
         seconds = dict(r.seconds)
-        seconds[verdict] += r.unprotected_s
-        ranks.append(dataclasses.replace(r, seconds=seconds, unprotected_s=0.0))
+        seconds[Category.LOST] += r.at_risk_s
+        seconds[Category.PRODUCTIVE] += r.unprotected_s - r.at_risk_s
+        ranks.append(dataclasses.replace(r, seconds=seconds, unprotected_s=0.0, at_risk_s=0.0))
     return dataclasses.replace(gone, ranks=tuple(ranks))
 
 
@@ -179,7 +163,7 @@ def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapsh
     The job's wall is its world size × its span (the first pod's first event to the last pod's
     end): the rank-seconds no pod accounted are ``absent_s`` — a pod scheduled late, a lost node
     until its replacement runs its ranks. ``lost`` names the pods the caller saw go: their
-    unsettled work is settled by the step the job resumed from (``_settled``), and their
+    unsettled time is settled as their going decided it (``_settled``), and their
     checkpoint counts are left out (a lost pod's last snapshot misses every save after it). A save
     is durable for the job once every pod's share is, so the job counts the fewest saves any other
     pod counted. A pod-level estimate that does not add up across pods (the ETTR prediction,
@@ -188,7 +172,7 @@ def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapsh
     """
     if not pods:
         raise ValueError("a job needs at least one pod's snapshot")
-    pods = [_settled(snap, pods) if snap.pod in lost else snap for snap in pods]
+    pods = [_settled(snap) if snap.pod in lost else snap for snap in pods]
     ranks = tuple(sorted((r for snap in pods for r in snap.ranks), key=lambda r: r.rank))
     # each pod's span on the wall clock: its first event to its ranks' end (the job's clock: the
     # pods' monotonic clocks are their nodes')
