@@ -60,6 +60,9 @@ def evaluations(slo: str, window: int, interval: int) -> str:
             f"{window // interval}))")
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
+# The job's badput rank-seconds since the evaluation before: each counter's last value less its
+# value then (a new series counts from 0), so the increments add up exactly, however bursty.
+BADPUT_INCREASE = f"{_LEVEL}:nvrx_badput_seconds:increase"
 # Rank-seconds of a pod's last ``nvrx_work_at_risk_seconds``, once, at the evaluation that sees its
 # series gone for the shortest window (a sidecar dies with its pod's node): badput for the job.
 VANISHED_AT_RISK = f"{_LEVEL}:nvrx_work_at_risk_seconds:vanished"

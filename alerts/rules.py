@@ -5,7 +5,9 @@ in order, so the alert reads this evaluation's ratios, not the previous one's. E
 at the spec's ``evaluation_interval`` (the period's integral below depends on it).
 
 Windows. Only the shortest window reads the exporter's series (a ``rate()`` over every rank's
-counters, once per job and evaluation); every longer one averages the job-level rates recorded
+counters, once per job and evaluation; for efficiency, each counter's increase since the
+evaluation before, which adds up exactly where ``rate()`` extrapolates a burst of settled seconds
+and loses part of it); every longer one averages the job-level rates recorded
 over the shortest across the window's evaluations (time SLIs: ``sum_over_time`` over the number of
 evaluations, so evaluations before the job count as 0; event SLIs: bad over total, both summed) —
 one series per job, not one per rank and category, so a window's cost no longer grows with the pods

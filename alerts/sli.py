@@ -21,7 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import ABSENT_RANKS, BY_JOB, BY_POD, ON_JOB, VANISHED_AT_RISK, evaluations
+from nvrx_slo.alerts.conventions import (
+    ABSENT_RANKS,
+    BADPUT_INCREASE,
+    BY_JOB,
+    BY_POD,
+    ON_JOB,
+    VANISHED_AT_RISK,
+    evaluations,
+)
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.alerts.windows import all_windows
 from nvrx_slo.contracts import catalogue as cat
@@ -104,9 +112,13 @@ def _efficiency(spec: Spec) -> Sli:
 
     A lost pod exports nothing, so its ranks' time would be in no series at all: every pod exports
     the job's world size and its own rank count, and the group records the difference at each
-    evaluation. Summing those samples over a window counts a rank absent only while the job had
-    series (time before the job existed stays healthy, as the young-job rule wants); the rank
-    count the time SLI divides by is the world size (a job without it falls back to its wall rate).
+    evaluation, as it stood the shortest window ago. By then every pod that ran is scraped: a pod
+    first scraped later (Prometheus discovers a target seconds after it starts) counts as running
+    from its origin (``nvrx_job_start_timestamp_seconds``), whose time its own counters hold, so
+    no second is both absent and its ranks' init; and the job's ranks count from its first pod's
+    origin, not from its first scrape. Time before the job existed stays healthy, as the young-job
+    rule wants; the rank count the time SLI divides by is the world size (a job without it falls
+    back to its wall rate).
 
     A lost pod's unsettled time never reaches its counters (its sidecar died with it): the work
     at risk it last exported counts as badput once its series are gone for the shortest window.
@@ -114,20 +126,36 @@ def _efficiency(spec: Spec) -> Sli:
     plain = _time_sli(Slo.EFFICIENCY, "", "", cat.BADPUT_CATEGORIES)
     badput = _matching(cat.TIME.name, "category", "|".join(c.value for c in cat.BADPUT_CATEGORIES))
     world = f"max {BY_JOB} ({cat.JOB_WORLD_SIZE.name})"
-    absent_now = f"clamp_min({world} - sum {BY_JOB} ({cat.POD_RANKS.name}), 0)"
     hold = all_windows(spec.period, spec.min_window)[0]
+    ago = duration.format(hold)
+    on_pod = f"on ({', '.join(cat.IDENTITY_LABELS)})"
+    # the pods that ran then: scraped then, or first scraped since (even if gone again) from an
+    # origin no later than then
+    ran = {"scraped": f"{cat.POD_RANKS.name} offset {ago}",
+           "started": f"last_over_time({cat.POD_RANKS.name}[{ago}])"
+                      f" and {on_pod} (last_over_time({cat.JOB_START_TIMESTAMP.name}[{ago}]) <= time() - {hold})"
+                      f" unless {on_pod} {cat.POD_RANKS.name} offset {ago}"}
+    # the world then: as the pods then said, or, before the job's first scrape, as they say now
+    # once the job's first pod had started by then
+    begun = f"min {BY_JOB} ({cat.JOB_START_TIMESTAMP.name}) <= time() - {hold}"
+    world_then = f"(max {BY_JOB} ({cat.JOB_WORLD_SIZE.name} offset {ago}) or ({world} and {ON_JOB} ({begun})))"
+    absent_now = f"clamp_min({world_then} - {_added(ran)}, 0)"
     vanished_now = _vanished(cat.WORK_AT_RISK.name, hold, spec.evaluation_interval)
+    then = f"last_over_time({badput}[5m] offset {duration.format(spec.evaluation_interval)})"
+    increase_now = f"sum {BY_JOB} (clamp_min({badput} - {then}, 0))"
 
     def bad(w: str) -> str:
         every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), spec.evaluation_interval)
         absent = f"sum {BY_JOB} (sum_over_time({ABSENT_RANKS}[{w}])) / {every}"
-        # rank-seconds counted at one evaluation: as many ranks absent for one interval
-        vanished = f"sum {BY_JOB} (sum_over_time({VANISHED_AT_RISK}[{w}])) / {every} / {spec.evaluation_interval}"
-        return _added({"badput": job_rate(badput, w), "absent": absent, "vanished": vanished, "none": f"0 * {_JOBS}"})
+        def per_evaluation(record: str) -> str:  # rank-seconds counted at one evaluation, as ranks
+            return f"sum {BY_JOB} (sum_over_time({record}[{w}])) / {every} / {spec.evaluation_interval}"
+
+        return _added({"badput": per_evaluation(BADPUT_INCREASE), "absent": absent,
+                       "vanished": per_evaluation(VANISHED_AT_RISK), "none": f"0 * {_JOBS}"})
 
     return Sli(Slo.EFFICIENCY, True, bad, lambda w: f"({world} or {plain.total(w)})", "training efficiency",
                "productive ≥ {good} of wall rank-seconds",
-               ((ABSENT_RANKS, absent_now), (VANISHED_AT_RISK, vanished_now)))
+               ((ABSENT_RANKS, absent_now), (VANISHED_AT_RISK, vanished_now), (BADPUT_INCREASE, increase_now)))
 
 
 def busiest_pod_rate(expr: str, window: str) -> str:
