@@ -107,55 +107,66 @@ def _vanished(metric: str, hold: int, interval: int) -> str:
             f"  unless last_over_time({metric}[{duration.format(hold)}]))")
 
 
+def _increase(selector: str, interval: int) -> str:
+    """The job's sum of each counter's increase since the evaluation ``interval`` ago: its last
+    value then (up to 5m back, across a scrape gap) is its base, a new series counts from 0."""
+    then = f"last_over_time({selector}[5m] offset {duration.format(interval)})"
+    return f"sum {BY_JOB} (clamp_min({selector} - {then}, 0))"
+
+
+def _absent_ranks(hold: int) -> str:
+    """The job's ranks no pod ran ``hold`` seconds ago. By then every pod that ran is scraped: a
+    pod first scraped since (Prometheus discovers a target seconds after it starts; even one gone
+    again) ran from its origin (``nvrx_job_start_timestamp_seconds``), whose time its own counters
+    hold, so no second is both absent and its ranks' init. Before the job's first scrape its world
+    is the one its pods say now, once its first pod had started."""
+    ago = duration.format(hold)
+    on_pod = f"on ({', '.join(cat.IDENTITY_LABELS)})"
+    ran = {"scraped": f"{cat.POD_RANKS.name} offset {ago}",
+           "started": f"last_over_time({cat.POD_RANKS.name}[{ago}])"
+                      f" and {on_pod} (last_over_time({cat.JOB_START_TIMESTAMP.name}[{ago}]) <= time() - {hold})"
+                      f" unless {on_pod} {cat.POD_RANKS.name} offset {ago}"}
+    begun = f"min {BY_JOB} ({cat.JOB_START_TIMESTAMP.name}) <= time() - {hold}"
+    world = (f"(max {BY_JOB} ({cat.JOB_WORLD_SIZE.name} offset {ago})"
+             f" or (max {BY_JOB} ({cat.JOB_WORLD_SIZE.name}) and {ON_JOB} ({begun})))")
+    return f"clamp_min({world} - {_added(ran)}, 0)"
+
+
 def _efficiency(spec: Spec) -> Sli:
     """Badput rank-seconds, plus the rank-seconds of ranks no pod ran, over the job's world size.
 
     A lost pod exports nothing, so its ranks' time would be in no series at all: every pod exports
     the job's world size and its own rank count, and the group records the difference at each
-    evaluation, as it stood the shortest window ago. By then every pod that ran is scraped: a pod
-    first scraped later (Prometheus discovers a target seconds after it starts) counts as running
-    from its origin (``nvrx_job_start_timestamp_seconds``), whose time its own counters hold, so
-    no second is both absent and its ranks' init; and the job's ranks count from its first pod's
-    origin, not from its first scrape. Time before the job existed stays healthy, as the young-job
-    rule wants; the rank count the time SLI divides by is the world size (a job without it falls
-    back to its wall rate).
+    evaluation, as it stood the shortest window ago (``_absent_ranks``). Time before the job
+    existed stays healthy, as the young-job rule wants; the rank count the time SLI divides by is
+    the world size (a job without it falls back to its wall rate).
 
-    A lost pod's unsettled time never reaches its counters (its sidecar died with it): the work
-    at risk it last exported counts as badput once its series are gone for the shortest window.
+    Badput is recorded as increments (``_increase``): settled seconds come in bursts (a reorder
+    window, a restart settled at its end), and ``rate()`` extrapolates a burst at a series' start
+    and end, counting part of it. A lost pod's unsettled time never reaches its counters (its
+    sidecar died with it): the work at risk it last exported counts once its series are gone for
+    the shortest window (``_vanished``). The shortest window sums each record's samples as ranks
+    for one interval, over the evaluations a full window holds.
     """
-    plain = _time_sli(Slo.EFFICIENCY, "", "", cat.BADPUT_CATEGORIES)
     badput = _matching(cat.TIME.name, "category", "|".join(c.value for c in cat.BADPUT_CATEGORIES))
     world = f"max {BY_JOB} ({cat.JOB_WORLD_SIZE.name})"
     hold = all_windows(spec.period, spec.min_window)[0]
-    ago = duration.format(hold)
-    on_pod = f"on ({', '.join(cat.IDENTITY_LABELS)})"
-    # the pods that ran then: scraped then, or first scraped since (even if gone again) from an
-    # origin no later than then
-    ran = {"scraped": f"{cat.POD_RANKS.name} offset {ago}",
-           "started": f"last_over_time({cat.POD_RANKS.name}[{ago}])"
-                      f" and {on_pod} (last_over_time({cat.JOB_START_TIMESTAMP.name}[{ago}]) <= time() - {hold})"
-                      f" unless {on_pod} {cat.POD_RANKS.name} offset {ago}"}
-    # the world then: as the pods then said, or, before the job's first scrape, as they say now
-    # once the job's first pod had started by then
-    begun = f"min {BY_JOB} ({cat.JOB_START_TIMESTAMP.name}) <= time() - {hold}"
-    world_then = f"(max {BY_JOB} ({cat.JOB_WORLD_SIZE.name} offset {ago}) or ({world} and {ON_JOB} ({begun})))"
-    absent_now = f"clamp_min({world_then} - {_added(ran)}, 0)"
-    vanished_now = _vanished(cat.WORK_AT_RISK.name, hold, spec.evaluation_interval)
-    then = f"last_over_time({badput}[5m] offset {duration.format(spec.evaluation_interval)})"
-    increase_now = f"sum {BY_JOB} (clamp_min({badput} - {then}, 0))"
+    records = ((ABSENT_RANKS, _absent_ranks(hold)),
+               (VANISHED_AT_RISK, _vanished(cat.WORK_AT_RISK.name, hold, spec.evaluation_interval)),
+               (BADPUT_INCREASE, _increase(badput, spec.evaluation_interval)))
 
     def bad(w: str) -> str:
         every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), spec.evaluation_interval)
-        absent = f"sum {BY_JOB} (sum_over_time({ABSENT_RANKS}[{w}])) / {every}"
-        def per_evaluation(record: str) -> str:  # rank-seconds counted at one evaluation, as ranks
-            return f"sum {BY_JOB} (sum_over_time({record}[{w}])) / {every} / {spec.evaluation_interval}"
 
-        return _added({"badput": per_evaluation(BADPUT_INCREASE), "absent": absent,
-                       "vanished": per_evaluation(VANISHED_AT_RISK), "none": f"0 * {_JOBS}"})
+        def ranks(record: str) -> str:  # its samples as ranks for one evaluation each
+            return f"sum {BY_JOB} (sum_over_time({record}[{w}])) / {every}"
 
-    return Sli(Slo.EFFICIENCY, True, bad, lambda w: f"({world} or {plain.total(w)})", "training efficiency",
-               "productive ≥ {good} of wall rank-seconds",
-               ((ABSENT_RANKS, absent_now), (VANISHED_AT_RISK, vanished_now), (BADPUT_INCREASE, increase_now)))
+        e = spec.evaluation_interval  # rank-seconds at one evaluation: ranks for one interval
+        return _added({"badput": f"{ranks(BADPUT_INCREASE)} / {e}", "absent": ranks(ABSENT_RANKS),
+                       "vanished": f"{ranks(VANISHED_AT_RISK)} / {e}", "none": f"0 * {_JOBS}"})
+
+    return Sli(Slo.EFFICIENCY, True, bad, lambda w: f"({world} or {job_rate(cat.WALL.name, w)})",
+               "training efficiency", "productive ≥ {good} of wall rank-seconds", records)
 
 
 def busiest_pod_rate(expr: str, window: str) -> str:
