@@ -631,3 +631,31 @@ def test_work_at_risk_is_the_unsettled_time_no_save_read_so_far_keeps_and_none_o
     launcher.ev("launcher_exit", 9.3, code=0)
     done = run(pod, 9.5, window=10.0)
     assert done.finished and done.ranks[0].unprotected_s > 0 and done.ranks[0].at_risk_s == 0.0
+
+
+def test_a_worker_the_rendezvous_renumbered_stays_on_its_accelerators_lane():
+    """A pod of one accelerator ran rank 2; after a node loss its launcher's new rendezvous round
+    gave the restarted worker rank 3 (a replacement pod joined first). One accelerator, one lane:
+    its wall counts once, the pod runs one rank, and a saved state keeps the mapping."""
+    pod = Pod()
+    launcher = pod.proc(None)
+    launcher.ev("launcher_start", 0.0, max_restarts=3, local_world_size=1, world_size=4)
+    first, second = pod.proc(2), pod.proc(3)
+    first.start(1.0, world_size=4, local_world_size=1)
+    first.step(1, 2.0, 3.0)
+    launcher.ev("launcher_worker_start", 10.0)
+    second.start(11.0, world_size=4, local_world_size=1)
+    second.step(2, 12.0, 13.0)
+    for record in pod.records:
+        if record["rank"] is not None:
+            record["local_rank"] = 0
+    snap = run(pod, 14.0)
+    assert [r.rank for r in snap.ranks] == [2] and snap.pod_ranks == 1
+    assert snap.ranks[0].wall_s == pytest.approx(14.0) and snap.ranks[0].steps == 2
+    engine = Engine(reorder_window_s=0.5)
+    for record in pod.records[:4]:
+        engine.ingest(as_event(record))
+    resumed = Engine.from_state(json.loads(json.dumps(engine.to_state())))
+    for record in pod.records[4:]:
+        resumed.ingest(as_event(record))
+    assert [r.rank for r in resumed.snapshot(14.0, 14.0 + pod.wall_offset).ranks] == [2]

@@ -114,6 +114,10 @@ def test_a_lost_pod_is_absent_until_its_replacement_runs_its_rank_and_the_replac
     text = slo_report.render(snap, TARGETS)
     assert re.search(r"^  absent \(no pod ran the rank\)\s+20\.00 s\s+10\.00%$", text, re.M)
     assert not job.job_snapshot(pods[:2]).finished  # before the replacement: rank 1 never ended
+    # the new rendezvous gave the replacement rank 0 and pod-0's restarted worker rank 1: each
+    # pod's lane keeps the rank its accelerator first ran, and the job still ends
+    renumbered = [pods[0], pods[1], dataclasses.replace(pods[2], ranks=(rank(0, wall=50.0, productive=45.0),))]
+    assert job.job_snapshot(renumbered).finished
     assert job.job_snapshot(pods[:1]).absent_s == pytest.approx(100.0)  # a pod not started yet is absent too
 
 

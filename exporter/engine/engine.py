@@ -71,7 +71,7 @@ from nvrx_slo.exporter.ingest.decode import Event, as_event
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 7
+STATE_VERSION = 8
 RESTORES_KEPT = 8  # per rank, for the job view: the step a job resumed from after a pod was lost
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
@@ -293,7 +293,7 @@ class Engine:
             return
         rank: int | None = record.rank
         if rank is not None:
-            rank = self._lane_of.of(pid, rank)
+            rank = self._lane_of.of(pid, rank, record.local_rank)
         begin = record.start if kind in SPAN_EVENTS else mono
         if self._origin is None or begin < self._origin:
             self._origin, self._origin_wall = begin, record.wall - (mono - begin)
@@ -532,6 +532,7 @@ class Engine:
             "version": STATE_VERSION,
             "window": self.window,
             "lanes": {str(rank): _lane_state(lane) for rank, lane in self._lanes.items()},
+            "lane_of_local": {str(local): rank for local, rank in self._lane_of.local().items()},
             "restarts": self._restarts.to_state(),
             "checkpoints": self._checkpoints.to_state(),
             "seen": {str(pid): [floor, sorted(ahead.items()), _finite(-gap), declared, list(passed.items())]
@@ -558,7 +559,8 @@ class Engine:
             engine = cls(float(state["window"]))
             engine._lanes = {int(rank): _lane_from_state(int(rank), lane) for rank, lane in state["lanes"].items()}
             runs = sorted((first, pid, rank) for rank, ln in engine._lanes.items() for pid, first in ln.pids.items())
-            engine._lane_of = ProcessLanes({pid: rank for _, pid, rank in reversed(runs)})  # its oldest lane wins
+            engine._lane_of = ProcessLanes({pid: rank for _, pid, rank in reversed(runs)},  # its oldest lane wins
+                                           {int(local): int(rank) for local, rank in state["lane_of_local"].items()})
             engine._restarts = Restarts.from_state(state["restarts"])
             engine._checkpoints = Checkpoints.from_state(engine.window, state["checkpoints"])
             engine._seen = {int(pid): [int(floor), {int(q): float(m) for q, m in ahead}, -_infinite(gap),

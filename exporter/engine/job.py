@@ -149,12 +149,12 @@ def lost_pods(pods: Sequence[Snapshot]) -> set[str]:
 
 
 def _finished(pods: Sequence[Snapshot], world: int | None) -> bool:
-    """Every rank of the world ended in a finished pod (a lost pod's ranks, in its replacement's);
-    without a known world size, every pod finished."""
+    """As many lanes as the world has ranks ended in finished pods (a lost pod's, in its
+    replacement's; a lane keeps the rank its accelerator first ran, and a rendezvous may renumber
+    the ranks after a loss); without a known world size, every pod finished."""
     if world is None:
         return all(snap.finished for snap in pods)
-    done = {r.rank for snap in pods if snap.finished for r in snap.ranks}
-    return done >= set(range(world))
+    return sum(len(snap.ranks) for snap in pods if snap.finished) >= world
 
 
 def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapshot:

@@ -149,7 +149,7 @@ class TimelineBuilder:
         rank = rec.rank
         if rank is None:
             return  # launcher records only matter through the engine's restarts
-        rank = self._lane_of.of(rec.pid, rank)
+        rank = self._lane_of.of(rec.pid, rank, rec.local_rank)
         kind = rec.type
         data = self._ranks[rank]
         if kind in (EventType.STEP, EventType.RESTORE) and key in self._started:
