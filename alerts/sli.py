@@ -115,21 +115,25 @@ def _increase(selector: str, interval: int) -> str:
 
 
 def _absent_ranks(hold: int) -> str:
-    """The job's ranks no pod ran ``hold`` seconds ago. By then every pod that ran is scraped: a
-    pod first scraped since (Prometheus discovers a target seconds after it starts; even one gone
-    again) ran from its origin (``nvrx_job_start_timestamp_seconds``), whose time its own counters
-    hold, so no second is both absent and its ranks' init. Before the job's first scrape its world
-    is the one its pods say now, once its first pod had started."""
+    """The job's ranks no pod ran ``hold`` seconds ago. A pod ran then if it was scraped then and
+    since (a pod gone stopped accounting at its last scrape, before the scrape that found it gone;
+    a finished pod says it runs none). By then every pod that ran is scraped: a pod first scraped
+    since (Prometheus discovers a target seconds after it starts; even one gone again) ran from its
+    origin (``nvrx_job_start_timestamp_seconds``), whose time its own counters hold, so no second
+    is both absent and its ranks' init. Before the job's first scrape its world is the one its
+    pods say now, once its first pod had started."""
     ago = duration.format(hold)
     on_pod = f"on ({', '.join(cat.IDENTITY_LABELS)})"
-    ran = {"scraped": f"{cat.POD_RANKS.name} offset {ago}",
+    ran = {"scraped": f"{cat.POD_RANKS.name} offset {ago}"
+                      f" and {on_pod} last_over_time({cat.POD_RANKS.name}[{ago}])",
            "started": f"last_over_time({cat.POD_RANKS.name}[{ago}])"
                       f" and {on_pod} (last_over_time({cat.JOB_START_TIMESTAMP.name}[{ago}]) <= time() - {hold})"
                       f" unless {on_pod} {cat.POD_RANKS.name} offset {ago}"}
     begun = f"min {BY_JOB} ({cat.JOB_START_TIMESTAMP.name}) <= time() - {hold}"
     world = (f"(max {BY_JOB} ({cat.JOB_WORLD_SIZE.name} offset {ago})"
              f" or (max {BY_JOB} ({cat.JOB_WORLD_SIZE.name}) and {ON_JOB} ({begun})))")
-    return f"clamp_min({world} - {_added(ran)}, 0)"
+    running = _added(ran)  # none: every pod had finished (or none was known), so no rank is missing
+    return f"clamp_min({world} - {running}, 0) and {ON_JOB} ({running} > 0)"
 
 
 def _efficiency(spec: Spec) -> Sli:

@@ -391,7 +391,10 @@ class Engine:
 
     def _pod_ranks(self) -> int:
         """The ranks this pod runs: those its processes journaled, and while its launcher runs, the
-        workers it said it starts (so a pod's ranks count from its launcher's start, as its wall does)."""
+        workers it said it starts (so a pod's ranks count from its launcher's start, as its wall does);
+        none once it finished (its wall stopped: another pod still running leaves its ranks absent)."""
+        if self._finished():
+            return 0
         running = self._launcher_start is not None and not self._launcher_exited()
         return max(len(self._lanes), (self._launcher_ranks or 0) if running else 0)
 

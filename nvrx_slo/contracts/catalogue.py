@@ -139,7 +139,8 @@ JOB_START_TIMESTAMP = _m("job_start_timestamp_seconds", Kind.GAUGE,
 JOB_WORLD_SIZE = _m("job_world_size", Kind.GAUGE,
                     "Ranks of the job: its processes' WORLD_SIZE, or its launcher's nodes × workers.")
 POD_RANKS = _m("pod_ranks", Kind.GAUGE,
-               "Ranks this pod runs: the ranks its processes journaled, or the workers its running launcher starts.")
+               "Ranks this pod runs: the ranks its processes journaled, or the workers its running launcher "
+               "starts; 0 once it finished.")
 
 CKPT_BLOCKING = _m("checkpoint_blocking_seconds", Kind.HISTOGRAM,
                    "Training-loop time stalled by one save (plan, staging, finalize).", buckets=CHECKPOINT_EXPORTED)
