@@ -118,11 +118,12 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 
 def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run):
-    """Both count the lost rank absent from the loss until the replacement pod runs it: from its
-    launcher's start, as the report dates it, and from when that start could be read, as Prometheus
-    sees it (the record is dated to the process's start but written after its imports, seconds
-    under load). So the replacement's start-up is its rank's init, not absent as well. Ground
-    truth: the raw journals' instants (the lost pod's last record, the replacement launcher's)."""
+    """Both count the lost rank absent from the loss until the replacement pod runs it, from its
+    launcher's start (the rules count a pod Prometheus first scraped later from its origin), so the
+    replacement's start-up is its rank's init, not absent as well. Ground truth: the raw journals'
+    instants (the lost pod's last record, the replacement launcher's). Prometheus rounds each end
+    of an absent stretch to its 1 s evaluations; the upper bound also leaves each joining
+    launcher's time to its next record (its start record is written after its imports)."""
     assert run["returncode"] == 0, run["stderr"][-3000:]
     report = run["stdout"].split("nvrx-slo SLO report — ")[1]
     absent = float(re.search(r"^  absent \(no pod ran the rank\)\s+([\d.]+) s", report, re.M).group(1))
