@@ -166,7 +166,7 @@ def test_a_pod_the_job_restored_without_is_lost_and_a_pod_that_merely_stopped_is
     another pod's rank restored after 30 s; a pod whose journal ends with the others' is not."""
     survivor = pod("pod-0", [0], [], wall=100.0, world_size=2, job_start_wall=T0, finished=True)
     restored = dataclasses.replace(survivor, ranks=(dataclasses.replace(
-        survivor.ranks[0], restores=((T0 + 1.0, None), (T0 + 45.0, 9))),))
+        survivor.ranks[0], last_restore_wall=T0 + 45.0),))
     gone = pod("pod-1", [1], [], wall=30.0, world_size=2, job_start_wall=T0, finished=False)
     assert job.lost_pods([restored, gone]) == {"pod-1"}
     assert job.lost_pods([survivor, gone]) == set()  # no restore after it: the job did not go on without it

@@ -71,8 +71,7 @@ from nvrx_slo.exporter.ingest.decode import Event, as_event
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 8
-RESTORES_KEPT = 8  # per rank, for the job view: the step a job resumed from after a pod was lost
+STATE_VERSION = 9
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
@@ -88,7 +87,7 @@ class _Lane:
     __slots__ = ("ledger", "pending", "newest", "newest_pid", "newest_kind", "newest_restart",
                  "newest_iter", "applied",
                  "steps", "step", "step_mono", "step_wall", "hist", "recent", "worker", "worker_mono",
-                 "worker_pid", "local_world_size", "pids", "restores", "first_step_wall")
+                 "worker_pid", "local_world_size", "pids", "last_restore_wall", "first_step_wall")
 
     def __init__(self, rank: int) -> None:
         self.ledger = Ledger(rank)
@@ -109,7 +108,7 @@ class _Lane:
         self.worker_mono = float("-inf")
         self.worker_pid = -1
         self.local_world_size = 0  # the most workers its pod was said to run (0: not said)
-        self.restores: list[tuple[float, int | None]] = []  # the newest RESTORES_KEPT (wall, step), oldest first
+        self.last_restore_wall: float | None = None  # Unix time of its newest restore
         self.first_step_wall: float | None = None  # Unix time its first step began
         self.pids: dict[int, float] = {}  # pid -> its oldest record's mono
 
@@ -134,8 +133,8 @@ class _Lane:
         elif kind == "process_start":
             self.local_world_size = max(self.local_world_size, record.local_world_size or 0)
         elif kind == "restore":
-            insort(self.restores, (record.wall, record.step), key=lambda r: r[0])
-            del self.restores[:-RESTORES_KEPT]
+            if self.last_restore_wall is None or record.wall > self.last_restore_wall:
+                self.last_restore_wall = record.wall
         pid = record.pid
         if pid != self.newest_pid or mono < self.newest:  # else: its first record is older already
             first = self.pids.get(pid)
@@ -389,11 +388,11 @@ class Engine:
         done = max((lane.newest_restart for lane in self._lanes.values() if lane.newest >= start), default=0)
         return max(0, self._max_restarts - done)
 
-    def _pod_ranks(self) -> int:
+    def _pod_ranks(self, finished: bool) -> int:
         """The ranks this pod runs: those its processes journaled, and while its launcher runs, the
         workers it said it starts (so a pod's ranks count from its launcher's start, as its wall does);
         none once it finished (its wall stopped: another pod still running leaves its ranks absent)."""
-        if self._finished():
+        if finished:
             return 0
         running = self._launcher_start is not None and not self._launcher_exited()
         return max(len(self._lanes), (self._launcher_ranks or 0) if running else 0)
@@ -467,7 +466,7 @@ class Engine:
             out_of_order=self._counts["out_of_order"], late=self._counts["late"],
             implausible=self._counts["implausible"], records_lost=self._counts["records_lost"],
             journal_lag_s=None if self._origin is None else max(0.0, now_mono - self._newest),
-            world_size=self._world_size or self._launcher_world, pod_ranks=self._pod_ranks(), absent_s=0.0)
+            world_size=self._world_size or self._launcher_world, pod_ranks=self._pod_ranks(finished), absent_s=0.0)
 
     def _settled(self, finished: bool) -> tuple[Restarts, dict[int, Ledger]]:
         """The restarts and ledgers by rank as of now; a finished job's buffers applied, on copies."""
@@ -526,7 +525,7 @@ class Engine:
             steps=lane.steps, step=lane.step, last_step_wall=lane.step_wall,
             step_duration=lane.hist.frozen(), worker_alive=lane.worker_alive(), skew_ratio=skew, gpu_idle_s=idle,
             state=led.state, pid=lane.newest_pid, restart=lane.newest_restart, iter=lane.newest_iter,
-            restores=tuple(lane.restores), user_spans=dict(led.user), first_step_wall=lane.first_step_wall)
+            last_restore_wall=lane.last_restore_wall, user_spans=dict(led.user), first_step_wall=lane.first_step_wall)
 
     # --- state ---------------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
@@ -601,7 +600,8 @@ def _infinite(value: float | None) -> float:
 _LANE_FIELDS: dict[str, Any] = {
     "newest_pid": int, "newest_kind": str, "newest_restart": int, "newest_iter": int, "steps": int,
     "step": int | None, "step_wall": float | None, "worker": bool | None, "worker_pid": int,
-    "local_world_size": int, "first_step_wall": float | None}
+    "local_world_size": int, "first_step_wall": float | None,
+    "last_restore_wall": float | None}
 
 
 def _lane_state(lane: _Lane) -> dict[str, Any]:
@@ -610,7 +610,7 @@ def _lane_state(lane: _Lane) -> dict[str, Any]:
                pending=[msgspec.to_builtins(ev) for ev in lane.pending],
                newest=_finite(lane.newest), step_mono=_finite(lane.step_mono), worker_mono=_finite(lane.worker_mono),
                applied=None if lane.applied is None else msgspec.to_builtins(lane.applied), hist=lane.hist.to_state(),
-               recent=list(lane.recent), restores=[list(r) for r in lane.restores])
+               recent=list(lane.recent))
     return out
 
 
@@ -626,5 +626,4 @@ def _lane_from_state(rank: int, state: dict[str, Any]) -> _Lane:
     lane.applied = None if state["applied"] is None else as_event(state["applied"])
     lane.hist = Buckets.from_state(STEP_BUCKETS, state["hist"])
     lane.recent = deque(msgspec.convert(state["recent"], list[float]), maxlen=RECENT_STEPS)
-    lane.restores = msgspec.convert(state["restores"], list[tuple[float, int | None]])
     return lane

@@ -142,10 +142,10 @@ def lost_pods(pods: Sequence[Snapshot]) -> set[str]:
     """The pods the job went on without, read from journals after the fact: a pod that had not
     finished when another pod's rank restored from a checkpoint after the pod's last record. (A
     live caller that saw the pod go says so instead: ``job_snapshot(..., lost=)``.)"""
-    restores = [wall for snap in pods for r in snap.ranks for wall, _ in r.restores]
+    restored = max((r.last_restore_wall for snap in pods for r in snap.ranks if r.last_restore_wall is not None),
+                   default=float("-inf"))
     return {snap.pod for snap in pods if not snap.finished and snap.job_start_wall is not None
-            and any(wall > snap.job_start_wall + max((r.wall_s for r in snap.ranks), default=0.0)
-                    for wall in restores)}
+            and restored > snap.job_start_wall + max((r.wall_s for r in snap.ranks), default=0.0)}
 
 
 def _finished(pods: Sequence[Snapshot], world: int | None) -> bool:

@@ -75,7 +75,7 @@ class RankSnapshot:
     pid: int
     restart: int  # ft_launcher restart count of the newest process
     iter: int  # inprocess.Wrapper iteration of the newest process
-    restores: tuple[tuple[float, int | None], ...]  # the newest restores: (Unix time, step resumed from; None: fresh)
+    last_restore_wall: float | None  # Unix time of its newest restore (the job went on without a pod gone before)
     user_spans: Mapping[str, float]  # the user_span category by span name
     first_step_wall: float | None  # Unix time the rank's first step (in this pod) began
 
