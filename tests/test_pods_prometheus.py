@@ -33,9 +33,16 @@ import pytest
 import yaml
 
 from nvrx_slo.alerts import generate, spec
-from nvrx_slo.alerts.conventions import ABSENT_RANKS, VANISHED_AT_RISK, Alert, sli_bad_record, sli_total_record
+from nvrx_slo.alerts.conventions import (
+    ABSENT_RANKS,
+    BADPUT_INCREASE,
+    VANISHED_AT_RISK,
+    Alert,
+    sli_bad_record,
+    sli_total_record,
+)
 from nvrx_slo.alerts.windows import all_windows
-from nvrx_slo.contracts.catalogue import TIME, WORK_AT_RISK, Category
+from nvrx_slo.contracts.catalogue import BADPUT_CATEGORIES, TIME, WORK_AT_RISK, Category
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.trainer.demo import read_journal
@@ -237,5 +244,13 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     bad, total = _truth(run["run_dir"])
     bad += _absent_rounding(run["run_dir"], [float(t) for t, _ in absent["values"]], base, interval)
     unseen = _unseen_kept(run["run_dir"], float(scraped["value"][1]))
+    # the increments add up to the pods' badput counters exactly, however bursty
+    badput = "|".join(c.value for c in BADPUT_CATEGORIES)
+    (counters,) = _query(run["prometheus"], f'sum(last_over_time({TIME.name}{{category=~"{badput}"}}[1h]))')
+    (increments,) = _query(run["prometheus"], f"sum_over_time({BADPUT_INCREASE}[1h])")
+    assert float(increments["value"][1]) == pytest.approx(float(counters["value"][1]), abs=0.01)
+    print(f"\n{run['pods']} pods: recorded {recorded:.2f}, journals {bad:.2f} of {total:.2f} rank-s: "
+          f"{100 * (recorded - bad) / total:+.2f} pp, {100 * unseen / total:.2f} pp of it allowed (unseen save); "
+          f"badput increments {float(increments['value'][1]):.2f} of counters {float(counters['value'][1]):.2f}")
     assert float(vanished["value"][1]) > 1.0  # the lost pod's: steps since its last save, and its tail
     assert bad / total - 0.02 <= recorded / total <= (bad + unseen) / total + 0.02, (recorded, bad, unseen, total)
