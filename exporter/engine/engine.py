@@ -73,6 +73,7 @@ __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 REORDER_WINDOW_S = 10.0
 STATE_VERSION = 9
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
+_DECIDING = frozenset(("checkpoint_end", "restore"))  # the records that can make a rank's work productive
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
 MAX_SPAN_S = 7 * 86400.0  # no step, restore, finalize or save lasts a week
@@ -427,7 +428,7 @@ class Engine:
         finished = self._finished()
         restarts, ledgers = self._settled(finished)
         # every record read, applied on copies: what the reorder window has yet to settle as productive
-        previews = ledgers if finished else self._settled(True)[1]
+        previews = ledgers if finished else self._settled(False, deciding=True)[1]
         origin = self._origin if self._origin is not None else now_mono
         end = max(self._newest, self._shown) if finished else max(now_mono, self._newest, self._shown)
         if self._lanes:
@@ -468,14 +469,15 @@ class Engine:
             journal_lag_s=None if self._origin is None else max(0.0, now_mono - self._newest),
             world_size=self._world_size or self._launcher_world, pod_ranks=self._pod_ranks(finished), absent_s=0.0)
 
-    def _settled(self, finished: bool) -> tuple[Restarts, dict[int, Ledger]]:
-        """The restarts and ledgers by rank as of now; a finished job's buffers applied, on copies."""
-        restarts = self._restarts.copy() if finished else self._restarts
+    def _settled(self, finished: bool, *, deciding: bool = False) -> tuple[Restarts, dict[int, Ledger]]:
+        """The restarts and ledgers by rank as of now; a finished job's buffers applied, on copies.
+        ``deciding``: also the buffers holding a record that decides work (a save's end, a restore)."""
+        restarts = self._restarts.copy() if finished or deciding else self._restarts
         ledgers: dict[int, Ledger] = {}
         for rank in sorted(self._lanes):
             lane = self._lanes[rank]
             ledger = lane.ledger
-            if finished and lane.pending:  # nothing more will come: settle all
+            if lane.pending and (finished or deciding and any(r.type in _DECIDING for r in lane.pending)):
                 ledger = ledger.copy()
                 for r in lane.pending:
                     ledger.apply(r, restarts)
