@@ -26,16 +26,17 @@ EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
 
 
 def story(ranks: int = 2, steps: int = 60, ckpt_every: int = 20, fault_after: int = 50,
-          dt: float = 0.1) -> Pod:
+          dt: float = 0.1, world_size: int = 2, eval_s: float = 0.0) -> Pod:
     """Each rank trains ``steps`` steps, saving every ``ckpt_every``; after step ``fault_after``
-    an exception triggers an in-process restart that resumes from the last save. One launcher."""
+    an exception triggers an in-process restart that resumes from the last save; with ``eval_s``,
+    each rank evaluates that long after its last step (a user span). One launcher."""
     pod = Pod()
     t0 = 1000.0
     launcher = pod.launcher(t0 - 1.0)
     end_times = []
     for rank in range(ranks):
         p = pod.proc(rank)
-        p.start(t0)
+        p.start(t0, world_size=world_size)
         p.restore(None, t0 + 0.2, t0 + 0.5)
         t, n, saved, faulted = t0 + 0.5, 1, 0, False
         pending = None  # (observed, proc) of a save whose end is still to be written
@@ -65,6 +66,9 @@ def story(ranks: int = 2, steps: int = 60, ckpt_every: int = 20, fault_after: in
         if pending is not None:
             p.save_end()
             t = max(t, pending)
+        if eval_s:
+            p.ev("user_span", t + eval_s, name="eval", start=t)
+            t += eval_s
         p.end(t + 0.1)
         end_times.append(t + 0.1)
     launcher.ev("launcher_exit", max(end_times) + 0.2, code=0)

@@ -100,8 +100,11 @@ def test_the_page_shows_each_verdict_with_its_value():
     assert inv.by_id["slo-recovery"]["data-ok"] == "true"  # one in-job restart of 3 s
 
 
-def test_every_category_has_a_label():
+def test_every_category_has_a_label_and_a_colour_of_its_own():
     from nvrx_slo.contracts.catalogue import Category
-    from nvrx_slo.exporter.views.status_page import CATEGORY_LABELS
 
-    assert set(CATEGORY_LABELS) == set(Category)
+    assert set(status_page.CATEGORY_STYLES) == set(Category)
+    colours = [style.colour for style in status_page.CATEGORY_STYLES.values()]
+    assert len(set(colours)) == len(colours)
+    css = status_page.category_css()
+    assert all(f".c-{c.value} {{" in css and f"--{c.value}: " in css for c in Category)

@@ -13,7 +13,7 @@ from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine.snapshot import Histogram, Snapshot
 from nvrx_slo.exporter.ingest.printable import printable
-from nvrx_slo.exporter.views.status_page import CATEGORY_LABELS, breakdown, slo_results
+from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, breakdown, slo_results
 
 
 def _pct(part: float, whole: float) -> str:
@@ -50,9 +50,9 @@ def render(snap: Snapshot, targets: Targets) -> str:
         f"Where the time went ({wall:.1f} rank-seconds of wall):",
     ]
     parts = breakdown(snap)
-    width = max(len(label) for label in CATEGORY_LABELS.values())
+    width = max(len(style.label) for style in CATEGORY_STYLES.values())
     for category, seconds in sorted(parts.items(), key=lambda kv: (kv[0] is not Category.PRODUCTIVE, -kv[1])):
-        lines.append(f"  {CATEGORY_LABELS[category]:<{width}}  {seconds:10.2f} s  {_pct(seconds, wall)}")
+        lines.append(f"  {CATEGORY_STYLES[category].label:<{width}}  {seconds:10.2f} s  {_pct(seconds, wall)}")
     lines.append(f"  {'total':<{width}}  {sum(parts.values()):10.2f} s  {_pct(sum(parts.values()), wall)}")
 
     ck = snap.checkpoints

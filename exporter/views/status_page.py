@@ -31,20 +31,37 @@ MAX_RANK_BARS = 16  # per-rank breakdown bars; beyond this only the job bar is d
 MAX_RANK_ROWS = 64  # per-rank table rows
 
 
-CATEGORY_LABELS: dict[Category, str] = {
-    Category.PRODUCTIVE: "productive",
-    Category.UNPROTECTED: "unprotected (not yet checkpointed)",
-    Category.LOST: "lost (rolled back)",
-    Category.CHECKPOINT_BLOCKING: "checkpoint blocking",
-    Category.CHECKPOINT_RESTORE: "checkpoint restore",
-    Category.RESTART: "restart",
-    Category.INIT: "init",
-    Category.SHUTDOWN: "shutdown",
-    Category.DATA_WAIT: "data wait",
-    Category.USER_SPAN: "user spans (eval, …)",
-    Category.UNATTRIBUTED: "unattributed",
-    Category.ABSENT: "absent (no pod ran the rank)",
+@dataclass(frozen=True)
+class CategoryStyle:
+    label: str
+    colour: str  # CSS colour of its bar segments, swatches and timeline spans
+
+
+# Every category, keyed by the one list of them: the pages draw each with its colour, and a
+# category added to the catalogue without one fails every page render (``category_css``).
+CATEGORY_STYLES: dict[Category, CategoryStyle] = {
+    Category.PRODUCTIVE: CategoryStyle("productive", "#2e7d32"),
+    Category.UNPROTECTED: CategoryStyle("unprotected (not yet checkpointed)", "#81c784"),
+    Category.LOST: CategoryStyle("lost (rolled back)", "#e53935"),
+    Category.CHECKPOINT_BLOCKING: CategoryStyle("checkpoint blocking", "#fb8c00"),
+    Category.CHECKPOINT_RESTORE: CategoryStyle("checkpoint restore", "#8e24aa"),
+    Category.RESTART: CategoryStyle("restart", "#6d4c41"),
+    Category.INIT: CategoryStyle("init", "#90a4ae"),
+    Category.SHUTDOWN: CategoryStyle("shutdown", "#546e7a"),
+    Category.DATA_WAIT: CategoryStyle("data wait", "#42a5f5"),
+    Category.USER_SPAN: CategoryStyle("user spans (eval, …)", "#00acc1"),
+    Category.UNATTRIBUTED: CategoryStyle("unattributed", "#bdbdbd"),
+    Category.ABSENT: CategoryStyle("absent (no pod ran the rank)", "#f48fb1"),
 }
+
+
+def category_css() -> str:
+    """Each category's colour as ``--<category>`` (the timeline's stylesheet uses them) and its
+    ``.c-<category>`` class for bar segments and swatches; ``KeyError`` for a category without one."""
+    colours = "".join(f"--{c.value}: {CATEGORY_STYLES[c].colour}; " for c in Category)
+    classes = "".join(f".c-{c.value} {{ fill: var(--{c.value}); background: var(--{c.value}); }}\n"
+                      for c in Category)
+    return f":root {{ {colours}}}\n{classes}"
 
 
 def _e(value: object) -> str:
@@ -150,7 +167,7 @@ def _bar_svg(parts: dict[Category, float], label: str, y: int) -> str:
         if total <= 0 or value <= 0:
             continue
         w = width * value / total
-        title = f"{CATEGORY_LABELS[cat]}: {_secs(value)} ({_pct(value / total)})"
+        title = f"{CATEGORY_STYLES[cat].label}: {_secs(value)} ({_pct(value / total)})"
         out.append(f'<rect class="seg c-{cat.value}" x="{x:.2f}" y="{y}" width="{w:.2f}" height="20">'
                    f"<title>{_e(title)}</title></rect>")
         x += w
@@ -170,7 +187,7 @@ def _time_section(snap: Snapshot) -> str:
     for cat, value in parts.items():
         share = value / wall if wall > 0 else None
         rows.append(f'<tr data-category="{cat.value}">'
-                    f'<td><span class="swatch c-{cat.value}"></span>{_e(CATEGORY_LABELS[cat])}</td>'
+                    f'<td><span class="swatch c-{cat.value}"></span>{_e(CATEGORY_STYLES[cat].label)}</td>'
                     f'<td class="num">{_num(f"seconds-{cat.value}", value, _secs(value))}</td>'
                     f'<td class="num">{_num(f"share-{cat.value}", share, _pct(share))}</td></tr>')
     rows.append(f'<tr><th>wall (rank-seconds)</th><th class="num">{_num("wall-seconds", wall, _secs(wall))}</th>'
@@ -323,6 +340,7 @@ def sections(view: View, targets: Targets) -> str:
 def page(title: str, snap: Snapshot, body: str, *, refresh_s: int | None, links: str) -> str:
     """A whole HTML document with the stylesheet inlined."""
     css = resources.files("nvrx_slo.exporter.views").joinpath("templates/style.css").read_text(encoding="utf-8")
+    css += category_css()
     refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
     ident = " · ".join(f"{k} <b>{_e(v)}</b>" for k,
                        v in (("job", snap.job), ("pod", snap.pod), ("node", snap.node)) if v)

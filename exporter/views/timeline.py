@@ -431,6 +431,7 @@ def legend_html() -> str:
                 f'</svg>{label}</span>')
 
     items = [key(f"tl-{k}", _e(v)) for k, v in KIND_LABELS.items()]
+    items.append(key("tl-restart-mark", "restart (marked at its fault, shaded across the lanes)"))
     items += [key(f"tl-phase tl-phase-{p}", f"restart: {p}") for p in PHASE_CLASSES]
     items += [f'<span class="tl-key"><svg width="12" height="12"><path class="tl-ckpt tl-ckpt-{status}" '
               f'd="M6,0 l5,6 l-5,6 l-5,-6 z"/></svg>checkpoint {text}</span>'
