@@ -207,8 +207,6 @@ def main(argv: list[str], targets: Targets) -> int:
         records = {d: job.read_journal(d) if d.exists() else [] for d in sidecars}
         slo_reports = {d: sidecar.stop(len(records[d])) for d, sidecar in sidecars.items() if d not in lost_at}
     print()
-    print(job.format_summary(job.summarize([r for pod in records.values() for r in pod])))
-    print()
     if pods == 1:
         (journal_dir,) = sidecars
         print(slo_reports[journal_dir], end="")

@@ -236,3 +236,58 @@ def test_the_job_report_replays_every_pods_journal_and_finds_the_lost_pod_itself
     unprotected = float(re.search(r"^  unprotected \(not yet checkpointed\)\s+([\d.]+) s", printed, re.M).group(1))
     # the lost pod's unsettled time settled as its going decided it, as the demo did
     assert seconds(Category.UNPROTECTED) == pytest.approx(unprotected, abs=0.01)
+
+
+def _save_attempts(pods: dict[str, list[dict]], lost: str) -> list[tuple[str, str]]:
+    """Each save of the job, oldest first, with what the journals say became of it. The world is
+    two ranks, one process each at a time: the processes that started before the lost pod's last
+    record are the job's first incarnation, the rest its second, and each incarnation saves an id
+    once. A save failed if a rank journaled a failed end, is durable once both ranks journaled an
+    ok one, and never finished otherwise (the lost pod's share of a save in flight)."""
+    lost_end = pods[lost][-1]["mono"]
+    first = {}  # pid -> its first record's mono
+    attempts: dict[tuple[str, int], dict] = {}
+    for records in pods.values():
+        for r in records:
+            first.setdefault(r["pid"], r["mono"])
+            if r["type"] not in ("checkpoint_start", "checkpoint_end"):
+                continue
+            key = (r["ckpt"], int(first[r["pid"]] > lost_end))
+            a = attempts.setdefault(key, {"began": float("inf"), "ends": []})
+            if r["type"] == "checkpoint_start":
+                a["began"] = min(a["began"], r["mono"])
+            else:
+                a["ends"].append(r["ok"])
+    status = {(ckpt, gen): "FAILED" if False in a["ends"] else "durable" if a["ends"].count(True) == 2
+              else "unfinished" for (ckpt, gen), a in attempts.items()}
+    return [(ckpt, status[(ckpt, gen)]) for (ckpt, gen) in sorted(attempts, key=lambda k: attempts[k]["began"])]
+
+
+@pytest.mark.slow
+def test_the_node_loss_reports_list_the_saves_ranks_and_pods_the_journals_show(node_loss):
+    """What the demo prints and its HTML report say of the saves (a save in flight when the node
+    went failed, and its retry after the restart is durable), the lost pod's rank (lost, its
+    checkpoint worker with it) and its replacement's, each under its own pod, against the journals."""
+    run = node_loss
+    assert run.returncode == 0, run.stderr[-3000:]
+    names = ("pod-0", "pod-1", "pod-1-replacement")
+    pods = {pod: read_journal(run.run_dir / pod / "journal") for pod in names}
+    truth = _save_attempts(pods, "pod-1")
+    assert len(truth) <= 10 and truth[-1][1] == "durable"  # every save listed; the last one kept the job
+    printed = run.stdout.split("nvrx-slo SLO report — ")[1].split("latest saves")[1].split("Restart latency")[0]
+    listed = re.findall(r"^    (step-\d+)\s+step \d+\s.*\s(durable|FAILED|in flight or unfinished)$", printed, re.M)
+    assert [(c, s.replace("in flight or unfinished", "unfinished")) for c, s in listed] == truth
+    document = (run.run_dir / "report.html").read_text()
+    table = re.findall(r'<tr data-ckpt="([^"]+)">.*?<td class="(?:pass|fail|na)">(\w+)</td>', document)
+    assert table[::-1] == truth and "No checkpoint yet." not in document
+    assert re.search(r"node <b>[, ]*</b>", document) is None  # the demo's pods name no node
+    ended = {pod for pod, records in pods.items() if any(r["type"] == "process_end" for r in records)}
+    assert ended == {"pod-0", "pod-1-replacement"}
+    ranks = re.findall(r'<tr data-rank="(\d)" data-pod="([^"]*)"><td>\d</td><td>[^<]*</td><td>(\w+)</td>'
+                       r'(?:<td[^>]*>[^<]*</td>){4}<td>(\w+)</td>', document)
+    truth_ranks = sorted((str(next(r["rank"] for r in records if r["rank"] is not None)), pod) for pod, records in
+                         pods.items())
+    assert [(rank, pod) for rank, pod, _, _ in ranks] == truth_ranks
+    assert {pod: (state, worker) for _, pod, state, worker in ranks} == {
+        "pod-0": ("ended", "stopped"), "pod-1": ("lost", "lost"), "pod-1-replacement": ("ended", "stopped")}
+    assert ">rank 1 · pod-1 (lost)<" in document and ">rank 1 · pod-1-replacement<" in document

@@ -9,8 +9,9 @@ import pytest
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine import job
-from nvrx_slo.exporter.engine.snapshot import RestartRecord, Snapshot
-from nvrx_slo.exporter.views import slo_report
+from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, RankState, RestartRecord, Snapshot
+from nvrx_slo.exporter.live import View
+from nvrx_slo.exporter.views import slo_report, status_page
 from snapshot_fixtures import TARGETS, rank, snapshot
 
 T0 = 1.7e9
@@ -173,3 +174,60 @@ def test_a_pod_the_job_restored_without_is_lost_and_a_pod_that_merely_stopped_is
     assert job.lost_pods([restored, dataclasses.replace(gone, finished=True)]) == set()
     copied_mid_run = dataclasses.replace(gone, ranks=(dataclasses.replace(gone.ranks[0], wall_s=100.0),))
     assert job.lost_pods([restored, copied_mid_run]) == set()
+
+
+def save(ckpt: str, began: float, ok: bool | None, incarnation: tuple[int, int] = (0, 0),
+         blocking: float = 0.1) -> CheckpointRecord:
+    return CheckpointRecord(ckpt, int(ckpt[5:]), "async", blocking, 0.5 if ok else None, ok, 100,
+                            T0 + began + 0.6 if ok else None, 1, incarnation, T0 + began)
+
+
+def _node_loss() -> list[Snapshot]:
+    """pod-1 is lost at 15 s while its share of step-9's save is still writing: pod-0's share fails
+    (abandoned at its fault), the job restarts in-job at 16 s (pod-0's restart count goes to 1) and
+    pod-1-replacement (a first process: restart 0) saves step 9 again with pod-0, then step 19."""
+    restart = rec(IJ, 16.0, 12.0)
+    survivor = pod("pod-0", [0], [restart], world_size=2, job_start_wall=T0, finished=True,
+                   node="node-a", checkpoints=dataclasses.replace(snapshot().checkpoints, saves=2, failures=1, recent=(
+                       save("step-9", 9.0, False), save("step-9", 30.0, True, (1, 0)),
+                       save("step-19", 40.0, True, (1, 0), blocking=0.3))))
+    lost = pod("pod-1", [1], [], wall=15.0, world_size=2, job_start_wall=T0, node="node-b",
+               checkpoints=dataclasses.replace(snapshot().checkpoints, recent=(save("step-9", 9.1, None),)))
+    replacement = pod("pod-1-replacement", [1], [], wall=35.0, world_size=2, job_start_wall=T0 + 20.0, finished=True,
+                      node="node-b", checkpoints=dataclasses.replace(snapshot().checkpoints, recent=(
+                          save("step-9", 30.0, True), save("step-19", 40.1, True))))
+    return [survivor, lost, replacement]
+
+
+def test_the_pods_shares_of_a_save_between_two_job_restarts_are_one_save_as_good_as_its_worst_share():
+    survivor, lost, replacement = _node_loss()
+    merged = job.merge_checkpoints([p.checkpoints.recent for p in (survivor, lost, replacement)],
+                                   [m.record for m in job.merge_restarts([survivor, lost, replacement])])
+    assert [(c.ckpt, c.ok, c.ranks) for c in merged] == [("step-9", False, 2), ("step-9", True, 2),
+                                                          ("step-19", True, 2)]
+    assert merged[2].blocking_s == 0.3 and merged[2].began_wall == T0 + 40.0 and merged[2].bytes == 200
+    # without the survivor's failed share, the lost pod's share that never ended leaves the save unfinished
+    (alone,) = job.merge_checkpoints([[save("step-9", 9.0, True)], lost.checkpoints.recent], [])
+    assert alone.ok is None
+
+
+def test_a_job_with_a_lost_pod_lists_its_saves_names_each_ranks_pod_and_shows_the_lost_rank_lost():
+    snap = job.job_snapshot(_node_loss(), lost={"pod-1"})
+    assert [(c.ckpt, c.ok) for c in snap.checkpoints.recent] == [("step-9", False), ("step-9", True),
+                                                                  ("step-19", True)]
+    assert snap.node == "node-a, node-b"
+    assert [(r.rank, r.pod, r.state) for r in snap.ranks] == [
+        (0, "pod-0", RankState.TRAINING), (1, "pod-1", RankState.LOST), (1, "pod-1-replacement", RankState.TRAINING)]
+    assert snap.ranks[1].worker_alive is False  # its checkpoint worker went with its node
+    text = slo_report.render(snap, TARGETS)
+    saves = text.split("latest saves")[1].split("Restart latency")[0]
+    assert re.findall(r"^    (step-\d+)\s+step (\d+)\s.*\s(durable|FAILED)$", saves, re.M) == [
+        ("step-9", "9", "FAILED"), ("step-9", "9", "durable"), ("step-19", "19", "durable")]
+    page = status_page.render(View(snap, {}, {}, {}), TARGETS)
+    assert "No checkpoint yet" not in page and page.count("<tr data-ckpt=") == 3
+    assert "node <b>node-a, node-b</b>" in page and 'id="ranks" class="" data-value="2"' in page
+    rows = re.findall(r'<tr data-rank="(\d)" data-pod="([^"]*)"><td>\d</td><td>[^<]*</td><td>(\w+)</td>'
+                      r'(?:<td[^>]*>[^<]*</td>){4}<td>(\w+)</td>', page)
+    assert rows == [("0", "pod-0", "training", "alive"), ("1", "pod-1", "lost", "lost"),
+                    ("1", "pod-1-replacement", "training", "DEAD")]  # the fixture's rank 1 worker died
+    assert ">rank 1 · pod-1 (lost)<" in page and ">rank 1 · pod-1-replacement<" in page  # the bars' labels

@@ -8,6 +8,7 @@ reader, engine and renderer.
 from __future__ import annotations
 
 import html
+import re
 import subprocess
 import sys
 import time
@@ -229,13 +230,19 @@ def _split_by_rank(pod: Pod, directory: Path) -> list[Path]:
 
 def test_a_job_of_several_pods_is_one_report_that_equals_the_same_ranks_in_one_pod(tmp_path):
     """Each rank of the story in a pod of its own: the job's accounting (every category), its one
-    restart and its saves equal the single pod's that ran the same records; the timeline has a
-    lane per rank labelled with its pod, on one time axis."""
+    restart and its saves (counted, listed and marked) equal the single pod's that ran the same
+    records; the timeline has a lane per rank labelled with its pod, on one time axis."""
     pod = story(ranks=3)
     write_journal(pod, tmp_path / "one", evil=False)
-    whole = inventory(report.build([tmp_path / "one"], TARGETS))
+    one = report.build([tmp_path / "one"], TARGETS)
+    whole = inventory(one)
     dirs = _split_by_rank(pod, tmp_path / "job")
     document = report.build(dirs, TARGETS)
+    saves = re.compile(r'<tr data-ckpt="([^"]+)"><td class="cause">[^<]*</td><td class="num">(\d+)</td>.*?'
+                       r'<td class="(pass|fail|na)">')
+    assert saves.findall(document) == saves.findall(one) == [(f"step-{n:06d}", str(n), "pass") for n in (60, 40, 20)]
+    assert document.count('data-kind="checkpoint"') == one.count('data-kind="checkpoint"') == 3
+    assert "node <b>node-0</b>" in document  # each pod's, once
     job = assert_inert(document)
     for cat in Category:
         if f"seconds-{cat.value}" in whole.by_id:

@@ -8,19 +8,33 @@ an in-process attempt and then an in-job restart by its launcher's new rendezvou
 had one restart: the pods' records whose spans overlap, from the earliest fault any pod saw to
 the last rank back to training, at the most disruptive level any pod needed.
 
-The restarts come from each snapshot's ``restarts.recent`` (the newest ``restarts.RECENT`` per
-pod): a report over a long job's full history replays its journals instead.
+Saves do not add up either: each pod records its share of a save under its own processes'
+incarnation (a replacement pod's first process is restart 0 however often the job restarted), so
+the pods' records of one checkpoint id begun between the same two job restarts are one save of
+the job, as good as its worst share.
+
+The restarts and saves come from each snapshot's ``restarts.recent`` and ``checkpoints.recent``
+(the newest few per pod): a report over a long job's full history replays its journals instead.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Collection, Sequence
 
 from nvrx_slo.contracts.catalogue import RESTART_BUCKETS, Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine import derived
 from nvrx_slo.exporter.engine.histogram import Buckets
-from nvrx_slo.exporter.engine.snapshot import CheckpointStats, Histogram, RestartRecord, RestartStats, Snapshot
+from nvrx_slo.exporter.engine.snapshot import (
+    CheckpointRecord,
+    CheckpointStats,
+    Histogram,
+    RankState,
+    RestartRecord,
+    RestartStats,
+    Snapshot,
+)
 
 _DISRUPTION = (RestartLevel.INPROCESS, RestartLevel.INJOB, RestartLevel.POD)
 
@@ -103,6 +117,44 @@ def _phases_since(last: RestartRecord, fault_wall: float) -> dict[RestartPhase, 
     return phases
 
 
+def merge_checkpoints(pods: Sequence[Sequence[CheckpointRecord]],
+                      restarts: Sequence[RestartRecord]) -> tuple[CheckpointRecord, ...]:
+    """The job's saves from each pod's records (``restarts``: the job's, ``merge_restarts``),
+    oldest first. A lock-step job saves a checkpoint id at most once between two of its restarts,
+    so the pods' records of one id begun between the same two restarts' faults are one save:
+    failed if any share failed, else unfinished if any is (a lost pod's share never ends), else
+    durable; its times are the slowest share's, its bytes and ranks the shares' sums."""
+    faults = sorted(r.fault_wall for r in restarts)
+    groups: dict[tuple[str, int], list[CheckpointRecord]] = {}
+    for records in pods:
+        for c in records:
+            began = c.began_wall if c.began_wall is not None else c.written_wall
+            epoch = 0 if began is None else bisect.bisect_right(faults, began)
+            groups.setdefault((c.ckpt, epoch), []).append(c)
+    merged = [_one_save(shares) for shares in groups.values()]
+    return tuple(sorted(merged, key=lambda c: (_when(c), c.ckpt)))
+
+
+def _when(c: CheckpointRecord) -> float:
+    return next((t for t in (c.began_wall, c.written_wall) if t is not None), float("-inf"))
+
+
+def _one_save(shares: list[CheckpointRecord]) -> CheckpointRecord:
+    oks = [c.ok for c in shares]
+    ok = False if False in oks else None if None in oks else True
+    first = min(shares, key=_when)
+
+    def slowest(values: list[float | None]) -> float | None:
+        return max((v for v in values if v is not None), default=None)
+
+    return dataclasses.replace(
+        first, step=max(c.step for c in shares), mode=next((c.mode for c in shares if c.mode), ""),
+        blocking_s=slowest([c.blocking_s for c in shares]), background_s=slowest([c.background_s for c in shares]),
+        ok=ok, bytes=sum(c.bytes for c in shares), written_wall=slowest([c.written_wall for c in shares]),
+        ranks=sum(c.ranks for c in shares),
+        began_wall=min((c.began_wall for c in shares if c.began_wall is not None), default=None))
+
+
 def _hist_sum(hists: Sequence[Histogram]) -> Histogram:
     return Histogram(hists[0].bounds, tuple(map(sum, zip(*(h.counts for h in hists), strict=True))),
                      sum(h.sum for h in hists), sum(h.count for h in hists))
@@ -128,13 +180,15 @@ def _settled(gone: Snapshot) -> Snapshot:
     """A lost pod's unsettled time, as its going decided it: what the saves it journaled keep is
     productive, the rest (its work at risk: its steps since, the badput its reorder window still
     held, its open tail) lost, since no save of its can land now. The rules count the same at-risk
-    seconds as badput once its series are gone."""
+    seconds as badput once its series are gone. Its ranks are lost, whatever its journal's last
+    records said (a pod's state lags its reorder window), and their checkpoint workers with them."""
     ranks = []
     for r in gone.ranks:
         seconds = dict(r.seconds)
         seconds[Category.LOST] += r.at_risk_s
         seconds[Category.PRODUCTIVE] += r.unprotected_s - r.at_risk_s
-        ranks.append(dataclasses.replace(r, seconds=seconds, unprotected_s=0.0, at_risk_s=0.0))
+        ranks.append(dataclasses.replace(r, seconds=seconds, unprotected_s=0.0, at_risk_s=0.0, state=RankState.LOST,
+                                         worker_alive=None if r.worker_alive is None else False))
     return dataclasses.replace(gone, ranks=tuple(ranks))
 
 
@@ -173,7 +227,8 @@ def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapsh
     if not pods:
         raise ValueError("a job needs at least one pod's snapshot")
     pods = [_settled(snap) if snap.pod in lost else snap for snap in pods]
-    ranks = tuple(sorted((r for snap in pods for r in snap.ranks), key=lambda r: r.rank))
+    ranks = tuple(sorted((dataclasses.replace(r, pod=snap.pod) for snap in pods for r in snap.ranks),
+                         key=lambda r: r.rank))
     # each pod's span on the wall clock: its first event to its ranks' end (the job's clock: the
     # pods' monotonic clocks are their nodes')
     spans = [(snap.job_start_wall, snap.job_start_wall + max((r.wall_s for r in snap.ranks), default=0.0))
@@ -197,10 +252,12 @@ def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapsh
         blocking_fraction=blocked / wall if wall > 0 else None,
         last_success_wall=None if newest is None else newest.last_success_wall,
         last_success_step=None if newest is None else newest.last_success_step,
-        age_s=None, interval_s=None, optimal_interval_s=None, recent=())
+        age_s=None, interval_s=None, optimal_interval_s=None,
+        recent=merge_checkpoints([snap.checkpoints.recent for snap in pods], [r.record for r in restarts]))
     return Snapshot(
         now_mono=max(snap.now_mono for snap in pods), now_wall=max(snap.now_wall for snap in pods),
-        job=pods[0].job, pod=", ".join(snap.pod for snap in pods), node=", ".join(snap.node for snap in pods),
+        job=pods[0].job, pod=", ".join(snap.pod for snap in pods),
+        node=", ".join(dict.fromkeys(snap.node for snap in pods if snap.node)),
         job_start_wall=start if spans else None, finished=_finished(pods, world), ranks=ranks,
         checkpoints=checkpoints, restarts=_restart_stats(restarts, elapsed), predicted_efficiency=None,
         events_accepted=sum(snap.events_accepted for snap in pods), duplicates=sum(s.duplicates for s in pods),

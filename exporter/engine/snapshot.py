@@ -53,6 +53,7 @@ class RankState(str, Enum):
     TRAINING = "training"  # between steps (or in one)
     RESTART = "restart"  # a fault was seen; the restarted loop has not stepped yet
     ENDED = "ended"  # the loop is over: process_end, or the Wrapper's completion
+    LOST = "lost"  # job level only (``exporter/engine/job.py``): the pod running it went, its processes too
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class RankSnapshot:
     last_restore_wall: float | None  # Unix time of its newest restore (the job went on without a pod gone before)
     user_spans: Mapping[str, float]  # the user_span category by span name
     first_step_wall: float | None  # Unix time the rank's first step (in this pod) began
+    pod: str = ""  # in a job's snapshot: the pod that ran it (a lost pod's rank and its replacement's differ)
 
 
 @dataclass(frozen=True)

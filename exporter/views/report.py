@@ -107,14 +107,14 @@ def build(journal_dirs: Sequence[str | Path], targets: Targets) -> str:
         snap, rejected = pod.snap, pod.rejected
         tl = pod.builder.build([_band(r, snap.now_wall) for r in pod.history.restarts], pod.history.checkpoints)
     else:
-        # the job's restarts merged from every pod's full history, not only each snapshot's newest
-        full = [dataclasses.replace(p.snap, restarts=dataclasses.replace(p.snap.restarts, recent=p.history.restarts))
+        # the job's restarts and saves merged from every pod's full history, not only each snapshot's newest
+        full = [dataclasses.replace(p.snap, restarts=dataclasses.replace(p.snap.restarts, recent=p.history.restarts),
+                                    checkpoints=dataclasses.replace(p.snap.checkpoints, recent=p.history.checkpoints))
                 for p in pods]
         snap = job.job_snapshot(full, lost=job.lost_pods(full))
         rejected = dict(sum((Counter(p.rejected) for p in pods), Counter()))
         tl = timeline.compose([(p.snap.pod, p.builder) for p in pods],
-                              [_band(r, snap.now_wall) for r in snap.restarts.recent],
-                              [c for p in pods for c in p.history.checkpoints])
+                              [_band(r, snap.now_wall) for r in snap.restarts.recent], snap.checkpoints.recent)
     view = View(snap, {**rejected, DUPLICATE: snap.duplicates, LATE: snap.late, IMPLAUSIBLE: snap.implausible}, {}, {})
     bad = sum(view.rejected.values())
     warning = (f'<p class="fail">{bad} journal lines were rejected and not accounted '

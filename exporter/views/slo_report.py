@@ -13,7 +13,7 @@ from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine.snapshot import Histogram, Snapshot
 from nvrx_slo.exporter.ingest.printable import printable
-from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, breakdown, slo_results
+from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, RECENT_ROWS, breakdown, slo_results
 
 
 def _pct(part: float, whole: float) -> str:
@@ -61,6 +61,16 @@ def render(snap: Snapshot, targets: Targets) -> str:
         f"Checkpoints: {ck.saves} durable, {ck.failures} failed, {ck.in_flight} in flight; "
         f"overlap {_ratio(ck.overlap_ratio)} (background / (blocking + background)); "
         f"blocking {_ratio(ck.blocking_fraction)} of wall",
+    ]
+    if ck.recent:
+        older = "; older not shown" if len(ck.recent) > RECENT_ROWS else ""
+        lines.append(f"  latest saves (slowest rank), oldest first{older}:")
+        width = max(len(printable(c.ckpt)) for c in ck.recent[-RECENT_ROWS:])
+        for c in ck.recent[-RECENT_ROWS:]:
+            status = "in flight or unfinished" if c.ok is None else "durable" if c.ok else "FAILED"
+            lines.append(f"    {printable(c.ckpt):<{width}}  step {c.step:<6}  blocking {_secs(c.blocking_s):>8}  "
+                         f"background {_secs(c.background_s):>8}  {status}")
+    lines += [
         "",
         "Restart latency (fault to the first step of the restarted loop):",
     ]

@@ -23,12 +23,13 @@ from importlib import resources
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter.engine.snapshot import Histogram, RankState, Snapshot
+from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot, RankState, Snapshot
 from nvrx_slo.exporter.live import View
 
 REFRESH_S = 5
 MAX_RANK_BARS = 16  # per-rank breakdown bars; beyond this only the job bar is drawn
 MAX_RANK_ROWS = 64  # per-rank table rows
+RECENT_ROWS = 10  # the newest saves and restarts listed
 
 
 @dataclass(frozen=True)
@@ -158,11 +159,18 @@ def breakdown(snap: Snapshot) -> dict[Category, float]:
     return parts
 
 
-def _bar_svg(parts: dict[Category, float], label: str, y: int) -> str:
+def _rank_name(r: RankSnapshot) -> str:
+    """``rank 1``, and in a job the pod that ran it: a lost pod's rank and its replacement's are two."""
+    if not r.pod:
+        return f"rank {r.rank}"
+    return f"rank {r.rank} · {r.pod}" + (" (lost)" if r.state is RankState.LOST else "")
+
+
+def _bar_svg(parts: dict[Category, float], label: str, y: int, gutter: float) -> str:
     total = sum(parts.values())
     out = [f'<text x="0" y="{y + 15}">{_e(label)}</text>']
-    x = 110.0
-    width = 880.0
+    x = gutter
+    width = 990.0 - gutter
     for cat, value in parts.items():
         if total <= 0 or value <= 0:
             continue
@@ -177,11 +185,12 @@ def _bar_svg(parts: dict[Category, float], label: str, y: int) -> str:
 def _time_section(snap: Snapshot) -> str:
     parts = breakdown(snap)
     wall = snap.wall_s
-    bars = [_bar_svg(parts, "job", 4)]
     ranks = snap.ranks if len(snap.ranks) <= MAX_RANK_BARS else ()
+    gutter = min(400.0, max([110.0] + [7.0 * len(_rank_name(r)) for r in ranks]))  # ~7 px a character
+    bars = [_bar_svg(parts, "job", 4, gutter)]
     for i, r in enumerate(ranks):
         rp = {c: (r.unprotected_s if c is Category.UNPROTECTED else r.seconds.get(c, 0.0)) for c in Category}
-        bars.append(_bar_svg(rp, f"rank {r.rank}", 34 + 26 * i))
+        bars.append(_bar_svg(rp, _rank_name(r), 34 + 26 * i, gutter))
     height = 34 + 26 * len(ranks)
     rows = []
     for cat, value in parts.items():
@@ -207,11 +216,12 @@ def _headline(snap: Snapshot, targets: Targets) -> str:
     steps = sum(r.steps for r in snap.ranks)
     step = max((r.step for r in snap.ranks if r.step is not None), default=None)
     restarts = sum(snap.restarts.counts.values())
+    ranks = len({r.rank for r in snap.ranks})  # a lost pod's rank and its replacement's are one
     return (f'<section class="card"><h2>Training efficiency</h2>'
             f'<div class="big {cls}">{_num("efficiency", eff, _pct(eff))}</div>'
             f'<div class="sub">SLO ≥ {_pct(targets.efficiency, 0)} {_verdict(ok)} · predicted (ETTR) '
             f'{_num("predicted-efficiency", snap.predicted_efficiency, _pct(snap.predicted_efficiency))}</div>'
-            f'<table><tr><td>ranks</td><td class="num">{_num("ranks", len(snap.ranks), str(len(snap.ranks)))}</td></tr>'
+            f'<table><tr><td>ranks</td><td class="num">{_num("ranks", ranks, str(ranks))}</td></tr>'
             f'<tr><td>latest step</td>'
             f'<td class="num">{_num("step", step, "—" if step is None else str(step))}</td></tr>'
             f'<tr><td>steps run (all ranks, rolled back included)</td>'
@@ -234,8 +244,9 @@ def _slo_section(snap: Snapshot, targets: Targets) -> str:
 
 def _checkpoint_section(snap: Snapshot) -> str:
     ck = snap.checkpoints
-    # a worker shut down with its rank is not news: only live ranks' workers are judged
-    workers = [r.worker_alive for r in snap.ranks if r.worker_alive is not None and r.state is not RankState.ENDED]
+    # a worker shut down with its rank (or lost with its pod) is not news: only live ranks' workers are judged
+    workers = [r.worker_alive for r in snap.ranks
+               if r.worker_alive is not None and r.state not in (RankState.ENDED, RankState.LOST)]
     worker = "—" if not workers else "alive" if all(workers) else f"DEAD on {workers.count(False)} rank(s)"
     head = (f'<table><tr><td>durable saves</td><td class="num">{_num("checkpoint-saves", ck.saves, str(ck.saves))}</td>'
             f'<td>failed</td><td class="num">{_num("checkpoint-failures", ck.failures, str(ck.failures))}</td>'
@@ -250,7 +261,7 @@ def _checkpoint_section(snap: Snapshot) -> str:
             f'<td>Young/Daly optimum</td><td class="num">{_secs(ck.optimal_interval_s)}</td>'
             f'<td>async worker</td><td class="num">{_e(worker)}</td></tr></table>')
     rows = []
-    for c in reversed(ck.recent[-10:]):
+    for c in reversed(ck.recent[-RECENT_ROWS:]):
         blk, bg = c.blocking_s or 0.0, c.background_s or 0.0
         total = blk + bg
         bar = (f'<div class="bar" title="blocking vs background">'
@@ -275,7 +286,7 @@ def _restart_section(snap: Snapshot, targets: Targets) -> str:
     counts = " · ".join(f'{lvl.value} {_num(f"restarts-{lvl.value}", n, str(n))}'
                         for lvl, n in ((lvl, rs.counts.get(lvl, 0)) for lvl in RestartLevel))
     rows = []
-    for r in reversed(rs.recent[-10:]):
+    for r in reversed(rs.recent[-RECENT_ROWS:]):
         total = sum(r.phases.values())
         segs = "".join(f'<span class="phase-{p.value}" style="width:{100 * r.phases[p] / total:.1f}%" '
                        f'title="{_e(p.value)}: {_secs(r.phases[p])}"></span>'
@@ -296,11 +307,14 @@ def _restart_section(snap: Snapshot, targets: Targets) -> str:
 
 def _ranks_section(snap: Snapshot) -> str:
     rows = []
+    job = any(r.pod for r in snap.ranks)  # a job's ranks: each with the pod that ran it
     for r in snap.ranks[:MAX_RANK_ROWS]:
         eff = r.seconds.get(Category.PRODUCTIVE, 0.0) / r.wall_s if r.wall_s > 0 else None
         worker = ("—" if r.worker_alive is None else "alive" if r.worker_alive
-                  else "stopped" if r.state is RankState.ENDED else "DEAD")
-        rows.append(f'<tr data-rank="{r.rank}"><td>{r.rank}</td><td>{_e(r.state.value)}</td>'
+                  else "stopped" if r.state is RankState.ENDED else "lost" if r.state is RankState.LOST else "DEAD")
+        pod = f"<td>{_e(r.pod)}</td>" if job else ""
+        rows.append(f'<tr data-rank="{r.rank}" data-pod="{_e(r.pod)}"><td>{r.rank}</td>{pod}'
+                    f'<td>{_e(r.state.value)}</td>'
                     f'<td class="num">{"—" if r.step is None else r.step}</td><td class="num">{_pct(eff)}</td>'
                     f'<td class="num">{_secs(r.unprotected_s)}</td>'
                     f'<td class="num">{"—" if r.skew_ratio is None else f"{r.skew_ratio:.2f}"}</td>'
@@ -308,7 +322,8 @@ def _ranks_section(snap: Snapshot) -> str:
                     f'<td class="num">{r.restart}/{r.iter}</td><td>{_when(r.last_step_wall, snap.now_wall)}</td></tr>')
     more = (f'<p class="sub">{len(snap.ranks) - MAX_RANK_ROWS} more ranks not listed.</p>'
             if len(snap.ranks) > MAX_RANK_ROWS else "")
-    return ('<section class="card wide"><h2>Ranks</h2><table><tr><th>rank</th><th>state</th><th class="num">step</th>'
+    return ('<section class="card wide"><h2>Ranks</h2><table><tr><th>rank</th>'
+            f'{"<th>pod</th>" if job else ""}<th>state</th><th class="num">step</th>'
             '<th class="num">efficiency</th><th class="num">unprotected</th><th class="num">step-time skew</th>'
             '<th>ckpt worker</th><th class="num">accel. idle</th><th class="num">restart/iter</th>'
             '<th>last step</th></tr>'

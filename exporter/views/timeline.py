@@ -217,9 +217,8 @@ def compose(pods: Sequence[tuple[str, TimelineBuilder]], restarts: Sequence[Rest
             checkpoints: Sequence[CheckpointRecord] = ()) -> Timeline:
     """One timeline over ``(pod, builder)`` pairs on one time axis (a job's pods, each with its own
     engine; one pod named "" for a pod's own report). A rank run by two pods (a lost node's and its
-    replacement's) gets a lane per pod, in the order given. A save is marked once: every pod
-    records its share, and the job's save is as good as its worst share (``checkpoints``: all
-    pods' records); ``restarts``: the job's, already merged."""
+    replacement's) gets a lane per pod, in the order given. ``restarts`` and ``checkpoints``: the
+    job's, each pod's shares already merged (``exporter/engine/job.py``), one marker each."""
     lo = min([b._lo for _, b in pods] + [r.start_wall for r in restarts])
     hi = max([b._hi for _, b in pods] + [r.end_wall for r in restarts])
     if lo > hi:  # nothing at all
@@ -229,12 +228,7 @@ def compose(pods: Sequence[tuple[str, TimelineBuilder]], restarts: Sequence[Rest
     order = sorted((rank, i) for i, (_, b) in enumerate(pods) for rank in b._ranks)
     lanes = tuple(pods[i][1]._lane(rank, pods[i][1]._ranks[rank], lo, resolution, pods[i][0])
                   for rank, i in order[:MAX_LANES])
-    worst: dict[tuple[str, tuple[int, int]], CheckpointMarker] = {}
-    for m in (m for m in (_marker(c, lo) for c in checkpoints) if m is not None):
-        seen = worst.get((m.ckpt, m.incarnation))
-        if seen is None or (_BADNESS[m.status], m.at) > (_BADNESS[seen.status], seen.at):
-            worst[(m.ckpt, m.incarnation)] = m
-    markers = sorted(worst.values(), key=lambda m: m.at)
+    markers = sorted((m for m in (_marker(c, lo) for c in checkpoints) if m is not None), key=lambda m: m.at)
     bands = sorted(restarts, key=lambda r: r.start_wall)
     return Timeline(
         origin_wall=lo,
@@ -246,9 +240,6 @@ def compose(pods: Sequence[tuple[str, TimelineBuilder]], restarts: Sequence[Rest
         checkpoints_omitted=max(0, len(markers) - MAX_MARKERS),
         restarts_omitted=max(0, len(bands) - MAX_MARKERS),
     )
-
-
-_BADNESS = {"ok": 0, "unfinished": 1, "failed": 2}
 
 
 def _kinds(data: _RankData) -> list[str | None]:
