@@ -7,9 +7,13 @@ journal mount and the hooks' environment on the training container, and the PodM
 Every other document passes through unchanged.
 
 What it adds is kept where it already is when it is identical, so injecting twice changes nothing.
-A same-named container, volume, mount, env var, port or label that is not identical is a clash, and
-a template whose training container cannot be told is refused: either is an error that names the
-document and the reason, exit 2, nothing written.
+A template injected before (its init container of the sidecar's name is a native sidecar running
+``sidecar``, as an earlier inject or the reference manifests in deploy/overlays/ wrote it) is
+upgraded in place: each of its parts that differs from this version's (the image ``--image`` names,
+the sidecar's arguments, a volume's size) is replaced where it is, and each replacement is said on
+stderr. In a template not injected before, a same-named container, volume, mount, env var, port or
+label that is not identical is a clash, and a template whose training container cannot be told is
+refused: either is an error that names the document and the reason, exit 2, nothing written.
 
 The training container of a pod template: the one ``--container`` names, else the only container,
 else (PyTorchJob) the one named ``pytorch``, which is where the training-operator runs the job.
@@ -158,20 +162,33 @@ def _differs(theirs: Obj, ours: Obj) -> str:
     return ", ".join(sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k)))
 
 
-def _merge(items: list[Obj], ours: list[Obj], what: str, keys: tuple[str, ...] = ("name",)) -> list[Obj]:
-    """``ours`` that are missing, then ``items``. One of ours already there, identical, stays where it is;
-    an item sharing a key with one of ours but not identical to it is a clash."""
+def _merge(items: list[Obj], ours: list[Obj], what: str, upgrades: list[str] | None,
+           keys: tuple[str, ...] = ("name",)) -> list[Obj]:
+    """``ours`` that are missing, then ``items``. One of ours already there, identical, stays where it is.
+    An item sharing a key with one of ours but not identical to it is a clash, unless the template was
+    injected before (``upgrades`` is a list): then ours replaces it where it is, and ``upgrades`` says so."""
+    items = list(items)
     missing = []
     for mine in ours:
-        same = [item for item in items if any(item.get(k) == mine[k] for k in keys)]
+        same = [i for i, item in enumerate(items) if any(item.get(k) == mine[k] for k in keys)]
         if not same:
             missing.append(mine)
-        elif same != [mine]:
-            theirs = next(item for item in same if item != mine)
+        elif [items[i] for i in same] != [mine]:
+            theirs = next(items[i] for i in same if items[i] != mine)
             key = next(k for k in keys if theirs.get(k) == mine[k])
-            raise InjectError(f"{what} with {key} {mine[key]!r} is already there and is not nvrx-slo's "
-                              f"(differs in: {_differs(theirs, mine)})")
+            if upgrades is None or len(same) > 1:
+                raise InjectError(f"{what} with {key} {mine[key]!r} is already there and is not nvrx-slo's "
+                                  f"(differs in: {_differs(theirs, mine)})")
+            upgrades.append(f"{what} {mine[key]!r} (changed: {_differs(theirs, mine)})")
+            items[same[0]] = mine
     return missing + items
+
+
+def _injected_before(init_containers: list[Obj], sidecar: Obj) -> bool:
+    """Whether the template has nvrx-slo's sidecar, of whatever version: a native sidecar of its name
+    running the ``sidecar`` command (the image's entrypoint is ``nvrx-slo``)."""
+    return any(c.get("name") == sidecar["name"] and c.get("restartPolicy") == "Always"
+               and (c.get("args") or [None])[0] == sidecar["args"][0] for c in init_containers)
 
 
 def training_container(containers: list[Obj], wanted: str | None, default: str | None) -> Obj:
@@ -204,29 +221,37 @@ def _check_ports(pod: Obj, sidecar: Obj) -> None:
                                       f"{port.get('name') or port.get('containerPort')!r}, which the sidecar uses")
 
 
-def inject_template(template: Obj, parts: Parts, container: str | None, default: str | None) -> None:
-    """Add ``parts`` to a pod template, in place."""
+def inject_template(template: Obj, parts: Parts, container: str | None, default: str | None) -> list[str]:
+    """Add ``parts`` to a pod template, in place; returns what of an earlier injection it upgraded."""
     pod = _field(template, "spec", "pod spec")
     if any(c.get("name") == parts.sidecar["name"] for c in _field(pod, "containers", "containers")):
         raise InjectError(f"container named {parts.sidecar['name']!r} is already there and is not nvrx-slo's "
                           "(a regular container, not a native sidecar)")
     trainer = training_container(pod["containers"], container, default)
     _check_ports(pod, parts.sidecar)
-    pod["initContainers"] = _merge(pod.get("initContainers", []), [parts.sidecar], "init container")
-    pod["volumes"] = _merge(pod.get("volumes", []), parts.volumes, "volume")
+    upgrades: list[str] | None = [] if _injected_before(pod.get("initContainers", []), parts.sidecar) else None
+    pod["initContainers"] = _merge(pod.get("initContainers", []), [parts.sidecar], "init container", upgrades)
+    pod["volumes"] = _merge(pod.get("volumes", []), parts.volumes, "volume", upgrades)
     where = f"container {trainer['name']!r}:"
-    trainer["env"] = _merge(trainer.get("env", []), parts.trainer_env, f"{where} env var")
+    trainer["env"] = _merge(trainer.get("env", []), parts.trainer_env, f"{where} env var", upgrades)
     trainer["volumeMounts"] = _merge(trainer.get("volumeMounts", []), parts.trainer_mounts,
-                                     f"{where} volume mount", keys=("name", "mountPath"))
+                                     f"{where} volume mount", upgrades, keys=("name", "mountPath"))
     metadata = template.setdefault("metadata", {})
     labels = metadata.setdefault("labels", {})
     for key, value in parts.labels.items():
-        if labels.setdefault(key, value) != value:
+        if labels.setdefault(key, value) == value:
+            continue
+        if upgrades is None:
             raise InjectError(f"pod label {key!r} is already there with value {labels[key]!r}, not {value!r}")
+        upgrades.append(f"pod label {key!r} ({labels[key]!r} to {value!r})")
+        labels[key] = value
+    return upgrades or []
 
 
-def inject_document(doc: Any, spec: Obj, image: str, container: str | None) -> Any:
-    """The document with every pod template injected, or the document itself if its kind is not ours."""
+def inject_document(doc: Any, spec: Obj, image: str, container: str | None,
+                    upgraded: list[str] | None = None) -> Any:
+    """The document with every pod template injected, or the document itself if its kind is not ours;
+    what an earlier injection had that this one upgraded is appended to ``upgraded``."""
     if not isinstance(doc, dict):
         return doc
     controller = CONTROLLERS.get((str(doc.get("apiVersion")), str(doc.get("kind"))))
@@ -236,9 +261,11 @@ def inject_document(doc: Any, spec: Obj, image: str, container: str | None) -> A
     out = copy.deepcopy(doc)
     for path, template in controller.templates(out):
         try:
-            inject_template(template, parts, container, controller.default_container)
+            changes = inject_template(template, parts, container, controller.default_container)
         except InjectError as exc:
             raise InjectError(f"{path}: {exc}") from None
+        if upgraded is not None:
+            upgraded += [f"{path}: upgraded {change}" for change in changes]
     return out
 
 
@@ -252,8 +279,10 @@ def _describe(doc: Any, source: str, number: int) -> str:
     return what
 
 
-def inject_stream(sources: list[tuple[str, str]], image: str, container: str | None) -> str:
-    """Every document of every (name, text) source, injected, as one YAML stream."""
+def inject_stream(sources: list[tuple[str, str]], image: str, container: str | None,
+                  upgraded: list[str] | None = None) -> str:
+    """Every document of every (name, text) source, injected, as one YAML stream; what it upgraded
+    of an earlier injection is appended to ``upgraded``, each naming its document."""
     spec = load_spec()
     out = []
     for source, text in sources:
@@ -262,10 +291,13 @@ def inject_stream(sources: list[tuple[str, str]], image: str, container: str | N
         except yaml.YAMLError as exc:
             raise InjectError(f"{source}: not YAML: {exc}") from None
         for number, doc in enumerate(docs, 1):
+            changes: list[str] = []
             try:
-                out.append(inject_document(doc, spec, image, container))
+                out.append(inject_document(doc, spec, image, container, changes))
             except InjectError as exc:
                 raise InjectError(f"{_describe(doc, source, number)}: {exc}") from None
+            if upgraded is not None:
+                upgraded += [f"{_describe(doc, source, number)}: {change}" for change in changes]
     return yaml.dump_all(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
@@ -281,11 +313,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--container", help="the training container's name in every pod template (default: the "
                                             "only container, or `pytorch` in a PyTorchJob)")
     args = parser.parse_args(argv)
+    upgraded: list[str] = []
     try:
         sources = [(name, sys.stdin.read() if name == "-" else Path(name).read_text()) for name in args.files]
-        text = inject_stream(sources, args.image, args.container)
+        text = inject_stream(sources, args.image, args.container, upgraded)
     except (InjectError, OSError) as exc:
         print(f"nvrx-slo inject: {exc}", file=sys.stderr)
         return 2
+    for change in upgraded:
+        print(f"nvrx-slo inject: {change}", file=sys.stderr)
     sys.stdout.write(text)
     return 0

@@ -163,6 +163,71 @@ def test_injecting_twice_changes_nothing(name):
     assert inject.inject_stream([("once", once)], "nvrx-slo-sidecar:9.9", None) == once
 
 
+def test_injecting_with_another_image_upgrades_the_sidecar_in_place_and_says_so(tmp_path, capsys):
+    """A manifest injected with an older image, its sidecar moved behind the user's init container:
+    injecting it again with a new image changes that image there and nothing else, says so on stderr,
+    and injecting the result again with the same image gives the same bytes."""
+    docs = load(inject_files(MANIFESTS / "aws-indexed-job.yaml", image="registry.example/nvrx-slo-sidecar:0.1.0"))
+    inits = _pod(docs[2])["initContainers"]
+    inits.append(inits.pop(0))
+    path = tmp_path / "injected.yaml"
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    assert inject.main(["--image=registry.example/nvrx-slo-sidecar:0.2.0", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == (f"nvrx-slo inject: {path}, document 3 (Job llama-fsdp): spec.template: upgraded init container "
+                   "'nvrx-slo-sidecar' (changed: image)\n")
+    upgraded = load(out)
+    assert [c["name"] for c in _pod(upgraded[2])["initContainers"]] == [c["name"] for c in inits] == [
+        "fetch-tokenizer", SIDECAR]
+    inits[1]["image"] = "registry.example/nvrx-slo-sidecar:0.2.0"
+    assert upgraded == docs
+    path.write_text(out)
+    assert inject.main(["--image=registry.example/nvrx-slo-sidecar:0.2.0", str(path)]) == 0
+    again, err = capsys.readouterr()
+    assert again == out and err == ""
+
+
+def test_injecting_a_manifest_an_older_version_injected_brings_every_part_of_ours_up_to_date(capsys):
+    """What an older inject may have written differently — the sidecar's arguments, a volume's size, a
+    mount missing on the trainer, the monitor label's value — is this version's after injecting again,
+    in place; what is not ours is untouched (taking our parts out gives the input)."""
+    given = load((MANIFESTS / "aws-indexed-job.yaml").read_text())
+    fresh = load(inject_files(MANIFESTS / "aws-indexed-job.yaml"))
+    older = copy.deepcopy(fresh)
+    pod = _pod(older[2])
+    named(pod["initContainers"], SIDECAR)["args"] = ["sidecar", "--port=9400"]
+    named(pod["volumes"], "journal")["emptyDir"] = {"sizeLimit": "256Mi"}
+    _trainer(older[2])["volumeMounts"] = [m for m in _trainer(older[2])["volumeMounts"] if m["name"] != "journal"]
+    older[2]["spec"]["template"]["metadata"]["labels"][MONITOR_LABEL[0]] = "yes"
+    upgraded: list[str] = []
+    out = load(inject.inject_stream([("older", yaml.safe_dump_all(older))], "nvrx-slo-sidecar:9.9", None, upgraded))
+    assert out == fresh and strip(out[2]) == given[2]
+    assert [u.split("spec.template: upgraded ")[1] for u in upgraded] == [
+        "init container 'nvrx-slo-sidecar' (changed: args)", "volume 'journal' (changed: emptyDir)",
+        "pod label 'nvrx-slo/monitor' ('yes' to 'true')"]
+
+
+@pytest.mark.parametrize("overlay", ["indexed-job/job.yaml", "pytorchjob/pytorchjob.yaml"])
+def test_the_projects_own_manifests_inject_again_with_any_image(overlay):
+    """deploy/overlays/ write the sidecar out by hand: the real command injects them, with their own
+    image (the same documents) or another (only the sidecar's image changes)."""
+    path = Path(__file__).resolve().parents[1] / "deploy" / "overlays" / overlay
+    given = load(path.read_text())
+    (image,) = {named(t["spec"]["initContainers"], SIDECAR)["image"] for d in workloads(given)
+                for t in templates(d).values()}
+    same = run(f"--image={image}", str(path))
+    assert same.returncode == 0 and same.stderr == "", same.stderr
+    assert load(same.stdout) == given
+    other = run("--image=registry.example/nvrx-slo-sidecar:0.2.0", str(path))
+    assert other.returncode == 0, other.stderr
+    for doc in workloads(given):
+        for template in templates(doc).values():
+            named(template["spec"]["initContainers"], SIDECAR)["image"] = "registry.example/nvrx-slo-sidecar:0.2.0"
+    assert load(other.stdout) == given
+    assert other.stderr.count("upgraded init container 'nvrx-slo-sidecar' (changed: image)") == sum(
+        len(templates(d)) for d in workloads(given))
+
+
 def test_the_reference_workloads_in_deploy_are_what_inject_makes_of_them(tmp_path):
     """deploy/overlays write the sidecar out in full; inject's single spec must agree with every field."""
     for overlay in OVERLAYS:
@@ -245,10 +310,9 @@ def _a_regular_container_named_like_ours(doc):
     _pod(doc)["containers"].append({"name": SIDECAR, "image": "busybox"})
 
 
-def _another_sidecar_image(doc):
-    once = load(inject.inject_stream([("x", yaml.safe_dump(doc))], "nvrx-slo-sidecar:1.0", None))[0]
-    doc.clear()
-    doc.update(once)
+def _an_init_container_named_like_ours_running_something_else(doc):
+    _pod(doc)["initContainers"] = [{"name": SIDECAR, "image": "busybox", "restartPolicy": "Always",
+                                    "args": ["sleep", "infinity"]}]
 
 
 def _monitor_label_off(doc):
@@ -282,9 +346,10 @@ REFUSALS = {  # sentence -> (how the Job is broken, flags, what the error must s
     "a regular container named like the sidecar":
         (_a_regular_container_named_like_ours, [],
          f"container named 'nvrx-slo-sidecar' {NOT_OURS} (a regular container, not a native sidecar)"),
-    "injected before with another image":
-        (_another_sidecar_image, [],
-         f"init container with name 'nvrx-slo-sidecar' {NOT_OURS} (differs in: image)"),
+    "an init container named like the sidecar that runs something else":
+        (_an_init_container_named_like_ours_running_something_else, [],
+         f"init container with name 'nvrx-slo-sidecar' {NOT_OURS} (differs in: args, env, image, livenessProbe, "
+         "ports, readinessProbe, resources, securityContext, volumeMounts)"),
     "the monitor label set to something else":
         (_monitor_label_off, [],
          "pod label 'nvrx-slo/monitor' is already there with value 'false', not 'true'"),
