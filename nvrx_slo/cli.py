@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 from nvrx_slo.contracts.targets import Targets
 
@@ -62,15 +63,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     entry, extras, _ = COMMANDS[name]
     module_name, func_name = entry.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.partition(".")[0] == "nvrx_slo":
-            raise
-        print(f"nvrx-slo {name}: needs the {extras!r} extra (no module {exc.name!r}): "
-              f"pip install 'nvrx-slo[{extras}]'", file=sys.stderr)
-        return 2
-    entry_point = getattr(module, func_name)
-    if name in JUDGES:
-        return int(entry_point(rest, _targets()) or 0)
-    return int(entry_point(rest) or 0)
+    with warnings.catch_warnings():
+        # NVRx requires the ``pynvml`` package, whose releases from 13 on are a shim that warns, once per
+        # process, on the first ``import pynvml`` (torch.cuda's at ``import torch``, NVRx's own) that it is
+        # deprecated for nvidia-ml-py, which NVRx installs too and which that import gets: nothing a user
+        # of these commands can act on. Only that warning, only while a command runs.
+        warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.partition(".")[0] == "nvrx_slo":
+                raise
+            print(f"nvrx-slo {name}: needs the {extras!r} extra (no module {exc.name!r}): "
+                  f"pip install 'nvrx-slo[{extras}]'", file=sys.stderr)
+            return 2
+        entry_point = getattr(module, func_name)
+        if name in JUDGES:
+            return int(entry_point(rest, _targets()) or 0)
+        return int(entry_point(rest) or 0)

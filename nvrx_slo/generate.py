@@ -15,10 +15,20 @@ GENERATORS: dict[str, str] = {
 }
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's flags (``tests/test_cli.py`` freezes them)."""
     parser = argparse.ArgumentParser(prog="nvrx-slo generate", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=[*GENERATORS, "all"], help="which artefacts to regenerate")
-    args, rest = parser.parse_known_args(argv)
+    # every generator takes both; given here, before or after WHAT, and handed on
+    parser.add_argument("--spec", help="the SLO spec the rules and dashboards come from (default: alerts/slo.yaml)")
+    parser.add_argument("--root", help="write under this directory (default: .)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    rest = [arg for flag in ("spec", "root") if getattr(args, flag) is not None
+            for arg in (f"--{flag}", getattr(args, flag))]
     names = list(GENERATORS) if args.what == "all" else [args.what]
     for name in names:
         module_name, func_name = GENERATORS[name].split(":")

@@ -301,7 +301,8 @@ def inject_stream(sources: list[tuple[str, str]], image: str, container: str | N
     return yaml.dump_all(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's flags (``tests/test_cli.py`` freezes them)."""
     kinds = ", ".join(f"{kind} ({api})" for api, kind in CONTROLLERS)
     parser = argparse.ArgumentParser(
         prog="nvrx-slo inject", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -312,7 +313,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--image", default=default_image(), help="the sidecar image (default: %(default)s)")
     parser.add_argument("--container", help="the training container's name in every pod template (default: the "
                                             "only container, or `pytorch` in a PyTorchJob)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
     upgraded: list[str] = []
     try:
         sources = [(name, sys.stdin.read() if name == "-" else Path(name).read_text()) for name in args.files]

@@ -1,4 +1,4 @@
-"""``nvrx-slo report JOURNAL_DIR -o report.html``: the status page's accounting, offline, plus a timeline.
+"""``nvrx-slo report JOURNAL_DIR``: the status page's accounting, offline, plus a timeline.
 
 For the engineer who copied a journal off a node after the fact, or wants one file to attach to
 an incident ticket. The journal is read exactly as the sidecar reads it (``JournalTail``: same
@@ -35,8 +35,10 @@ from nvrx_slo.exporter.engine.snapshot import RestartRecord, Snapshot
 from nvrx_slo.exporter.ingest.decode import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import DUPLICATE, IMPLAUSIBLE, LATE, View
-from nvrx_slo.exporter.views import status_page, timeline
+from nvrx_slo.exporter.views import slo_report, status_page, timeline
 from nvrx_slo.exporter.views.timeline import RestartBand, TimelineBuilder
+
+FORMATS = {"html": "report.html", "text": "-"}  # each format's default output (-: stdout)
 
 
 class EmptyJournal(ValueError):
@@ -97,39 +99,59 @@ def _read(journal_dir: str | Path) -> _Pod:
     return _Pod(snap, replay.engine.history(), replay.builder, dict(tail.rejected))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Replayed:
+    """The journal directories replayed: one pod's accounting, or its job's (``exporter/engine/job.py``)."""
+
+    pods: list[_Pod]
+    snap: Snapshot
+    view: View
+
+    def timeline(self) -> timeline.Timeline:
+        restarts = [_band(r, self.snap.now_wall) for r in self.snap.restarts.recent]
+        if len(self.pods) == 1:
+            return self.pods[0].builder.build(restarts, self.snap.checkpoints.recent)
+        return timeline.compose([(p.snap.pod, p.builder) for p in self.pods], restarts, self.snap.checkpoints.recent)
+
+
+def _replay(journal_dirs: Sequence[str | Path]) -> _Replayed:
+    # every restart and save of each pod's full history, not only each snapshot's newest
+    pods = sorted((_read(d) for d in journal_dirs), key=lambda p: p.snap.job_start_wall or 0.0)
+    full = [dataclasses.replace(p.snap, restarts=dataclasses.replace(p.snap.restarts, recent=p.history.restarts),
+                                checkpoints=dataclasses.replace(p.snap.checkpoints, recent=p.history.checkpoints))
+            for p in pods]
+    snap = full[0] if len(full) == 1 else job.job_snapshot(full, lost=job.lost_pods(full))
+    rejected = dict(sum((Counter(p.rejected) for p in pods), Counter()))
+    view = View(snap, {**rejected, DUPLICATE: snap.duplicates, LATE: snap.late, IMPLAUSIBLE: snap.implausible}, {}, {})
+    return _Replayed(pods, snap, view)
+
+
 def build(journal_dirs: Sequence[str | Path], targets: Targets) -> str:
     """The report of one pod's journal directory, or of a job's (one directory per pod: the job's
     accounting, ``exporter/engine/job.py``, and one timeline with every pod's lanes), as one HTML
     document, its SLOs judged against ``targets``; ``EmptyJournal`` if a directory holds nothing."""
-    pods = sorted((_read(d) for d in journal_dirs), key=lambda p: p.snap.job_start_wall or 0.0)
-    if len(pods) == 1:
-        (pod,) = pods
-        snap, rejected = pod.snap, pod.rejected
-        tl = pod.builder.build([_band(r, snap.now_wall) for r in pod.history.restarts], pod.history.checkpoints)
-    else:
-        # the job's restarts and saves merged from every pod's full history, not only each snapshot's newest
-        full = [dataclasses.replace(p.snap, restarts=dataclasses.replace(p.snap.restarts, recent=p.history.restarts),
-                                    checkpoints=dataclasses.replace(p.snap.checkpoints, recent=p.history.checkpoints))
-                for p in pods]
-        snap = job.job_snapshot(full, lost=job.lost_pods(full))
-        rejected = dict(sum((Counter(p.rejected) for p in pods), Counter()))
-        tl = timeline.compose([(p.snap.pod, p.builder) for p in pods],
-                              [_band(r, snap.now_wall) for r in snap.restarts.recent], snap.checkpoints.recent)
-    view = View(snap, {**rejected, DUPLICATE: snap.duplicates, LATE: snap.late, IMPLAUSIBLE: snap.implausible}, {}, {})
+    replayed = _replay(journal_dirs)
+    view, snap = replayed.view, replayed.snap
     bad = sum(view.rejected.values())
     warning = (f'<p class="fail">{bad} journal lines were rejected and not accounted '
                f"(see Exporter below).</p>") if bad else ""
-    lanes = "One lane per rank" + (" and pod" if len(pods) > 1 else "")
+    several = len(replayed.pods) > 1
+    lanes = "One lane per rank" + (" and pod" if several else "")
     body = (f'<div class="grid"><section class="card wide"><h2>Timeline</h2>{warning}'
-            f"{timeline.legend_html()}{timeline.render_svg(tl)}"
+            f"{timeline.legend_html()}{timeline.render_svg(replayed.timeline())}"
             f'<p class="sub">{lanes}; hover a span for details. Restarts and their phases run '
             f"across all lanes; lost work is the training that a restart rolled back.</p></section></div>"
             f"{status_page.sections(view, targets)}")
     made = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    what = "journal" if len(pods) == 1 else f"{len(pods)} journals"
+    what = f"{len(replayed.pods)} journals" if several else "journal"
     links = (f'<span class="ident">{what} <b>{html.escape(", ".join(map(str, journal_dirs)))}</b> · '
              f"report made {made}</span>")
     return status_page.page("nvrx-slo report", snap, body, refresh_s=None, links=links)
+
+
+def text(journal_dirs: Sequence[str | Path], targets: Targets) -> str:
+    """The same accounting as ``build``, as the text SLO report the sidecar writes (no timeline)."""
+    return slo_report.render(_replay(journal_dirs).snap, targets)
 
 
 def write(journal_dirs: Sequence[str | Path], output: str | Path, targets: Targets) -> Path:
@@ -140,22 +162,43 @@ def write(journal_dirs: Sequence[str | Path], output: str | Path, targets: Targe
     return path
 
 
-def main(argv: list[str], targets: Targets) -> int:
-    """``nvrx-slo report``; ``targets`` come from the SLO spec (``nvrx_slo/cli.py`` loads it)."""
+def parser() -> argparse.ArgumentParser:
+    """The command's flags (``tests/test_cli.py`` freezes them)."""
     parser = argparse.ArgumentParser(prog="nvrx-slo report", description=__doc__.split("\n")[0])
     parser.add_argument("journal_dirs", metavar="JOURNAL_DIR", type=Path, nargs="+",
                         help="a pod's journal directory; several: one job, a directory per pod (a lost "
                              "pod's and its replacement's included)")
-    parser.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="HTML file to write")
-    args = parser.parse_args(argv)
+    parser.add_argument("--format", choices=FORMATS, default="html",
+                        help="html: the page with a timeline; text: the SLO report the sidecar writes (default: html)")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help=f"where to write it, - for stdout (default: {FORMATS['html']} for html, "
+                             f"{FORMATS['text']} for text)")
+    return parser
+
+
+def main(argv: list[str], targets: Targets) -> int:
+    """``nvrx-slo report``; ``targets`` come from the SLO spec (``nvrx_slo/cli.py`` loads it)."""
+    cli = parser()
+    args = cli.parse_args(argv)
     for journal_dir in args.journal_dirs:
         if not journal_dir.is_dir():
-            parser.error(f"JOURNAL_DIR {journal_dir}: not a directory")
+            cli.error(f"JOURNAL_DIR {journal_dir}: not a directory")
     if len(set(map(Path.resolve, args.journal_dirs))) < len(args.journal_dirs):
-        parser.error("JOURNAL_DIR: a directory is named twice (each pod's journal once)")
+        cli.error("JOURNAL_DIR: a directory is named twice (each pod's journal once)")
+    output = args.output or FORMATS[args.format]
     try:
-        print(write(args.journal_dirs, args.output, targets))
+        document = (build if args.format == "html" else text)(args.journal_dirs, targets)
     except (EmptyJournal, FileNotFoundError) as exc:
         print(f"nvrx-slo report: {exc}", file=sys.stderr)
         return 1
+    if output == "-":
+        sys.stdout.write(document)
+        return 0
+    path = Path(output).resolve()
+    try:
+        path.write_text(document, encoding="utf-8")
+    except OSError as exc:
+        print(f"nvrx-slo report: cannot write {output}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(path)
     return 0
