@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import bisect
 import html
+import itertools
 import math
 from array import array
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +119,11 @@ class _RankData:
     step_mono: array = field(default_factory=lambda: array("d"))
     step_no: array = field(default_factory=lambda: array("q"))
     step_partial: array = field(default_factory=lambda: array("b"))  # 1: a step an exception left
-    verdicts: list[tuple[float, float, bool]] = field(default_factory=list)  # the engine's, in order
+    # the engine's verdicts, in order, as parallel arrays (a long job has one per step): the steps that
+    # ended in [first, last] (mono), productive or not
+    verdict_first: array = field(default_factory=lambda: array("d"))
+    verdict_last: array = field(default_factory=lambda: array("d"))
+    verdict_productive: array = field(default_factory=lambda: array("b"))
     spans: list[tuple[str, float, float, str]] = field(default_factory=list)  # init/restore/blocking/background
 
 
@@ -189,7 +194,10 @@ class TimelineBuilder:
         """The engine's step verdicts (``Engine.take_verdicts``), by rank, in the order it made them."""
         for rank, taken in verdicts.items():
             if taken:
-                self._ranks[rank].verdicts.extend(taken)
+                data = self._ranks[rank]
+                data.verdict_first.extend(first for first, _, _ in taken)
+                data.verdict_last.extend(last for _, last, _ in taken)
+                data.verdict_productive.extend(productive for _, _, productive in taken)
 
     def build(self, restarts: Sequence[RestartBand] = (), checkpoints: Sequence[CheckpointRecord] = ()) -> Timeline:
         """Finish: mark each step as the engine decided, merge spans to the pixel, cap lanes and markers."""
@@ -204,9 +212,8 @@ class TimelineBuilder:
     @staticmethod
     def _lane(rank: int, data: _RankData, lo: float, resolution: float, pod: str) -> Lane:
         kinds = _kinds(data)
-        order = sorted(range(len(data.step_end)), key=data.step_end.__getitem__)
-        raw = [(kind, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i])
-               for i in order if (kind := kinds[i]) is not None]
+        raw = ((kind, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i])
+               for i in _order(data.step_end) if (kind := kinds[i]) is not None)
         spans = _merge_steps(raw, resolution)
         others = sorted(data.spans, key=lambda s: s[1])
         spans += _merge_others([(k, s - lo, e - lo, label) for k, s, e, label in others], resolution)
@@ -246,15 +253,23 @@ def _kinds(data: _RankData) -> list[str | None]:
     """Each step's kind (by index), from the engine's verdicts: a verdict covers the steps that
     ended in its [first, last] and that no earlier verdict decided. A step an exception left is
     drawn only when the engine counted it (lost), not when a restart was already under way."""
-    order = sorted(range(len(data.step_mono)), key=data.step_mono.__getitem__)
-    ends = [data.step_mono[i] for i in order]
+    order = _order(data.step_mono)
+    ends = data.step_mono if isinstance(order, range) else array("d", (data.step_mono[i] for i in order))
     kinds: list[str | None] = [None if partial else UNPROTECTED for partial in data.step_partial]
-    for first, last, productive in data.verdicts:
+    for first, last, productive in zip(data.verdict_first, data.verdict_last, data.verdict_productive, strict=True):
         for j in range(bisect.bisect_left(ends, first), bisect.bisect_right(ends, last)):
             i = order[j]
             if kinds[i] is UNPROTECTED or (kinds[i] is None and data.step_partial[i]):
                 kinds[i] = STEP if productive else LOST
     return kinds
+
+
+def _order(values: array) -> Sequence[int]:
+    """The indices of ``values`` in increasing order of value: a ``range`` when they already are (a
+    rank's records arrive in time order), so a lane of a million steps costs no list of indices."""
+    if all(a <= b for a, b in itertools.pairwise(values)):
+        return range(len(values))
+    return sorted(range(len(values)), key=values.__getitem__)
 
 
 def _marker(record: CheckpointRecord, lo: float) -> CheckpointMarker | None:
@@ -267,7 +282,7 @@ def _marker(record: CheckpointRecord, lo: float) -> CheckpointMarker | None:
                             incarnation=record.incarnation)
 
 
-def _merge_steps(raw: list[tuple[str, float, float, int]], resolution: float) -> list[Span]:
+def _merge_steps(raw: Iterable[tuple[str, float, float, int]], resolution: float) -> list[Span]:
     """Runs of consecutive steps of one kind, split where a gap is wider than ``resolution``."""
     out: list[Span] = []
     run: list[Any] | None = None  # [kind, start, end, count, first_step, last_step]
