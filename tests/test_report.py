@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+import tracemalloc
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.views import report, timeline
 from snapshot_fixtures import TARGETS
 
+SYNTHETIC = Path(__file__).resolve().parents[1] / "bench" / "synthetic_journal.py"
 EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
 
 
@@ -182,6 +184,32 @@ def test_a_huge_journal_gives_a_small_report_quickly(tmp_path):
     assert document.count('data-kind="checkpoint"') == min(expected["checkpoints"], timeline.MAX_MARKERS)
     assert document.count('data-kind="restart"') == 1
     assert_inert(document)
+
+
+def _peak_bytes(directory: Path) -> int:
+    """What ``report.build`` of ``directory`` allocated at most at once (Python's allocations)."""
+    tracemalloc.start()
+    try:
+        report.build([directory], TARGETS)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.slow
+def test_a_longer_journal_costs_the_report_a_few_dozen_bytes_a_step(tmp_path):
+    """A report of a month-long journal must fit a laptop: each step more may cost the timeline a few
+    arrays' entries, not a tuple per step or a list of them all (the slope between two lengths of
+    ``bench/synthetic_journal.py``'s journal, so the reader's fixed buffers do not count)."""
+    peaks = {}
+    for steps in (20_000, 60_000):
+        directory = tmp_path / str(steps)
+        subprocess.run([sys.executable, str(SYNTHETIC), str(directory), "--ranks", "1", "--steps", str(steps),
+                        "--restart-at", str(steps // 2)], check=True, capture_output=True, timeout=120)
+        peaks[steps] = _peak_bytes(directory)
+    per_step = (peaks[60_000] - peaks[20_000]) / 40_000
+    print(f"report: {per_step:.0f} bytes a step more (peaks {peaks[20_000] / 1e6:.1f}, {peaks[60_000] / 1e6:.1f} MB)")
+    assert per_step < 100  # 38 here; 160 when the timeline kept a tuple per step and listed a lane's steps
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
