@@ -7,11 +7,12 @@ on every rank:
 * ``checkpoint_start`` when the save call begins (training blocked from here),
 * ``checkpoint_scheduled`` when the call returns (``plan_s`` planning, ``stage_s`` staging and
   hand-off to the writer, ``bytes`` this rank's tensor and byte payload),
-* ``checkpoint_finalize`` spans for the training-thread part of finishing an async save (the
-  poll that found it done, the metadata gather/write, the agreement on success),
+* every poll of the writer while a save is in flight (``Hooks.checkpoint_wait``: NVRx's finalize,
+  the metadata gather/write, the agreement on success) as that save's blocking, however short,
+  without a record per poll (``nvrx_slo.trainer.saves``),
 * ``checkpoint_end`` once its outcome is known, with ``written``: the monotonic instant the
   background write itself finished, stamped by the writer process (``_StampedWrite``), not when
-  the trainer happened to notice,
+  the trainer happened to notice, and ``waited_s``: the polls charged to it,
 * ``checkpoint_worker`` when NVRx's persistent writer process is seen alive or dead.
 
 A checkpoint is complete when DCP's ``.metadata`` exists: the coordinator writes it (atomically)
@@ -46,7 +47,6 @@ _SAVE_ERRORS = (Exception, dcp.CheckpointException)
 # An in-process restart waits this long at most for the writer to finish saves it abandoned, then
 # replaces it: below the Wrapper's soft timeout (60 s), which a main thread blocked here would trip.
 ABANDONED_WAIT_S = 20.0
-POLL_COST_S = 0.001  # a poll that finalizes nothing is journaled as checkpoint cost from this long on
 METADATA = ".metadata"  # written last, by DCP's coordinator: its presence marks a complete checkpoint
 
 
@@ -274,27 +274,21 @@ class Checkpointer:
         self._check_worker()
         if not self._pending:
             return
-        start = time.monotonic()
-        while True:  # NVRx's own blocking wait never notices a dead writer: poll, and look
-            self._queue.maybe_finalize_async_calls(blocking=False)
-            if not blocking or all(p.finalized for p in self._pending.values()):
-                break
-            time.sleep(0.05)
-            self._check_worker()
-        now = time.monotonic()
-        # NVRx 0.4.1 returns call index 0 for every finalized call: trust our own flags instead
-        finalized = [i for i, p in self._pending.items() if p.finalized]
-        # The round is the loop's checkpoint cost — NVRx's all-reduces included, which run after our
-        # finalize function — charged to the save it finished, or to the oldest one it waited for.
-        charged = self._pending[finalized[0] if finalized else min(self._pending)]
-        if finalized or now - start > POLL_COST_S:
-            charged.save.waited(start)
-        for index in finalized:
-            pending = self._pending.pop(index)
-            if pending.error is None:
-                pending.save.done(written=_read_stamp(pending.path, pending.rank, now))
-            else:
-                pending.save.failed(pending.error)
+        with self.hooks.checkpoint_wait():  # every poll is the oldest save's cost, however short
+            while True:  # NVRx's own blocking wait never notices a dead writer: poll, and look
+                self._queue.maybe_finalize_async_calls(blocking=False)
+                if not blocking or all(p.finalized for p in self._pending.values()):
+                    break
+                time.sleep(0.05)
+                self._check_worker()
+            now = time.monotonic()
+            # NVRx 0.4.1 returns call index 0 for every finalized call: trust our own flags instead
+            for index in [i for i, p in self._pending.items() if p.finalized]:
+                pending = self._pending.pop(index)
+                if pending.error is None:
+                    pending.save.done(written=_read_stamp(pending.path, pending.rank, now))
+                else:
+                    pending.save.failed(pending.error)
 
     def abandon(self, reason: str) -> None:
         """After a fault (in-process restart; call it from the Wrapper's ``finalize``): give up on

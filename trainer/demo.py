@@ -236,6 +236,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             elif r["type"] == EventType.CHECKPOINT_FINALIZE.value:
                 c["blocking"][rank] = c["blocking"].get(rank, 0.0) + r["mono"] - r["start"]
             elif r["type"] == EventType.CHECKPOINT_END.value:
+                c["blocking"][rank] = c["blocking"].get(rank, 0.0) + (r.get("waited_s") or 0.0)
                 c["background"][rank] = r["written"] - c.get("scheduled", {}).get(rank, r["written"])
                 c["ok"] = r["ok"] if c["ok"] is None else (c["ok"] and r["ok"])
     restarts = []

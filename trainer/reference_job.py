@@ -197,9 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + os.environ.get("RANK", "?")
                         + " %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
-    # on a GPU, steps are timed by CUDA events: host clocks would time kernel launches
-    hooks = Hooks.start(world_size=int(os.environ.get("WORLD_SIZE", 1)), journal_dir=cfg.journal_dir,
-                        cuda_timing=torch.cuda.is_available())
+    # on a GPU the first step finds CUDA in use and times steps by CUDA events
+    hooks = Hooks.start(world_size=int(os.environ.get("WORLD_SIZE", 1)), journal_dir=cfg.journal_dir)
     ckpt = Checkpointer(hooks, cfg.checkpoint_dir, cfg.checkpoint_mode, slow_storage_s=cfg.slow_storage_s)
     try:
         if cfg.inprocess:
