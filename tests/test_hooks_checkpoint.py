@@ -281,15 +281,19 @@ def test_nvrx_public_async_api_with_the_hooks_gives_the_productive_time_the_test
             args[1] = nvrx_compat.write_buckets(preload, args)  # built here: NVRx's preload syncs CUDA
             request = api.AsyncRequest(write, tuple(args), [lambda: finalize(planned)])
             queue.schedule_async_request(request._replace(finalize_fns=[*request.finalize_fns, s.completion()]))
-        queue.maybe_finalize_async_calls(blocking=False)
+        with slo.checkpoint_wait():  # the README's way: every poll is the save's cost
+            queue.maybe_finalize_async_calls(blocking=False)
 
     try:
         work = _train(slo, 18, save, every=5)
-        queue.maybe_finalize_async_calls(blocking=True)
+        with slo.checkpoint_wait():
+            queue.maybe_finalize_async_calls(blocking=True)
     finally:
         queue.close()
     slo.close()
     durable = _durable_steps(tmp_path)
     assert durable == [4, 9, 14]
+    ends = [r for r in _records(tmp_path) if r["type"] == "checkpoint_end"]
+    assert all(e["waited_s"] > 0 for e in ends[-1:])  # the last save, finalized by the blocking poll
     productive, _ = _productive(tmp_path / "journal")
     _check(work, durable, productive)

@@ -118,13 +118,13 @@ def train(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer, iteration: int | Non
     """One incarnation: join the group, build, restore, train to ``cfg.steps``, finish the saves."""
     device = _init_process_group(cfg, iteration)
     try:
+        ckpt.start()  # the writer starts while the model is built and restored
         torch.manual_seed(cfg.seed)
         model = TinyLM(cfg.model).to(device)
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
         optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        ckpt.start()
 
         def state() -> dict[str, Any]:
             model_sd, optim_sd = get_state_dict(model, optim)
@@ -136,6 +136,7 @@ def train(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer, iteration: int | Non
             set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
 
         restored = restore(hooks, cfg.checkpoint_dir, load)
+        ckpt.ready(state)  # initialisation, not the first save, pays the writer's start and first plan
         first = 0 if restored is None else restored + 1
         faults = FaultInjector(list(cfg.faults), dist.get_rank(), cfg.fault_rank, cfg.checkpoint_dir / ".faults")
         for step in range(first, cfg.steps):
