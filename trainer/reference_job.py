@@ -102,6 +102,7 @@ def _init_process_group(cfg: JobConfig, iteration: int | None) -> torch.device:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls: a GPU's fp32 rate is a fraction of it
     timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
     if iteration is None:
         dist.init_process_group(backend, timeout=timeout)
