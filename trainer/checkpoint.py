@@ -162,6 +162,11 @@ class Checkpointer:
         if self._api is not None:
             cpu_shims.apply(self._api)
 
+    @property
+    def in_flight(self) -> int:
+        """Saves handed to the writer and not finalized yet."""
+        return len(self._pending)
+
     # --- async lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:

@@ -110,8 +110,9 @@ class StepTimer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if exc_type is None:
+            waits = self._waits
             self._journal.step(self._step, self._start, self._data.seconds, self._compute.seconds,
-                               self._optimizer.seconds, self._waits.take())
+                               self._optimizer.seconds, waits.take() if waits.seconds else 0.0)
         else:  # a step that raised did not happen; the instant it left is the fault's
             self._journal.emit(EventType.STEP_FAILED, step=self._step, start=self._start,
                                error=f"{exc_type.__name__}: {exc}"[:300], **self._waits.field())
