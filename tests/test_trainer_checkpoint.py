@@ -237,9 +237,10 @@ class SlowQueue:
     """NVRx's queue (the real one behind it) with each non-blocking poll slowed by a planted
     sub-millisecond sleep, and the first ``HOLD`` polls after a save finding nothing to finalize."""
 
+    planted = 0  # polls slowed, over every queue
+
     def __init__(self, queue) -> None:
         self.queue = queue
-        self.polls = 0
         self.held = 0
 
     def __getattr__(self, name: str):
@@ -250,8 +251,8 @@ class SlowQueue:
         return self.queue.schedule_async_request(request)
 
     def maybe_finalize_async_calls(self, blocking: bool = False, **kwargs):
-        time.sleep(PLANTED[self.polls % len(PLANTED)])
-        self.polls += 1
+        time.sleep(PLANTED[SlowQueue.planted % len(PLANTED)])
+        SlowQueue.planted += 1
         if self.held:
             self.held -= 1
             return []
@@ -282,9 +283,8 @@ def reference_loop(tmp_path_factory):
         model_sd, optim_sd = get_state_dict(model, optim)
         return {"model": model_sd, "optim": optim_sd}
 
-    truth: dict[str, float] = {}
+    truth: dict[str, float] = {}  # every wait charged to the oldest save in flight, as the hooks do
     incarnations: list[list[str]] = []
-    polls = 0
     step = 0
     for incarnation in range(3):
         ckpt = Checkpointer(hooks, tmp / f"ckpt-{incarnation}", "async")
@@ -292,6 +292,7 @@ def reference_loop(tmp_path_factory):
         ckpt.ready(state)
         ckpt._queue = SlowQueue(ckpt._queue)  # the seam: NVRx's queue, slowed by the test's planted polls
         saves: list[str] = []
+        in_flight: list[str] = []
         for _ in range(40):
             with hooks.step(step) as s:
                 with s.data():
@@ -303,24 +304,25 @@ def reference_loop(tmp_path_factory):
                     optim.zero_grad(set_to_none=True)
             t0 = time.monotonic()
             ckpt.poll()
-            if saves:
-                truth[saves[-1]] += time.monotonic() - t0
-                polls += 1
+            if in_flight:
+                truth[in_flight[0]] += time.monotonic() - t0
+                del in_flight[:max(0, len(in_flight) - ckpt.in_flight)]
             if (step + 1) % 10 == 0:
                 saves.append(checkpoint.checkpoint_id(step))
                 t0 = time.monotonic()
                 ckpt.save(state, step)
                 truth[saves[-1]] = time.monotonic() - t0
+                in_flight.append(saves[-1])
             step += 1
         t0 = time.monotonic()
         ckpt.poll(blocking=True)
-        truth[saves[-1]] += time.monotonic() - t0
+        truth[in_flight[0]] += time.monotonic() - t0
         with hooks.step(step):  # carries the last wait (the newest record waits for its job's end)
             step += 1
         ckpt.close()
         incarnations.append(saves)
     hooks.close()
-    return hooks, truth, polls, incarnations
+    return hooks, truth, incarnations
 
 
 def _blocking(hooks: Hooks) -> dict[str, float]:
@@ -339,8 +341,8 @@ def test_sub_millisecond_polls_add_up_to_the_blocking_the_loop_measured_within_a
     from nvrx_slo.exporter.engine.engine import Engine
     from nvrx_slo.exporter.ingest.decode import as_event
 
-    hooks, truth, polls, _ = reference_loop
-    assert polls >= len(truth) * HOLD and max(PLANTED) < 0.001
+    hooks, truth, _ = reference_loop
+    assert SlowQueue.planted >= len(truth) * HOLD and max(PLANTED) < 0.001
     journaled = _blocking(hooks)
     assert journaled.keys() == truth.keys() and len(truth) == 12
     errors = {ckpt: journaled[ckpt] - seconds for ckpt, seconds in truth.items()}
@@ -362,7 +364,7 @@ def test_the_first_save_after_a_start_blocks_no_longer_than_the_steady_ones(refe
     A busy machine only adds time, to any save: the quickest of three first saves (each after its
     own start) against the steady saves' median. (Started just before the loop instead, every first
     save waited 0.5-0.9 s here for the writer, against 30 ms for a steady one; on an H200, 7.8 s.)"""
-    hooks, _, _, incarnations = reference_loop
+    hooks, _, incarnations = reference_loop
     blocking = _blocking(hooks)
     firsts = sorted(blocking[saves[0]] for saves in incarnations)
     steady = sorted(blocking[ckpt] for saves in incarnations for ckpt in saves[1:-1])  # the last waits for its write
