@@ -5,7 +5,9 @@
 1. Journal event cost: the median wall time of one call, for the per-step ``step`` record and for a
    five-field checkpoint record, appending to a file in the working directory's file system
    (the sidecar's ``emptyDir`` is node disk too). Target: median <= 5 us.
-2. Per-step overhead on the reference model (TinyLM, FSDP2 ``fully_shard`` on one gloo rank):
+2. What a CPU job's steps cost with the default timing (``Hooks.start``: host clocks, chosen at the
+   first step) against the host-clock timer itself, alternating in one process: the ratio.
+3. Per-step overhead on the reference model (TinyLM, FSDP2 ``fully_shard`` on one gloo rank):
    steps alternate instrumented (``hooks.step`` with its three phases, journal enabled) and bare,
    so both see the same machine; the ratio of steps/s is instrumented / bare. A 2-core machine
    shared with other work makes a single step's time noisy, so the hook cost measured alone (the
@@ -26,7 +28,7 @@ from torch.distributed.fsdp import fully_shard
 
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer.hooks import Hooks
-from nvrx_slo.trainer.journal import Identity, Journal
+from nvrx_slo.trainer.journal import Identity, Journal, open_journal
 from nvrx_slo.trainer.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
 
 
@@ -38,6 +40,37 @@ def _median_us(fn, n: int) -> float:
         fn()
         samples.append(clock() - t0)
     return statistics.median(samples) / 1000
+
+
+def empty_step_us(hooks: Hooks, n: int) -> float:
+    """The median cost of the hooks alone: a step with its three phases, empty, and its record."""
+
+    def empty_step() -> None:
+        with hooks.step(0) as s:
+            with s.data():
+                pass
+            with s.compute():
+                pass
+            with s.optimizer():
+                pass
+
+    return _median_us(empty_step, n)
+
+
+def default_timing(directory: str, rounds: int = 6, n: int = 20000) -> None:
+    """What a CPU job gets from ``Hooks.start`` (``timing="auto"``: host clocks, decided at its first
+    step) against the host-clock timer built directly, in alternating rounds of one process."""
+    hooks = {"auto": Hooks.start(world_size=1, journal_dir=os.path.join(directory, "auto")),
+             "host": Hooks(open_journal(os.path.join(directory, "host")))}
+    samples: dict[str, list[float]] = {name: [] for name in hooks}
+    for round_ in range(rounds):
+        for name in sorted(hooks, reverse=bool(round_ % 2)):
+            samples[name].append(empty_step_us(hooks[name], n))
+    auto, host = statistics.median(samples["auto"]), statistics.median(samples["host"])
+    print(f"hooks alone on the CPU, {rounds} alternating rounds of {n}: Hooks.start (timing='auto') {auto:.2f} us, "
+          f"host-clock timer {host:.2f} us per step, ratio {auto / host:.3f}")
+    for h in hooks.values():
+        h.close()
 
 
 def journal_events(n: int, directory: str) -> None:
@@ -85,16 +118,7 @@ def step_overhead(steps: int, directory: str) -> None:
             fn(step)
             times[name].append(time.perf_counter() - t0)
 
-    def empty_step() -> None:
-        with hooks.step(0) as s:
-            with s.data():
-                pass
-            with s.compute():
-                pass
-            with s.optimizer():
-                pass
-
-    hook_us = _median_us(empty_step, 20000)
+    hook_us = empty_step_us(hooks, 20000)
     bare_s, inst_s = sum(times["bare"]), sum(times["instrumented"])
     median_bare = statistics.median(times["bare"])
     print(f"reference model, {steps} interleaved pairs: bare {steps / bare_s:.2f} steps/s, instrumented "
@@ -112,6 +136,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
         journal_events(args.events, tmp)
+    with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
+        default_timing(tmp)
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
         step_overhead(args.steps, tmp)
 

@@ -137,7 +137,7 @@ def main(argv: list[str], targets: Targets) -> int:
     parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"demo-{stamp}",
                         help="a fresh directory for the journal, checkpoints, logs and reports "
                              "(default: runs/demo-<time>)")
-    parser.add_argument("--steps", type=int, default=50, help="training steps (default: 50)")
+    parser.add_argument("--steps", type=int, help="training steps (default: 50 on CPU, 3000 on GPUs)")
     parser.add_argument("--pods", type=_positive, default=1,
                         help="pods of the job, each one launcher with its own journal and sidecar: 1 runs "
                              "2 ranks in one pod, N > 1 one rank in each of N pods (default: 1)")
@@ -155,7 +155,9 @@ def main(argv: list[str], targets: Targets) -> int:
                         help="each sidecar's reorder window: how long records wait to be accounted, so how "
                              "late settled numbers reach Prometheus (default: %(default)s)")
     args = parser.parse_args(argv)
-    faults = job.DEFAULT_FAULTS if args.node_loss is None else ()
+    device = job.demo_device(job.visible_gpus()) if args.pods == 1 else job.CPU  # one GPU per rank
+    faults = device.faults if args.node_loss is None else ()
+    args.steps = device.steps if args.steps is None else args.steps
     last = max(f.step for f in faults) if faults else LOSS_STEP
     if args.steps <= last:
         parser.error(f"--steps must be above {last}, the step of the last injected fault")
@@ -174,7 +176,8 @@ def main(argv: list[str], targets: Targets) -> int:
     pods = args.pods
     what = (", ".join(f"{f.kind} at step {f.step}" for f in faults) if faults else
             f"pod {args.node_loss} lost at step {LOSS_STEP}, replaced {args.replace_after:g} s later")
-    shape = "2 CPU ranks under ft_launcher" if pods == 1 else f"{pods} pods of 1 CPU rank, each under ft_launcher"
+    shape = (f"{device.ranks} {device.kind.upper()} rank(s) under ft_launcher" if pods == 1
+             else f"{pods} pods of 1 CPU rank, each under ft_launcher")
     print(f"nvrx-slo demo: {shape}, {what}; run directory {run_dir}", flush=True)
     sidecars: dict[Path, _Sidecar] = {}
     lost_at: dict[Path, tuple[float, float]] = {}  # a lost pod's journal -> when its sidecar died with it
@@ -201,7 +204,8 @@ def main(argv: list[str], targets: Targets) -> int:
             # on a node loss the survivors must fail and restart through ft_launcher to let the
             # replacement in: no in-process restart (it would go on without the lost rank)
             result = job.run_demo(run_dir, steps=args.steps, pods=pods, faults=faults, node_loss=loss,
-                                  on_pod=on_pod, inprocess=loss is None,
+                                  on_pod=on_pod, inprocess=loss is None, device=device,
+                                  checkpoint_every=device.checkpoint_every, timeout_s=device.timeout_s,
                                   extra_args=() if loss is None else ("--collective-timeout", "5"))
     finally:
         records = {d: job.read_journal(d) if d.exists() else [] for d in sidecars}

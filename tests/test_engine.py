@@ -660,3 +660,43 @@ def test_a_worker_the_rendezvous_renumbered_stays_on_its_accelerators_lane():
     for record in pod.records[4:]:
         resumed.ingest(as_event(record))
     assert [r.rank for r in resumed.snapshot(14.0, 14.0 + pod.wall_offset).ranks] == [2]
+
+
+def test_the_loops_waits_on_a_save_are_blocking_out_of_the_stretch_before_the_record_that_carries_them():
+    """An async save of step 1 (7.0-7.2); the loop's polls of its writer come as ``blocked_s`` on the
+    next record (0.3 s in a 0.5 s gap before step 2; 0.4 s where step 3's gap holds 0.1 s, the rest
+    in its span, as CUDA timing ends a span late) and on the save's end as ``waited_s``."""
+    pod = Pod()
+    pod.launcher(0.0)
+    p = pod.proc(0)
+    p.start(1.0, world_size=1, local_world_size=1)
+    p.step(1, 6.0, 7.0)
+    p.save(1, 7.0, 7.2, written=8.0, observed=9.4)
+    p.ev("step", 8.7, step=2, start=7.7, data_s=0.0, compute_s=0.9, optimizer_s=0.1, blocked_s=0.3)
+    p.ev("step", 9.8, step=3, start=8.8, data_s=0.2, compute_s=0.7, optimizer_s=0.1, blocked_s=0.4)
+    p.ev("checkpoint_end", 9.8, ckpt="step-000001", step=1, ok=True, written=8.0, error=None, waited_s=0.7)
+    p.ev("checkpoint_start", 10.5, ckpt="step-000003", step=3, mode="sync", blocked_s=0.2)
+    p.ev("checkpoint_scheduled", 10.6, ckpt="step-000003", plan_s=0.0, stage_s=0.1, bytes=10)
+    p.ev("checkpoint_end", 10.6, ckpt="step-000003", step=3, ok=True, written=10.6, error=None)
+    p.ev("step", 11.6, step=4, start=10.6, data_s=0.0, compute_s=0.9, optimizer_s=0.1)
+    snap = run(pod, 20.0)
+    (rank,) = snap.ranks
+    assert rank.seconds[B] == pytest.approx(0.2 + 0.3 + 0.4 + 0.2 + 0.1)
+    assert rank.seconds[U] == pytest.approx(0.2 + 0.5)  # the rest of the gaps before step 2 and the save
+    assert rank.seconds[P] == pytest.approx(1.0 + 1.0 + 0.5)  # step 3 lost 0.3 s of its span to the waits
+    by_ckpt = {c.ckpt: c for c in snap.checkpoints.recent}
+    assert by_ckpt["step-000001"].blocking_s == pytest.approx(0.2 + 0.7)
+    check_invariant(snap)
+
+
+def test_a_negative_wait_is_implausible_and_changes_nothing():
+    pod = Pod()
+    pod.launcher(0.0)
+    p = pod.proc(0)
+    p.start(1.0, world_size=1, local_world_size=1)
+    p.step(1, 2.0, 3.0)
+    clean = run(pod, 10.0)
+    p.ev("step", 4.0, step=2, start=3.0, data_s=0.0, compute_s=0.9, optimizer_s=0.1, blocked_s=-5.0)
+    p.ev("process_end", 4.5, blocked_s=-1.0)
+    dirty = run(pod, 10.0)
+    assert dirty.implausible == 2 and dirty.ranks[0].seconds == clean.ranks[0].seconds

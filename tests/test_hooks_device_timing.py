@@ -1,121 +1,28 @@
-"""CUDA step timing (``Hooks(journal, events)``), driven by a fake GPU: one stream on the host's clock.
-
-The fake is the seam ``cuda_timing.DeviceEvent``: kernels queue behind each other, an event completes
-when the stream reaches it, and ``elapsed_time`` raises for an event not yet reached, as CUDA does.
-Host and GPU share a virtual clock (``CLOCK``, patched into the journal, the hooks and the CUDA
-timer): sleeping advances it, so the numbers are exact on any machine, however loaded. What the
-fake cannot tell is what a real GPU costs (see the README, "What is not tested here").
+"""CUDA step timing (``Hooks(journal, events)``, and what ``Hooks.start``'s ``timing`` picks), driven
+by a fake GPU (``fake_gpu.py``): one stream on a virtual host clock, so the numbers are exact on any
+machine. What the fake cannot tell is what a real GPU costs (``bench/gpu_check.py``, docs/gpu.md).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
+from fake_gpu import CLOCK, FakeGpu, accounted, read_records, virtual_time  # noqa: F401 (a fixture)
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import Category
-from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.ingest.decode import as_event
-from nvrx_slo.trainer import cuda_timing, journal
-from nvrx_slo.trainer import hooks as hooks_module
+from nvrx_slo.trainer import cuda_timing
 from nvrx_slo.trainer.cuda_timing import MAX_PENDING
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import open_journal
 
-
-class VirtualClock:
-    """The host's monotonic clock in these tests: it moves as much as the test sleeps, and 1 µs per
-    reading (as a real one does between two calls, so no two records share an instant)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        self.t += 1e-6
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
-
-
-CLOCK = VirtualClock()
-
-
-@pytest.fixture(autouse=True)
-def _virtual_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    CLOCK.t = time.monotonic()  # after the process's start, which the journal reads from the kernel
-    for module in (journal, hooks_module, cuda_timing):
-        monkeypatch.setattr(module, "_monotonic", CLOCK)
-
-
-def _sleep_until(instant: float) -> None:
-    CLOCK.sleep(max(0.0, instant - CLOCK()))
-
-
-class FakeGpu:
-    """One CUDA stream on the host's monotonic clock; ``calls`` lists what the hooks asked of its events."""
-
-    def __init__(self) -> None:
-        self.tail = 0.0  # when the stream finishes what is queued
-        self.calls: list[str] = []
-        self.broken: str | None = None  # an event method that raises, like a sticky CUDA error
-
-    def run(self, seconds: float) -> None:
-        """A kernel launch: returns at once, the work queues behind the stream's."""
-        self.tail = max(self.tail, CLOCK()) + seconds
-
-    def synchronize(self) -> None:
-        """What a staging copy, an H2D copy or ``.item()`` does: the host waits for the stream."""
-        _sleep_until(self.tail)
-
-    def event(self) -> FakeEvent:
-        return FakeEvent(self)
-
-
-class FakeEvent:
-    def __init__(self, gpu: FakeGpu) -> None:
-        self.gpu = gpu
-        self.at: float | None = None  # when the stream reaches it
-
-    def _call(self, name: str) -> None:
-        self.gpu.calls.append(name)
-        if self.gpu.broken == name:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    def _done(self) -> bool:
-        assert self.at is not None, "never recorded"
-        return CLOCK() >= self.at
-
-    def record(self) -> None:
-        self._call("record")
-        self.at = max(self.gpu.tail, CLOCK())
-
-    def query(self) -> bool:
-        self._call("query")
-        return self._done()
-
-    def synchronize(self) -> None:
-        self._call("synchronize")
-        assert self.at is not None
-        _sleep_until(self.at)
-
-    def elapsed_time(self, end_event: FakeEvent) -> float:
-        self._call("elapsed_time")
-        if not (self._done() and end_event._done()):
-            raise RuntimeError("CUDA error: device not ready")
-        assert self.at is not None and end_event.at is not None
-        return (end_event.at - self.at) * 1000.0
-
-
-def _records(directory):
-    return [schema.decode(line) for path in sorted(directory.iterdir()) for line in path.read_bytes().splitlines()]
+pytestmark = pytest.mark.usefixtures("virtual_time")
 
 
 def _steps(directory):
-    return [r for r in _records(directory) if r["type"] == "step"]
+    return [r for r in read_records(directory) if r["type"] == "step"]
 
 
 def _run_step(hooks: Hooks, gpu: FakeGpu, step: int, *, load: float = 0.0, compute: float = 0.0,
@@ -139,10 +46,10 @@ def test_compute_the_gpu_runs_after_the_host_left_is_compute_not_checkpoint_bloc
     with hooks.checkpoint(1):
         gpu.synchronize()  # the staging copy queues behind the step's work
     hooks.close()
-    records = _records(tmp_path)
+    records = read_records(tmp_path)
     (step,) = [r for r in records if r["type"] == "step"]
     (scheduled,) = [r for r in records if r["type"] == "checkpoint_scheduled"]
-    seconds = _accounted(tmp_path)
+    seconds = accounted(tmp_path)
     if timed_by == "host":
         assert step["compute_s"] < 0.05 and scheduled["stage_s"] >= 0.2
         assert seconds[Category.CHECKPOINT_BLOCKING] >= 0.2
@@ -151,13 +58,6 @@ def test_compute_the_gpu_runs_after_the_host_left_is_compute_not_checkpoint_bloc
     assert step["mono"] - step["start"] >= 0.25  # the step ends when its GPU work did
     assert scheduled["stage_s"] < 0.05 and seconds[Category.CHECKPOINT_BLOCKING] < 0.05
     assert seconds[Category.PRODUCTIVE] >= 0.23 and 0.02 <= seconds[Category.DATA_WAIT] < 0.05
-
-
-def _accounted(directory):
-    engine = Engine(reorder_window_s=0.0)
-    for record in _records(directory):
-        engine.ingest(as_event(record))
-    return engine.snapshot(CLOCK(), time.time()).ranks[0].seconds
 
 
 def test_the_next_steps_data_phase_is_the_gpus_wait_not_the_previous_compute(tmp_path):
@@ -178,7 +78,7 @@ def test_the_next_steps_data_phase_is_the_gpus_wait_not_the_previous_compute(tmp
     # step 2's batch, and books it as data (host clocks would book 0.18 s of data to step 2)
     assert 0.03 <= first["data_s"] + second["data_s"] < 0.06
     assert first["mono"] <= second["start"] < second["mono"]
-    assert 0.03 <= _accounted(tmp_path)[Category.DATA_WAIT] < 0.06
+    assert 0.03 <= accounted(tmp_path)[Category.DATA_WAIT] < 0.06
 
 
 def test_steps_are_journaled_in_order_once_their_gpu_work_is_done_without_blocking(tmp_path):
@@ -220,7 +120,7 @@ def test_close_journals_the_waiting_steps_before_the_end(tmp_path):
     _run_step(hooks, gpu, 7, compute=0.1)
     assert _steps(tmp_path) == []
     hooks.close()
-    step, end = _records(tmp_path)
+    step, end = read_records(tmp_path)
     assert (step["type"], step["step"], end["type"]) == ("step", 7, "process_end")
     assert 0.1 <= step["compute_s"] < 0.15 and step["mono"] <= end["mono"]
 
@@ -238,7 +138,7 @@ def test_a_step_that_raises_journals_the_waiting_steps_without_waiting_for_the_g
             raised = CLOCK()
             raise RuntimeError("NCCL timeout")
     assert CLOCK() - raised < 0.2 and "synchronize" not in gpu.calls
-    first, warning, second, failed = _records(tmp_path)
+    first, warning, second, failed = read_records(tmp_path)
     assert first["step"] == 1 and 0.02 <= first["compute_s"] < 0.05  # seen finished: timed by the GPU
     assert second["step"] == 2 and second["compute_s"] < 0.01  # not seen finished: host clocks
     assert warning["type"] == "warning" and "[2]" in warning["message"] and "step 3 failed" in warning["message"]
@@ -254,7 +154,7 @@ def test_a_cuda_error_switches_to_host_clocks_with_one_warning_and_loses_no_step
     for step in range(1, 5):
         _run_step(hooks, gpu, step, load=0.01, compute=0.01)
     hooks.close()
-    records = _records(tmp_path)
+    records = read_records(tmp_path)
     assert [r["step"] for r in records if r["type"] == "step"] == list(range(5))
     warnings = [r for r in records if r["type"] == "warning"]
     assert len(warnings) == 1 and "host clocks" in warnings[0]["message"] and "illegal memory" in warnings[0]["message"]
@@ -273,21 +173,88 @@ def test_with_the_journal_disabled_no_event_is_recorded():
     assert gpu.calls == []
 
 
-def test_cuda_timing_without_cuda_says_so_and_times_steps_by_host_clocks(tmp_path):
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("CUDA is available here")
-    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path), cuda_timing=True)
+# --- what Hooks.start's timing picks, at the first step -------------------------------------------
+
+
+@pytest.fixture
+def cuda_in_use(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+    """A process that uses CUDA, as ``cuda_timing`` sees one: its check says so, its events are the fake's."""
+    gpu = FakeGpu()
+    monkeypatch.setattr(cuda_timing, "in_use", lambda: True)
+    monkeypatch.setattr(cuda_timing, "cuda_events", lambda: gpu.event)
+    return gpu
+
+
+def test_by_default_a_process_that_uses_cuda_times_its_steps_by_cuda_events(tmp_path, cuda_in_use):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path))  # the README's first line, as written
+    _run_step(hooks, cuda_in_use, 0, load=0.008, compute=0.012, optimizer=0.004)
+    _run_step(hooks, cuda_in_use, 1)  # its data phase waits for step 0's queued work (an H2D copy)
+    hooks.close()
+    first = _steps(tmp_path)[0]
+    assert "record" in cuda_in_use.calls and "warning" not in [r["type"] for r in read_records(tmp_path)]
+    assert 0.012 <= first["compute_s"] < 0.013 and 0.004 <= first["optimizer_s"] < 0.005
+
+
+@pytest.mark.parametrize("timing", ["auto", "host"])
+def test_a_process_without_cuda_times_its_steps_by_host_clocks_without_a_warning(tmp_path, timing):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path), timing=timing)
     with hooks.step(0) as s:
         with s.compute():
             CLOCK.sleep(0.02)
-    assert [r["type"] for r in _records(tmp_path)] == ["process_start", "warning", "step"]  # written at its exit
+    assert [r["type"] for r in read_records(tmp_path)] == ["process_start", "step"]  # written at its exit
+    assert read_records(tmp_path)[1]["compute_s"] >= 0.02
+
+
+def test_host_timing_in_a_process_that_uses_cuda_warns_once_in_the_journal_and_the_log(tmp_path, cuda_in_use,
+                                                                                         caplog):
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path), timing="host")
+    for step in range(3):
+        _run_step(hooks, cuda_in_use, step, compute=0.01)
     hooks.close()
-    warning, step = _records(tmp_path)[1:3]
-    assert "CUDA is not available" in warning["message"] and step["compute_s"] >= 0.02
+    warnings = [r for r in read_records(tmp_path) if r["type"] == "warning"]
+    logged = [r for r in caplog.records if "timing='host'" in r.getMessage()]
+    assert len(warnings) == 1 and len(logged) == 1 and "kernel launches" in warnings[0]["message"]
+    assert cuda_in_use.calls == [] and len(_steps(tmp_path)) == 3
 
 
-def test_the_hooks_import_no_torch():
-    code = "import sys, nvrx_slo.trainer.hooks; print('torch' in sys.modules)"
+def test_cuda_timing_without_cuda_says_so_and_times_steps_by_host_clocks(tmp_path, monkeypatch):
+    monkeypatch.setattr(cuda_timing, "in_use", lambda: False)
+    hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path), timing="cuda")
+    with hooks.step(0) as s:
+        with s.compute():
+            CLOCK.sleep(0.02)
+    hooks.close()
+    start, warning, step, _ = read_records(tmp_path)
+    assert warning["type"] == "warning" and "timing='cuda'" in warning["message"] and step["compute_s"] >= 0.02
+    if "torch" in sys.modules and not sys.modules["torch"].cuda.is_available():
+        assert "CUDA is not available" in warning["message"]
+
+
+def test_a_timing_that_does_not_exist_fails_at_start(tmp_path):
+    with pytest.raises(ValueError, match="auto, cuda, host"):
+        Hooks.start(world_size=1, journal_dir=str(tmp_path), timing="gpu")
+
+
+def test_in_use_is_torchs_own_check_and_false_without_torch(monkeypatch):
+    class Cuda:
+        initialised = False
+
+        def is_initialized(self) -> bool:
+            return self.initialised
+
+    fake = type("torch", (), {"cuda": Cuda()})
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert not cuda_timing.in_use()
+    fake.cuda.initialised = True
+    assert cuda_timing.in_use()
+    monkeypatch.delitem(sys.modules, "torch")
+    assert not cuda_timing.in_use()
+
+
+def test_the_hooks_import_no_torch_and_auto_timing_imports_none_either(tmp_path):
+    code = ("import sys\nfrom nvrx_slo.trainer.hooks import Hooks\n"
+            f"hooks = Hooks.start(world_size=1, journal_dir={str(tmp_path)!r})\n"
+            "with hooks.step(0) as s:\n    with s.compute(): pass\n"
+            "hooks.close()\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

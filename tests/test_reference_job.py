@@ -41,24 +41,24 @@ def test_every_line_is_valid_and_each_process_numbers_its_records_from_zero(demo
     assert len(launchers) == 1 and len(by_pid) == 1 + 2 * 2  # launcher + 2 ranks x 2 incarnations
 
 
-def test_each_checkpoint_is_start_scheduled_finalize_end_with_a_background_write_stamped_by_the_writer(records):
+def test_each_checkpoint_is_start_scheduled_end_with_a_background_write_stamped_by_the_writer(records):
     spans = defaultdict(list)
     for r in _of(records, "checkpoint_start", "checkpoint_scheduled", "checkpoint_finalize", "checkpoint_end"):
         spans[(r["pid"], r["iter"], r["ckpt"])].append(r)
     completed = [s for s in spans.values() if s[-1]["type"] == "checkpoint_end" and s[-1]["ok"]]
     assert len(completed) >= 2 * 4  # both ranks, at least steps 9, 19, 39 and one more
     for span in completed:
-        # a finalize span per poll round that cost time (a round that finished two saves is charged to one)
-        start, scheduled, *finalizes, end = span
-        assert [r["type"] for r in span] == ["checkpoint_start", "checkpoint_scheduled",
-                                             *["checkpoint_finalize"] * len(finalizes), "checkpoint_end"]
+        # the loop's polls of the writer are on the end (waited_s), not records of their own
+        start, scheduled, end = span
+        assert [r["type"] for r in span] == ["checkpoint_start", "checkpoint_scheduled", "checkpoint_end"]
         assert start["mode"] == "async" and start["step"] == end["step"] == int(start["ckpt"].split("-")[1])
         assert 0 < scheduled["plan_s"] + scheduled["stage_s"] <= scheduled["mono"] - start["mono"] + 1e-5
         assert scheduled["bytes"] > 1_000_000  # this rank's half of ~8 MB of model + optimizer state
         assert scheduled["mono"] < end["written"] <= end["mono"]  # stamped when the write finished
-        for finalize in finalizes:
-            assert scheduled["mono"] <= finalize["start"] < finalize["mono"] <= end["mono"]
-    assert sum(1 for span in completed if span[-2]["type"] == "checkpoint_finalize") >= len(completed) / 2
+        assert 0 < end["waited_s"] < end["mono"] - scheduled["mono"]  # at least the poll that finalized it
+    # every wait is carried by the next record the loop wrote, and adds up to the saves' share
+    carried = sum(r.get("blocked_s", 0.0) for r in records if r["rank"] is not None)
+    assert carried == pytest.approx(sum(s[-1]["waited_s"] for s in spans.values() if "waited_s" in s[-1]), rel=0.01)
     # a checkpoint is complete on disk exactly when every rank journaled it ok
     ok_steps = {s[-1]["step"] for s in completed}
     assert ok_steps >= {9, 19, 29, 39, 49}

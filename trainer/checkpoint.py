@@ -7,11 +7,12 @@ on every rank:
 * ``checkpoint_start`` when the save call begins (training blocked from here),
 * ``checkpoint_scheduled`` when the call returns (``plan_s`` planning, ``stage_s`` staging and
   hand-off to the writer, ``bytes`` this rank's tensor and byte payload),
-* ``checkpoint_finalize`` spans for the training-thread part of finishing an async save (the
-  poll that found it done, the metadata gather/write, the agreement on success),
+* every poll of the writer while a save is in flight (``Hooks.checkpoint_wait``: NVRx's finalize,
+  the metadata gather/write, the agreement on success) as that save's blocking, however short,
+  without a record per poll (``nvrx_slo.trainer.saves``),
 * ``checkpoint_end`` once its outcome is known, with ``written``: the monotonic instant the
   background write itself finished, stamped by the writer process (``_StampedWrite``), not when
-  the trainer happened to notice,
+  the trainer happened to notice, and ``waited_s``: the polls charged to it,
 * ``checkpoint_worker`` when NVRx's persistent writer process is seen alive or dead.
 
 A checkpoint is complete when DCP's ``.metadata`` exists: the coordinator writes it (atomically)
@@ -24,6 +25,7 @@ import dataclasses
 import logging
 import os
 import queue as queue_module
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +48,7 @@ _SAVE_ERRORS = (Exception, dcp.CheckpointException)
 # An in-process restart waits this long at most for the writer to finish saves it abandoned, then
 # replaces it: below the Wrapper's soft timeout (60 s), which a main thread blocked here would trip.
 ABANDONED_WAIT_S = 20.0
-POLL_COST_S = 0.001  # a poll that finalizes nothing is journaled as checkpoint cost from this long on
+REHEARSAL = ".nvrx-slo-rehearsal"  # ready()'s save that writes nothing; never a step-* checkpoint
 METADATA = ".metadata"  # written last, by DCP's coordinator: its presence marks a complete checkpoint
 
 
@@ -82,9 +84,10 @@ class _StampedWrite:
                 pass
 
 
-def _warm_up() -> None:
-    """The writer process's first job: import what real saves need (torch, NVRx's writer), so the
-    first save's background time is not charged an import."""
+def _warm_up(*_: Any) -> None:
+    """The writer process's first job, run as its preload so that scheduling it returns only once the
+    writer runs: import what real saves need (torch, NVRx's writer), so no save waits for the
+    writer's start-up or is charged an import."""
     nvrx_compat.async_checkpointing()
 
 
@@ -153,36 +156,96 @@ class Checkpointer:
         self._pending: dict[int, _Pending] = {}
         self._worker_alive: bool | None = None
         self._warming: threading.Thread | None = None
+        self._warm_up_error: Exception | None = None
         self._stale = False  # saves were abandoned: the writer may still owe their completions
         self._stager = cpu_shims.Stager()
         if self._api is not None:
             cpu_shims.apply(self._api)
 
+    @property
+    def in_flight(self) -> int:
+        """Saves handed to the writer and not finalized yet."""
+        return len(self._pending)
+
     # --- async lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start NVRx's persistent writer and warm its result queue in the background, so neither
-        a restart nor the first save waits for process start-ups and imports. Local to this rank.
+        """Start NVRx's persistent writer and warm its result queue in the background: call it as soon
+        as the process group exists, and ``ready()`` before the first step, so that the writer's
+        start-up (spawn, imports, CUDA context: seconds on a GPU host) overlaps building the model
+        and restoring, and no save waits for it. Local to this rank.
 
-        The writer's first job imports what saves need; meanwhile (in a thread) a torch object goes
-        once through NVRx's result queue, whose manager process would otherwise import torch while
-        the first save's results wait. The first save waits for whatever is still warming up.
+        A thread schedules the writer's first job (``_warm_up``, as a preload: scheduling returns
+        once the writer runs it), then sends a torch object once through NVRx's result queue, whose
+        manager process would otherwise import torch while the first save's results wait.
         """
         if self._api is None:
             return
         if self._pending:  # nobody abandoned them when the last incarnation failed
             self.abandon("left over from an earlier incarnation")
         if self._queue is not None and self._stale:
+            self._join_warm_up()  # it schedules on the queue the clean-up reads
             self._clear_abandoned()  # may stop a stuck writer: a fresh one starts below
         if self._queue is not None:
             return
         self._queue = self._api.AsyncCallsQueue(persistent=True, **cpu_shims.queue_kwargs(self._api))
-        self._queue.schedule_async_request(self._api.AsyncRequest(_warm_up, (), []))  # finalized with the first save
         cpu_shims.results_queue(self._api)  # here, not in the thread: the manager dies with its creating thread
-        self._warming = threading.Thread(target=_warm_results_queue, args=(self._api,), daemon=True,
+        self._warming = threading.Thread(target=self._warm_up_writer, args=(self._queue, self._api), daemon=True,
                                          name="nvrx-slo-checkpoint-warm-up")
         self._warming.start()
+
+    def _warm_up_writer(self, queue: Any, api: Any) -> None:
+        try:
+            queue.schedule_async_request(api.AsyncRequest(_warm_up, (None, None), [], preload_fn=_warm_up))
+            _warm_results_queue(api)
+        except Exception as exc:  # ready() raises it in the training thread
+            self._warm_up_error = exc
+
+    def ready(self, state_dict: dict[str, Any] | Callable[[], dict[str, Any]] | None = None) -> None:
+        """Wait until the writer ``start`` started runs, finalize its first job and, given the
+        state a save will write (or the function that gathers it), rehearse a save of it without
+        writing: plan it (the first plan pays imports and allocations later ones do not) and, on
+        a CPU host, stage it (allocating the staging buffers saves then reuse). The first save then
+        costs what a later one does. Collective: call it on every rank, at the end of
+        initialisation. Raises ``CheckpointWorkerDied`` if the writer died starting (a thread still
+        waiting for it is left behind: it is a daemon)."""
+        if self._queue is None:
+            return
+        self._join_warm_up()
         self._check_worker()
+        while self._queue.async_calls and not self._pending and not self._stale:  # the warm-up job, before any save
+            self._queue.maybe_finalize_async_calls(blocking=False)  # a verdict every rank shares
+            if self._queue.async_calls:
+                time.sleep(0.01)
+                self._check_worker()
+        if state_dict is not None:
+            self._rehearse(state_dict() if callable(state_dict) else state_dict)
+
+    def _rehearse(self, state_dict: dict[str, Any]) -> None:
+        api = self._api
+        assert api is not None  # async mode
+        path = self.root / REHEARSAL
+        try:
+            writer = api.FileSystemWriterAsync(str(path), thread_count=1)
+            api.save_state_dict_async_plan(state_dict, writer)  # creates the directory on every rank
+            _, preload, args = writer.get_save_function_and_args()
+            buckets = nvrx_compat.write_buckets(preload, list(args)) if cpu_shims.needed() else None
+            if buckets is not None:
+                self._stager.stage(buckets, reuse=False)
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _join_warm_up(self) -> None:
+        warming = self._warming
+        if warming is None:
+            return
+        while warming.is_alive():
+            warming.join(0.1)
+            self._check_worker()  # a writer that died starting never runs its first job
+        self._warming = None
+        error, self._warm_up_error = self._warm_up_error, None
+        if error is not None:
+            raise RuntimeError(f"starting the NVRx checkpoint writer failed: {error}") from error
 
     def _worker(self) -> Any:
         caller = getattr(self._queue, "persistent_caller", None)
@@ -190,7 +253,7 @@ class Checkpointer:
 
     def _check_worker(self) -> None:
         process = self._worker()
-        if process is None:
+        if process is None or process.pid is None:  # none yet, or the warm-up thread is starting it
             return
         alive = process.is_alive()
         if alive != self._worker_alive:
@@ -235,10 +298,7 @@ class Checkpointer:
         assert api is not None  # async mode
         if self._queue is None:
             self.start()
-        if self._warming is not None:
-            self._warming.join()
-            self._warming = None
-        self._check_worker()
+        self.ready()
         rank = dist.get_rank()
         writer = api.FileSystemWriterAsync(str(path), thread_count=1)
         planned = api.save_state_dict_async_plan(state_dict, writer)
@@ -271,30 +331,25 @@ class Checkpointer:
         blocking wait together. Raises ``CheckpointWorkerDied`` if the writer is gone."""
         if self._queue is None:
             return
-        self._check_worker()
         if not self._pending:
-            return
-        start = time.monotonic()
-        while True:  # NVRx's own blocking wait never notices a dead writer: poll, and look
-            self._queue.maybe_finalize_async_calls(blocking=False)
-            if not blocking or all(p.finalized for p in self._pending.values()):
-                break
-            time.sleep(0.05)
             self._check_worker()
-        now = time.monotonic()
-        # NVRx 0.4.1 returns call index 0 for every finalized call: trust our own flags instead
-        finalized = [i for i, p in self._pending.items() if p.finalized]
-        # The round is the loop's checkpoint cost — NVRx's all-reduces included, which run after our
-        # finalize function — charged to the save it finished, or to the oldest one it waited for.
-        charged = self._pending[finalized[0] if finalized else min(self._pending)]
-        if finalized or now - start > POLL_COST_S:
-            charged.save.waited(start)
-        for index in finalized:
-            pending = self._pending.pop(index)
-            if pending.error is None:
-                pending.save.done(written=_read_stamp(pending.path, pending.rank, now))
-            else:
-                pending.save.failed(pending.error)
+            return
+        with self.hooks.checkpoint_wait():  # every poll is the oldest save's cost, however short
+            self._check_worker()
+            while True:  # NVRx's own blocking wait never notices a dead writer: poll, and look
+                self._queue.maybe_finalize_async_calls(blocking=False)
+                if not blocking or all(p.finalized for p in self._pending.values()):
+                    break
+                time.sleep(0.05)
+                self._check_worker()
+            now = time.monotonic()
+            # NVRx 0.4.1 returns call index 0 for every finalized call: trust our own flags instead
+            for index in [i for i, p in self._pending.items() if p.finalized]:
+                pending = self._pending.pop(index)
+                if pending.error is None:
+                    pending.save.done(written=_read_stamp(pending.path, pending.rank, now))
+                else:
+                    pending.save.failed(pending.error)
 
     def abandon(self, reason: str) -> None:
         """After a fault (in-process restart; call it from the Wrapper's ``finalize``): give up on

@@ -1,4 +1,4 @@
-"""Steps timed by the GPU: ``Hooks.start(..., cuda_timing=True)`` (see ``hooks.py``).
+"""Steps timed by the GPU: what ``Hooks.start`` picks where the process uses CUDA (see ``hooks.py``).
 
 Why: on a GPU, host clocks around ``s.compute()`` time kernel *launches*. The queued work is paid
 at the next synchronisation (the next step's data phase, an ``.item()`` in the optimizer, a
@@ -37,6 +37,7 @@ What a step's record means here (the record format is the host timer's):
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -45,6 +46,7 @@ from typing import Any, Protocol
 
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer.journal import Journal
+from nvrx_slo.trainer.saves import Waits
 
 MAX_PENDING = 2  # steps left by the host whose GPU work may still run; one more is a fence
 
@@ -63,10 +65,20 @@ class DeviceEvent(Protocol):
     def elapsed_time(self, end_event: Any) -> float: ...  # milliseconds
 
 
+def in_use() -> bool:
+    """Whether this process uses CUDA: torch is imported and has initialised CUDA. Imports nothing
+    (the base install is the standard library) and never raises: torch's own cheap check."""
+    torch: Any = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
 def cuda_events() -> Callable[[], DeviceEvent]:
     """New timing events for the current CUDA stream, or ``RuntimeError`` saying why there are none.
 
-    The one place torch is imported, and only when a script asks for CUDA timing."""
+    The one place torch is imported, and only where CUDA is in use or a script asks for CUDA timing."""
     try:
         import torch
     except ImportError as exc:
@@ -117,11 +129,12 @@ class CudaStepTimer:
     """``StepTimer`` with its phases timed by CUDA events: used the same way, writes the same records
     (see the module docstring for what they mean here)."""
 
-    __slots__ = ("_journal", "_new_event", "_free", "_pending", "_marks", "_step", "_start", "_host", "_seen",
-                 "_data", "_compute", "_optimizer")
+    __slots__ = ("_journal", "_waits", "_new_event", "_free", "_pending", "_marks", "_step", "_start", "_host",
+                 "_seen", "_data", "_compute", "_optimizer")
 
-    def __init__(self, journal: Journal, new_event: Callable[[], DeviceEvent]) -> None:
+    def __init__(self, journal: Journal, new_event: Callable[[], DeviceEvent], waits: Waits) -> None:
         self._journal = journal
+        self._waits = waits  # the loop's waits on saves: carried by the next record written
         self._new_event: Callable[[], DeviceEvent] | None = new_event  # None: CUDA failed, host clocks
         self._free: list[DeviceEvent] = []  # completed events, to record again
         self._pending: deque[_Left] = deque()
@@ -163,12 +176,12 @@ class CudaStepTimer:
         if exc_type is not None:
             self._at_fault()
             self._journal.emit(EventType.STEP_FAILED, step=self._step, start=self._start,
-                               error=f"{exc_type.__name__}: {exc}"[:300])
+                               error=f"{exc_type.__name__}: {exc}"[:300], **self._waits.field())
             return
         end = self._record()
         if end is None:  # host clocks: written now, as StepTimer writes it
             host = self._host
-            self._journal.step(self._step, self._start, host[0], host[1], host[2])
+            self._journal.step(self._step, self._start, host[0], host[1], host[2], self._waits.take())
             return
         self._pending.append(_Left(self._step, self._start, self._host, end))
         if len(self._pending) > MAX_PENDING:
@@ -228,7 +241,7 @@ class CudaStepTimer:
             total = phases[0] + phases[1] + phases[2]
             if total > span:  # float noise, or the clocks drifting apart
                 phases = [p * span / total for p in phases]
-        self._journal.step(left.step, start, phases[0], phases[1], phases[2])
+        self._journal.step(left.step, start, phases[0], phases[1], phases[2], self._waits.take())
         self._seen = _monotonic()  # not before the record's mono: the next span starts after it
         free.append(left.end)
 
@@ -237,7 +250,7 @@ class CudaStepTimer:
         self._marks.clear()
         while self._pending:
             left = self._pending.popleft()
-            self._journal.step(left.step, left.start, left.host[0], left.host[1], left.host[2])
+            self._journal.step(left.step, left.start, left.host[0], left.host[1], left.host[2], self._waits.take())
 
     def _at_fault(self) -> None:
         """A step raised: the GPU may be faulted, so journal the waiting steps without waiting for it."""

@@ -1,4 +1,5 @@
-"""The demo job: the reference job on 2 CPU ranks under ft_launcher, with one crash and one exception.
+"""The demo job: the reference job under ft_launcher, with one crash and one exception: on CUDA + NCCL
+with one rank per GPU where GPUs are visible, else on 2 CPU ranks (``demo_device``).
 
 ``run_demo`` is the reusable part (tests start their own sidecar or Prometheus beside a run and
 read ``DemoResult.journal_dir``); ``format_summary(summarize(read_journal(...)))`` says what the
@@ -28,6 +29,47 @@ from nvrx_slo.trainer.faults import Fault
 JOB_NAME = "demo"  # NVRX_SLO_JOB of every pod of a demo run (the Downward API sets it in a cluster)
 DEFAULT_FAULTS = (Fault("crash", 24), Fault("exception", 45))
 _FLAGS = {"crash": "--crash-at", "exception": "--raise-at", "hang": "--hang-at"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoDevice:
+    """Where a one-pod demo runs, and its size there."""
+
+    kind: str  # "cuda" (NCCL, one rank per GPU: NCCL refuses two ranks on one GPU) or "cpu" (gloo)
+    ranks: int
+    steps: int
+    checkpoint_every: int
+    faults: tuple[Fault, ...]
+    train_args: tuple[str, ...] = ()  # nvrx-slo train's model size
+    timeout_s: float = 300.0  # a run still going then is killed
+    # a rank takes CUDA whenever it sees a GPU: a CPU demo on a GPU host hides them
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+CPU = DemoDevice("cpu", 2, 50, 10, DEFAULT_FAULTS, env={"CUDA_VISIBLE_DEVICES": ""})
+# On a GPU: 118 M parameters (1.4 GB of model and optimizer state to save), 16 K tokens a step, TF32
+# matmuls: about 1.3e13 FLOP a step, estimated at 50-150 ms on an H200 (not measured: see docs/gpu.md).
+# A save every 1,000 steps (a minute or two) keeps a steady save's blocking (the state's copy to host
+# memory, planning, polls: a few hundred ms) under 1% of the time between saves, so a healthy run is
+# > 99% productive between saves; 3,000 steps, a crash after the first save and an exception after
+# the second take a few minutes.
+GPU_MODEL = ("--vocab", "8192", "--d-model", "1024", "--heads", "16", "--layers", "8", "--seq", "1024",
+             "--batch", "16")
+GPU_FAULTS = (Fault("crash", 1200), Fault("exception", 2200))
+
+
+def demo_device(gpus: int) -> DemoDevice:
+    """The one-pod demo for a host with ``gpus`` visible CUDA devices: each its rank, or 2 CPU ranks."""
+    if gpus < 1:
+        return CPU
+    return DemoDevice("cuda", gpus, 3000, 1000, GPU_FAULTS, GPU_MODEL, timeout_s=900.0)
+
+
+def visible_gpus() -> int:
+    """The CUDA devices a rank started here would see: torch's count (CUDA is not initialised)."""
+    import torch  # the trainer extra; imported only when a demo starts
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,18 +158,39 @@ def _reached(journal_dir: Path, step: int) -> bool:
     return any(r["type"] == EventType.STEP.value and r["step"] >= step for r in read_journal(journal_dir))
 
 
+def launch_args(checkpoint_dir: Path, *, device: DemoDevice, pods: int, steps: int, checkpoint_every: int,
+                faults: Sequence[Fault], inprocess: bool, rdzv_port: int | None) -> list[str]:
+    """``nvrx-slo ft-launcher``'s arguments for a demo run: the pods' topology, then ``nvrx-slo train``'s."""
+    train = ["-m", "nvrx_slo", "train", "--steps", str(steps), "--checkpoint-every", str(checkpoint_every),
+             "--checkpoint-dir", str(checkpoint_dir), *(["--inprocess"] if inprocess else []), *device.train_args]
+    for fault in faults:
+        train += [_FLAGS[fault.kind], str(fault.step)]
+    if pods == 1:
+        topology = ["--standalone", "--nproc-per-node", str(device.ranks)]
+        train += ["--fault-rank", str(device.ranks - 1)]  # not rank 0 (it hosts the stores) unless alone
+    else:
+        topology = ["--nnodes", f"{pods}:{pods}", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}", "--rdzv-id", "demo"]
+        # faults on the job's last rank: a Wrapper that terminates the faulty rank renumbers every
+        # rank above it (ShiftRanks); with none above, each pod's process keeps its rank
+        train += ["--fault-rank", str(pods - 1)]
+    return [*topology, "--max-restarts", "3", "--monitor-interval", "0.5", *train]
+
+
 def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: int = 50,
              checkpoint_every: int = 10, pods: int = 1, inprocess: bool = True, node_loss: NodeLoss | None = None,
              on_pod: Callable[[str, Path], None] | None = None, extra_args: Sequence[str] = (),
-             extra_env: Mapping[str, str] | None = None, timeout_s: float = 300) -> DemoResult:
+             extra_env: Mapping[str, str] | None = None, timeout_s: float = 300,
+             device: DemoDevice = CPU) -> DemoResult:
     """Run the reference job (``--inprocess`` unless told not) under ``nvrx-slo ft-launcher`` in ``run_dir``.
 
-    One pod: a standalone launcher with 2 ranks, journal in ``run_dir/journal``. Several: one
-    launcher per pod (``pod-<i>``, 1 rank each, its own journal in ``run_dir/pod-<i>/journal``)
-    meeting in a c10d rendezvous on loopback, as the pods of a job on N nodes do. ``node_loss``
-    kills one of them and starts ``pod-<i>-replacement`` later; ``on_pod("lost", journal_dir)``
-    is called just after the kill, ``on_pod("starting", journal_dir)`` just before the replacement
-    starts (a sidecar starts before its pod's main container).
+    One pod: a standalone launcher with ``device``'s ranks (faults on the last), journal in
+    ``run_dir/journal``. Several (CPU only: each pod's rank would take GPU 0): one launcher per pod
+    (``pod-<i>``, 1 rank each, its own journal in ``run_dir/pod-<i>/journal``) meeting in a c10d
+    rendezvous on loopback, as the pods of a job on N nodes do. ``node_loss`` kills one of them and
+    starts ``pod-<i>-replacement`` later; ``on_pod("lost", journal_dir)`` is called just after the
+    kill, ``on_pod("starting", journal_dir)`` just before the replacement starts (a sidecar starts
+    before its pod's main container).
     ``run_dir`` must not hold an earlier run (faults fire once per checkpoint directory).
     ``extra_args`` go to ``nvrx-slo train``. Returns when every launcher exits; a run still going
     after ``timeout_s`` is killed (launchers, ranks and writers) and reported with code -9.
@@ -137,25 +200,16 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
     pod_journals = journal_dirs(run_dir, pods)
     if checkpoint_dir.exists() or any(d.exists() for d in pod_journals):
         raise FileExistsError(f"{run_dir} already holds a run; choose a fresh directory")
+    if pods > 1 and device.kind != "cpu":
+        raise ValueError("a demo of several pods runs on CPU: on one host every pod's rank would take GPU 0")
     if node_loss is not None and not 0 < node_loss.pod < pods:
         raise ValueError(f"pod {node_loss.pod} cannot be lost: pods 1 to {pods - 1} can (pod 0 hosts the "
                          "rendezvous store, and the job cannot outlive it)")
     run_dir.mkdir(parents=True, exist_ok=True)
-    train = ["-m", "nvrx_slo", "train", "--steps", str(steps), "--checkpoint-every", str(checkpoint_every),
-             "--checkpoint-dir", str(checkpoint_dir), *(["--inprocess"] if inprocess else [])]
-    for fault in faults:
-        train += [_FLAGS[fault.kind], str(fault.step)]
-    if pods == 1:
-        topology = ["--standalone", "--nproc-per-node", "2"]
-    else:
-        port = _free_port()
-        topology = ["--nnodes", f"{pods}:{pods}", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "demo"]
-        # faults on the job's last rank: a Wrapper that terminates the faulty rank renumbers every
-        # rank above it (ShiftRanks); with none above, each pod's process keeps its rank
-        train += ["--fault-rank", str(pods - 1)]
-    cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher", *topology, "--max-restarts", "3",
-           "--monitor-interval", "0.5", *train, *extra_args]
+    port = _free_port() if pods > 1 else None
+    cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher",
+           *launch_args(checkpoint_dir, device=device, pods=pods, steps=steps, checkpoint_every=checkpoint_every,
+                        faults=faults, inprocess=inprocess, rdzv_port=port), *extra_args]
     deadline = time.monotonic() + timeout_s
     with open(log_path, "wb") as log:
 
@@ -164,11 +218,11 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
             # infrastructure rank (GROUP_RANK or SLURM_PROCID); 0.4.1 ignores it, 0.6+ assigns ranks by it.
             env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": JOB_NAME,
                    "GROUP_RANK": str(i), "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
-                   **({} if pods == 1 else {"POD_NAME": name}), **(extra_env or {})}
+                   **device.env, **({} if pods == 1 else {"POD_NAME": name}), **(extra_env or {})}
             return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
         procs = {"pod-0": launch(0, "pod-0", pod_journals[0])}
-        if pods > 1:  # pod 0 hosts the rendezvous store (its endpoint), as a job's first pod does
+        if port is not None:  # pod 0 hosts the rendezvous store (its endpoint), as a job's first pod does
             _wait_listening(port, procs["pod-0"], deadline)
         procs.update({f"pod-{i}": launch(i, f"pod-{i}", d) for i, d in enumerate(pod_journals) if i})
         lost: PodLost | None = None
@@ -236,6 +290,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             elif r["type"] == EventType.CHECKPOINT_FINALIZE.value:
                 c["blocking"][rank] = c["blocking"].get(rank, 0.0) + r["mono"] - r["start"]
             elif r["type"] == EventType.CHECKPOINT_END.value:
+                c["blocking"][rank] = c["blocking"].get(rank, 0.0) + (r.get("waited_s") or 0.0)
                 c["background"][rank] = r["written"] - c.get("scheduled", {}).get(rank, r["written"])
                 c["ok"] = r["ok"] if c["ok"] is None else (c["ok"] and r["ok"])
     restarts = []

@@ -13,12 +13,14 @@ Usage (see the README, "Instrumenting your training script")::
                 loss = model(batch).sum(); loss.backward()
             with s.optimizer():
                 opt.step(); opt.zero_grad()
-        ckpt.poll()                                          # nvrx_slo.trainer.checkpoint, outside the step
+        with slo.checkpoint_wait():                          # outside the step: polls of an async writer
+            queue.maybe_finalize_async_calls(blocking=False)
     slo.close()
 
-On a GPU, pass ``cuda_timing=True``: host clocks around a phase time kernel launches, not the work;
-``nvrx_slo.trainer.cuda_timing`` says what the records mean then, where queued work is booked and
-what the fences cost.
+Steps are timed by CUDA events where the process uses CUDA, by host clocks otherwise, decided at
+the first step (``Hooks.start``'s ``timing``): on a GPU, host clocks around a phase time kernel
+launches, not the work. ``nvrx_slo.trainer.cuda_timing`` says what the records mean then, where
+queued work is booked and what the fences cost.
 
 Why context managers: a span is written once, at its end, so a step that raises (a fault, an
 in-process restart) leaves no record at all instead of a half one. Every method is safe to call
@@ -30,15 +32,18 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
-from nvrx_slo.trainer.cuda_timing import CudaStepTimer, DeviceEvent, cuda_events
+from nvrx_slo.trainer import cuda_timing
+from nvrx_slo.trainer.cuda_timing import CudaStepTimer, DeviceEvent
 from nvrx_slo.trainer.journal import Journal, int_env, open_journal
+from nvrx_slo.trainer.saves import CheckpointSave, CheckpointWait, Waits
+
+__all__ = ["TIMINGS", "CheckpointSave", "CheckpointWait", "Hooks", "Restored", "StepTimer"]
 
 log = logging.getLogger("nvrx_slo.hooks")
 
@@ -67,10 +72,11 @@ class StepTimer:
     Time in the step outside the three phases counts as compute (loop overhead).
     """
 
-    __slots__ = ("_journal", "_step", "_start", "_data", "_compute", "_optimizer")
+    __slots__ = ("_journal", "_waits", "_step", "_start", "_data", "_compute", "_optimizer")
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, waits: Waits) -> None:
         self._journal = journal
+        self._waits = waits
         self._step = 0
         self._start = 0.0
         self._data = _Phase()
@@ -104,11 +110,30 @@ class StepTimer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if exc_type is None:
+            waits = self._waits
             self._journal.step(self._step, self._start, self._data.seconds, self._compute.seconds,
-                               self._optimizer.seconds)
+                               self._optimizer.seconds, waits.take() if waits.seconds else 0.0)
         else:  # a step that raised did not happen; the instant it left is the fault's
             self._journal.emit(EventType.STEP_FAILED, step=self._step, start=self._start,
-                               error=f"{exc_type.__name__}: {exc}"[:300])
+                               error=f"{exc_type.__name__}: {exc}"[:300], **self._waits.field())
+
+
+class _Undecided:
+    """The step timer until the first step, which picks the real one (``Hooks.start``'s ``timing``):
+    a script usually starts the hooks before it moves its model to the GPU."""
+
+    __slots__ = ("_hooks", "_timing")
+
+    def __init__(self, hooks: Hooks, timing: str) -> None:
+        self._hooks = hooks
+        self._timing = timing
+
+    def _reset(self, step: int) -> StepTimer | CudaStepTimer:
+        timer = self._hooks._step = self._hooks._timer(self._timing)
+        return timer._reset(step)
+
+    def settle(self) -> None:
+        """No step yet: nothing to wait for."""
 
 
 class Restored:
@@ -150,134 +175,25 @@ class _RestoreSpan:
 
 
 class _UserSpan:
-    def __init__(self, journal: Journal, name: str) -> None:
+    def __init__(self, journal: Journal, waits: Waits, name: str) -> None:
         self._journal = journal
+        self._waits = waits
         self._name = name
         self._start = 0.0
+        self._before: dict[str, float] = {}
 
     def __enter__(self) -> None:
+        self._before = self._waits.field()  # the waits before the span, in the stretch its record ends
         self._start = _monotonic()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        self._waits.take()  # waits inside the span are the span's time
         # the time was spent whether or not the block raised; the exception goes on to the caller
-        self._journal.emit(EventType.USER_SPAN, name=self._name, start=self._start)
+        self._journal.emit(EventType.USER_SPAN, name=self._name, start=self._start, **self._before)
 
 
-class CheckpointSave:
-    """One save as the training loop sees it; ``with hooks.checkpoint(step) as save:`` around the call.
-
-    The block is the time the loop is blocked (``checkpoint_start`` → ``checkpoint_scheduled``). The
-    save is durable (``checkpoint_end``) when the block ends, unless it is asynchronous: then
-    ``track`` its future, or hand ``completion()`` to whatever calls back when the write is done.
-    Every method is safe from any thread and never raises into training.
-    """
-
-    __slots__ = ("_journal", "ckpt", "step", "bytes", "_lock", "_start", "_planned", "_asynchronous", "_scheduled",
-                 "_outcome", "_ended")
-
-    def __init__(self, journal: Journal, ckpt: str, step: int) -> None:
-        self._journal = journal
-        self.ckpt = ckpt
-        self.step = step
-        self.bytes = 0  # set it if known: this rank's payload
-        self._lock = threading.Lock()
-        self._start = 0.0
-        self._planned: float | None = None
-        self._asynchronous = False
-        self._scheduled = False
-        self._outcome: tuple[float, str | None] | None = None  # (written, error) once known
-        self._ended = False
-
-    def track(self, result: Any) -> Any:
-        """Observe an asynchronous save's result and return it unchanged: a ``concurrent.futures``
-        or ``torch.futures`` Future, or DCP's ``AsyncSaveResponse`` (its ``upload_completion``)."""
-        future = getattr(result, "upload_completion", result)
-        try:
-            if hasattr(future, "add_done_callback"):  # concurrent.futures and torch.futures alike
-                self._asynchronous = True
-                future.add_done_callback(self._future_done)
-            else:
-                self._journal.emit(EventType.WARNING, message=f"checkpoint {self.ckpt}: cannot track "
-                                   f"{type(result).__name__}; counted durable when its block ends")
-        except Exception as exc:  # never raise into training
-            self._fail_tracking(exc)
-        return result
-
-    def completion(self) -> Callable[..., None]:
-        """A callback that marks this save durable when called (an NVRx ``AsyncRequest`` finalize
-        function, ``TorchAsyncCheckpoint``'s ``finalize_fn``, a framework's save callback)."""
-        self._asynchronous = True
-        return self.done
-
-    def planned(self) -> None:
-        """Inside the block: planning is over, staging and hand-off begin (``plan_s`` / ``stage_s``)."""
-        self._planned = _monotonic()
-
-    def done(self, *_: Any, written: float | None = None) -> None:
-        """The write finished and is durable: now, or at ``written`` (``time.monotonic()``) if the
-        writer stamped when it finished (the node's clock, so another process's stamp compares)."""
-        self._settle(None, written)
-
-    def waited(self, since: float) -> None:
-        """The loop spent ``since`` (``time.monotonic()``) to now finishing this save after its
-        block: a poll of the writer, the metadata write, the ranks' agreement. Checkpoint cost."""
-        self._journal.emit(EventType.CHECKPOINT_FINALIZE, ckpt=self.ckpt, start=since)
-
-    def failed(self, error: BaseException | str) -> None:
-        """The save failed; ``error`` says why."""
-        reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        self._settle(reason[:500])
-
-    def _future_done(self, future: Any) -> None:
-        try:
-            if hasattr(future, "exception"):  # concurrent.futures.Future
-                exc = future.exception()
-            else:  # torch.futures.Future: wait() raises the save's error
-                future.wait()
-                exc = None
-        except Exception as caught:
-            exc = caught
-        self._settle(None if exc is None else f"{type(exc).__name__}: {exc}"[:500])
-
-    def _fail_tracking(self, exc: BaseException) -> None:
-        self._journal.emit(EventType.WARNING, message=f"checkpoint {self.ckpt}: tracking failed: {exc}"[:500])
-
-    def _settle(self, error: str | None, written: float | None = None) -> None:
-        with self._lock:
-            if self._outcome is not None:
-                return
-            self._outcome = (_monotonic() if written is None else written, error)
-            ready = self._scheduled
-        if ready:
-            self._end()
-
-    def _end(self) -> None:
-        with self._lock:
-            if self._ended or self._outcome is None:
-                return
-            self._ended = True
-            written, error = self._outcome
-        self._journal.emit(EventType.CHECKPOINT_END, ckpt=self.ckpt, step=self.step, ok=error is None,
-                           written=written, error=error)
-
-    def __enter__(self) -> CheckpointSave:
-        self._start = _monotonic()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc is not None:  # the save call itself failed: over, and failed
-            self.failed(exc)
-        else:
-            planned = self._start if self._planned is None else self._planned
-            self._journal.emit(EventType.CHECKPOINT_SCHEDULED, ckpt=self.ckpt, plan_s=planned - self._start,
-                               stage_s=_monotonic() - planned, bytes=self.bytes)
-            if not self._asynchronous:
-                self.done()
-        with self._lock:
-            self._scheduled = True
-        self._end()  # an outcome that came in during the block is written after its scheduled
+TIMINGS = ("auto", "cuda", "host")  # Hooks.start's ``timing``
 
 
 class Hooks:
@@ -287,29 +203,56 @@ class Hooks:
         """``events`` makes new CUDA timing events (``cuda_events()``, a fake in tests): steps are
         then timed by the GPU; without it, or with the journal disabled, by host clocks."""
         self.journal = journal
-        self._step: StepTimer | CudaStepTimer = (
-            StepTimer(journal) if events is None or not journal.enabled else CudaStepTimer(journal, events))
+        self._waits = Waits()
+        self._pending: list[CheckpointSave] = []  # asynchronous saves not ended yet, oldest first
+        self._step: StepTimer | CudaStepTimer | _Undecided = (
+            StepTimer(journal, self._waits) if events is None or not journal.enabled
+            else CudaStepTimer(journal, events, self._waits))
 
     @classmethod
-    def start(cls, world_size: int, journal_dir: str | None = None, *, cuda_timing: bool = False) -> Hooks:
+    def start(cls, world_size: int, journal_dir: str | None = None, *, timing: str = "auto") -> Hooks:
         """Open the journal (``journal_dir`` or ``$NVRX_SLO_JOURNAL_DIR``) and journal the start,
         with the pod's worker count from the launcher's ``$LOCAL_WORLD_SIZE``.
 
-        ``cuda_timing``: time steps by CUDA events (imports torch now). Opt-in, because it defers
-        each step's record and fences before saves; where CUDA is missing it journals a warning and
-        steps are timed by host clocks."""
-        events, unavailable = None, None
-        if cuda_timing:
-            try:
-                events = cuda_events()
-            except Exception as exc:  # never raise into training
-                unavailable = str(exc)
-        hooks = cls(open_journal(journal_dir), events)
+        ``timing`` decides at the first step how steps are timed (most scripts start the hooks
+        before they move the model to the GPU):
+
+        * ``"auto"``: by CUDA events if the process uses CUDA by then (torch imported, CUDA
+          initialised), else by host clocks. It never imports torch itself.
+        * ``"cuda"``: by CUDA events (imports torch); without CUDA, host clocks and a warning.
+        * ``"host"``: by host clocks. In a process that uses CUDA they time kernel launches, not
+          the work, and book queued work where the host waits for it (data wait, checkpoint
+          blocking): one warning says so.
+
+        ``ValueError`` for another ``timing`` (a mistake in the script, found at its start)."""
+        if timing not in TIMINGS:
+            raise ValueError(f"timing must be one of {', '.join(TIMINGS)}; got {timing!r}")
+        hooks = cls(open_journal(journal_dir))
         hooks.journal.emit(EventType.PROCESS_START, world_size=world_size,
                            local_world_size=int_env(os.environ, "LOCAL_WORLD_SIZE"))
-        if unavailable is not None:
-            hooks.warning(f"cuda_timing: {unavailable}; steps are timed by host clocks")
+        if hooks.journal.enabled:
+            hooks._step = _Undecided(hooks, timing)
         return hooks
+
+    def _timer(self, timing: str) -> StepTimer | CudaStepTimer:
+        """The step timer ``timing`` picks now (see ``start``); never raises into training."""
+        cuda = cuda_timing.in_use()
+        if timing == "host" or (timing == "auto" and not cuda):
+            if cuda:
+                self._warn("timing='host' in a process that uses CUDA: steps are timed by host clocks, which "
+                           "time kernel launches and book queued GPU work where the host waits for it (data "
+                           "wait, checkpoint blocking); timing='auto' times them by CUDA events")
+            return StepTimer(self.journal, self._waits)
+        try:
+            events = cuda_timing.cuda_events()
+        except Exception as exc:  # never raise into training
+            self._warn(f"timing={timing!r}: {exc}; steps are timed by host clocks")
+            return StepTimer(self.journal, self._waits)
+        return CudaStepTimer(self.journal, events, self._waits)
+
+    def _warn(self, message: str) -> None:
+        log.warning("nvrx-slo: %s", message)
+        self.warning(message)
 
     def step(self, step: int) -> StepTimer | CudaStepTimer:
         """``with hooks.step(n) as s:`` around one training step (not around checkpoint saves)."""
@@ -325,15 +268,24 @@ class Hooks:
         ``mode`` ("sync" or "async") is shown in views. See ``CheckpointSave``."""
         ckpt = ckpt or f"step-{step:06d}"
         self._step.settle()  # the steps' GPU work is theirs, not the save's
-        self.journal.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode=mode)
-        return CheckpointSave(self.journal, ckpt, step)
+        self.journal.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode=mode, **self._waits.field())
+        return CheckpointSave(self.journal, self._waits, self._pending, ckpt, step)
+
+    def checkpoint_wait(self) -> CheckpointWait:
+        """``with hooks.checkpoint_wait():`` around each poll of an asynchronous save's writer
+        between steps (NVRx's ``queue.maybe_finalize_async_calls(blocking=False)``, a wait on a
+        previous save's future): checkpoint blocking, whatever its length, charged to the oldest
+        save of this process still in flight (nothing is booked when none is). A save that ends
+        inside the block (NVRx runs its finalize functions in the poll) is journaled at its end,
+        with this wait counted. No record per poll: see ``nvrx_slo.trainer.saves``."""
+        return CheckpointWait(self._pending)
 
     def span(self, name: str) -> _UserSpan:
         """``with hooks.span("eval"):`` around planned work that is not training (evaluation, an SDC
         check): its own category, ``user_span``, broken down by ``name``, instead of unattributed.
         Put it between steps, not inside one (a step's span already covers its time)."""
         self._step.settle()
-        return _UserSpan(self.journal, name)
+        return _UserSpan(self.journal, self._waits, name)
 
     def checkpoint_worker(self, alive: bool, pid: int | None) -> None:
         """The background writer process of async saves was seen alive or dead (``pid`` if known)."""
@@ -346,10 +298,10 @@ class Hooks:
     def fault_injected(self, kind: str, step: int) -> None:
         """The reference job is about to inject a fault (tests and demos only)."""
         self._step.settle()
-        self.journal.emit(EventType.FAULT_INJECTED, kind=kind, step=step)
+        self.journal.emit(EventType.FAULT_INJECTED, kind=kind, step=step, **self._waits.field())
 
     def close(self) -> None:
         """Clean exit of this rank process."""
         self._step.settle()
-        self.journal.emit(EventType.PROCESS_END)
+        self.journal.emit(EventType.PROCESS_END, **self._waits.field())
         self.journal.close()

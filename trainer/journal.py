@@ -44,6 +44,7 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # Floats are written with microsecond resolution: '%.6f' costs a third of repr() on the hot path.
 _LINE = '{"v":1,"type":"%s","seq":%d,"mono":%.6f,"wall":%.6f%s%s}\n'
 _STEP_BODY = ',"step":%d,"start":%.6f,"data_s":%.6f,"compute_s":%.6f,"optimizer_s":%.6f'
+_BLOCKED = ',"blocked_s":%.6f'
 
 
 def _encode_payload(payload: dict[str, Any]) -> str:
@@ -191,12 +192,15 @@ class Journal:
         except Exception as exc:  # never raise into training
             self._fail(exc)
 
-    def step(self, step: int, start: float, data_s: float, compute_s: float, optimizer_s: float) -> None:
-        """``emit(EventType.STEP, ...)`` with a pre-compiled template: the one event written every step."""
+    def step(self, step: int, start: float, data_s: float, compute_s: float, optimizer_s: float,
+             blocked_s: float = 0.0) -> None:
+        """``emit(EventType.STEP, ...)`` with a pre-compiled template: the one event written every step
+        (``blocked_s`` only when the loop waited on a save since its previous record)."""
         if self.directory is None:
             return
         try:
-            self._append("step", _STEP_BODY % (step, start, data_s, compute_s, optimizer_s))
+            body = _STEP_BODY % (step, start, data_s, compute_s, optimizer_s)
+            self._append("step", body + _BLOCKED % blocked_s if blocked_s > 0.0 else body)
         except Exception as exc:  # never raise into training
             self._fail(exc)
 

@@ -102,6 +102,7 @@ def _init_process_group(cfg: JobConfig, iteration: int | None) -> torch.device:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls: a GPU's fp32 rate is a fraction of it
     timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
     if iteration is None:
         dist.init_process_group(backend, timeout=timeout)
@@ -118,13 +119,13 @@ def train(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer, iteration: int | Non
     """One incarnation: join the group, build, restore, train to ``cfg.steps``, finish the saves."""
     device = _init_process_group(cfg, iteration)
     try:
+        ckpt.start()  # the writer starts while the model is built and restored
         torch.manual_seed(cfg.seed)
         model = TinyLM(cfg.model).to(device)
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
         optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        ckpt.start()
 
         def state() -> dict[str, Any]:
             model_sd, optim_sd = get_state_dict(model, optim)
@@ -136,6 +137,7 @@ def train(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer, iteration: int | Non
             set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
 
         restored = restore(hooks, cfg.checkpoint_dir, load)
+        ckpt.ready(state)  # initialisation, not the first save, pays the writer's start and first plan
         first = 0 if restored is None else restored + 1
         faults = FaultInjector(list(cfg.faults), dist.get_rank(), cfg.fault_rank, cfg.checkpoint_dir / ".faults")
         for step in range(first, cfg.steps):
@@ -197,9 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + os.environ.get("RANK", "?")
                         + " %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
-    # on a GPU, steps are timed by CUDA events: host clocks would time kernel launches
-    hooks = Hooks.start(world_size=int(os.environ.get("WORLD_SIZE", 1)), journal_dir=cfg.journal_dir,
-                        cuda_timing=torch.cuda.is_available())
+    # on a GPU the first step finds CUDA in use and times steps by CUDA events
+    hooks = Hooks.start(world_size=int(os.environ.get("WORLD_SIZE", 1)), journal_dir=cfg.journal_dir)
     ckpt = Checkpointer(hooks, cfg.checkpoint_dir, cfg.checkpoint_mode, slow_storage_s=cfg.slow_storage_s)
     try:
         if cfg.inprocess:

@@ -3,7 +3,9 @@
 A ``Ledger`` has accounted the rank's time up to ``t``. Each event moves ``t`` forward: the gap
 since ``t`` goes to the category the loop's *state* implies (init before the first step,
 checkpoint_blocking while a save blocks, restart after a fault, unattributed otherwise), then a
-span event (step, restore, finalize) takes its own stretch. Point events that other threads
+span event (step, restore, finalize) takes its own stretch; a record's ``blocked_s`` (the loop's
+waits on saves since the previous record) is booked as checkpoint blocking from the stretch
+before it (a step's, from its span too). Point events that other threads
 write in the middle of a step (worker liveness, checkpoint_end, warnings) never move ``t``, so
 they cannot cut a step in two. Spans that overlap time already accounted are clipped: each
 second is counted once.
@@ -120,6 +122,12 @@ class Ledger(msgspec.Struct):
         self.t = end
         return booked
 
+    def _blocked(self, begin: float, seconds: float) -> None:
+        """The last ``seconds`` of the stretch before ``begin`` (at most all of it) were the loop
+        waiting on saves (a record's ``blocked_s``): book them as checkpoint blocking."""
+        self._advance(max(self.t, begin - seconds))
+        self._span(self.t, begin, BLOCKING)
+
     # --- durability --------------------------------------------------------------------------
     def _decide(self, keep_upto: int | None, drop_rest: bool) -> None:
         """Steps ≤ ``keep_upto`` become productive; the rest become lost if ``drop_rest``."""
@@ -201,6 +209,8 @@ class Ledger(msgspec.Struct):
         if ev.iter > self.iter:
             self.iter = ev.iter
 
+        if kind != "step" and (blocked := getattr(ev, "blocked_s", None)):
+            self._blocked(ev.start if kind in SPAN_EVENTS else mono, blocked)
         if kind == "step":
             self._step(ev, sink)
         elif kind == "checkpoint_start":
@@ -266,8 +276,15 @@ class Ledger(msgspec.Struct):
         mono = ev.mono
         t = self.t
         seconds = self.seconds
+        blocked: float | None = ev.blocked_s  # the loop's waits on saves since the previous record
         if start > t:  # _advance, inlined: this runs once per step
-            seconds[BLOCKING if self.blocking is not None else GAP[self.state]] += start - t
+            gap = start - t
+            if blocked:
+                held = blocked if blocked < gap else gap
+                seconds[BLOCKING] += held
+                gap -= held
+                blocked -= held
+            seconds[BLOCKING if self.blocking is not None else GAP[self.state]] += gap
             t = self.t = start
         if self.fact is not None:
             sink.ended(self.rank, self.fact, t)
@@ -278,6 +295,10 @@ class Ledger(msgspec.Struct):
             data: float = ev.data_s
             data = span if data > span else (data if data > 0.0 else 0.0)
             work = span - data
+            if blocked:  # what the gap could not hold was inside the span (CUDA timing ends it late)
+                held = blocked if blocked < work else work
+                seconds[BLOCKING] += held
+                work -= held
             seconds[DATA] += data
             self.pool_steps.append(ev.step)
             self.pool_work.append(work)

@@ -1,16 +1,16 @@
 """Pod-level checkpoint aggregates, built from each rank's checkpoint_* events in any order.
 
-Every rank journals its part of a save (see ``trainer/checkpoint.py``). Per rank and save:
-blocking = ``checkpoint_start`` → ``checkpoint_scheduled`` plus its ``checkpoint_finalize``
-spans; background = ``scheduled`` → ``written`` (the instant the writer finished). The
-histograms take one observation per rank per save. A save (checkpoint id) is durable when every
-rank that started it ended ok, failed when any rank's end is not ok, and abandoned for a rank
-whose process died before its end. Each quantity is a pure function of the events seen, so the
-order they arrive in does not matter. Each record is stored under its own incarnation; a
-process's part without a start (an async save's end written after an in-process restart) is
-read as part of the newest save of that id the process started at or before its iteration
-(``_grouped``). A save enters the histograms, ``saves`` and ``bytes_total`` once nothing can join
-it any more (see ``Checkpoints.fold``) or the job finished.
+Every rank journals its part of a save (see ``trainer/checkpoint.py``). Per rank and save: blocking
+= ``checkpoint_start`` → ``checkpoint_scheduled`` plus its ``checkpoint_finalize`` spans and the
+loop's later waits on it (its end's ``waited_s``); background = ``scheduled`` → ``written`` (the
+instant the writer finished). The histograms take one observation per rank per save. A save
+(checkpoint id) is durable when every rank that started it ended ok, failed when any rank's end is
+not ok, and abandoned for a rank whose process died before its end. Each quantity is a pure
+function of the events seen, so the order they arrive in does not matter. Each record is stored
+under its own incarnation; a process's part without a start (an async save's end written after an
+in-process restart) is read as part of the newest save of that id the process started at or before
+its iteration (``_grouped``). A save enters the histograms, ``saves`` and ``bytes_total`` once
+nothing can join it any more (see ``Checkpoints.fold``) or the job finished.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ RECENT = 32
 MAX_OPEN = 64  # saves waiting for ranks that never report are closed, oldest first, beyond this
 
 # one process's part of a save, keyed (rank, pid):
-# [pid, start, step, mode, scheduled, bytes, finalize_s, end, written, written_wall, ok, newest record's mono,
-#  start_wall]
+# [pid, start, step, mode, scheduled, bytes, finalize_s (finalize spans and waits), end, written, written_wall, ok,
+#  newest record's mono, start_wall]
 PID, START, STEP, MODE, SCHED, BYTES, FINALIZE, END, WRITTEN, WRITTEN_WALL, OK, LAST, START_WALL = range(13)
 
 
@@ -54,6 +54,7 @@ def _one(rec: Event) -> list[Any]:
         part[FINALIZE] = max(0.0, mono - rec.start)
     else:  # checkpoint_end
         part[OK], part[STEP], part[END], part[WRITTEN] = rec.ok, rec.step, mono, rec.written
+        part[FINALIZE] = rec.waited_s or 0.0
         part[WRITTEN_WALL] = rec.wall - (mono - rec.written)
     return part
 

@@ -26,8 +26,8 @@ Plausibility: one schema-valid record with an absurd time would move every rank'
 (a ``mono`` 8000 s early moves the origin; one in the future stretches a span), and negative
 durations would take counters down. So ``ingest`` counts and drops (``Snapshot.implausible``) a
 record whose times contradict themselves (a span or save that ends before it starts or lasts
-longer than ``MAX_SPAN_S``, a step phase negative or longer than its span, negative bytes or
-stage times), contradict its process's other records (a span beginning more than the reorder
+longer than ``MAX_SPAN_S``, a step phase negative or longer than its span, negative bytes,
+stage times or waits on saves), contradict its process's other records (a span beginning more than the reorder
 window before the process's first record), or lie in the future of the caller's clock
 (``not_after``: ``Live`` passes its monotonic clock plus a slack).
 
@@ -257,12 +257,13 @@ class Engine:
         if kind == "step":
             span = mono - begin + _EPS  # three comparisons written out: this runs once per step
             return (0.0 <= record.data_s <= span and 0.0 <= record.compute_s <= span
-                    and 0.0 <= record.optimizer_s <= span)
+                    and 0.0 <= record.optimizer_s <= span and (record.blocked_s or 0.0) >= 0.0)
         if kind == "checkpoint_scheduled":
             return 0.0 <= record.plan_s <= MAX_SPAN_S and 0.0 <= record.stage_s <= MAX_SPAN_S and record.bytes >= 0
         if kind == "checkpoint_end":
-            return record.written <= mono + _EPS and mono - record.written <= MAX_SPAN_S
-        return True
+            return (record.written <= mono + _EPS and mono - record.written <= MAX_SPAN_S
+                    and 0.0 <= (record.waited_s or 0.0) <= MAX_SPAN_S)
+        return 0.0 <= (getattr(record, "blocked_s", None) or 0.0) <= MAX_SPAN_S
 
     def _plausible(self, record: Event, kind: str, mono: float, not_after: float) -> bool:
         begin = record.start if kind in SPAN_EVENTS else mono

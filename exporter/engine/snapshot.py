@@ -89,7 +89,7 @@ class CheckpointRecord:
     ckpt: str
     step: int
     mode: str
-    blocking_s: float | None  # slowest rank's start -> scheduled (+ finalize spans)
+    blocking_s: float | None  # slowest rank's start -> scheduled (+ finalize spans and the loop's waits on it)
     background_s: float | None  # slowest rank's scheduled -> written
     ok: bool | None  # None while in flight; False if any rank failed
     bytes: int

@@ -93,6 +93,7 @@ CHECKPOINT_EVENTS = frozenset(t.value for t in (EventType.CHECKPOINT_START, Even
 _NUM = (int, float)
 _OPT_STR = (str, type(None))
 _OPT_INT = (int, type(None))
+_OPT_NUM = (int, float, type(None))
 
 COMMON_FIELDS: dict[str, tuple[type, ...]] = {
     "v": (int,),
@@ -160,6 +161,15 @@ OPTIONAL_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
     # job's ranks when its size is fixed (``--nnodes N`` or ``N:N``, times that): so a pod counts
     # its ranks, and the job its world, from the launcher's start, before any worker journaled.
     EventType.LAUNCHER_START: {"local_world_size": _OPT_INT, "world_size": _OPT_INT},
+    # blocked_s: seconds the loop waited on saves between steps, outside any span of its own (polls
+    # of an async writer: ``Hooks.checkpoint_wait``) since the rank's previous record: checkpoint
+    # blocking within the stretch before this record (for a step, also within its span). Written by
+    # the next record the loop writes, so a wait needs no record of its own.
+    **{event: {"blocked_s": _OPT_NUM} for event in (
+        EventType.STEP, EventType.STEP_FAILED, EventType.CHECKPOINT_START, EventType.USER_SPAN,
+        EventType.FAULT_INJECTED, EventType.PROCESS_END)},
+    # waited_s: the loop's waits charged to this save after its block (its share of blocked_s).
+    EventType.CHECKPOINT_END: {"waited_s": _OPT_NUM},
 }
 
 _TYPES = {t.value: t for t in EventType}
