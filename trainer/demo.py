@@ -2,9 +2,10 @@
 with one rank per GPU where GPUs are visible, else on 2 CPU ranks (``demo_device``).
 
 ``run_demo`` is the reusable part (tests start their own sidecar or Prometheus beside a run and
-read ``DemoResult.journal_dir``); ``format_summary(summarize(read_journal(...)))`` says what the
-journal itself records: steps, each checkpoint's blocking and background seconds, each restart and
-its latency. ``nvrx-slo demo`` (``nvrx_slo/demo.py``) runs it with the sidecar beside it.
+read ``DemoResult.journal_dir``); ``summarize(read_journal(...))`` says what the journal itself
+records (steps, each checkpoint's blocking and background seconds, each restart and its latency),
+computed apart from the engine, as tests' truth. ``nvrx-slo demo`` (``nvrx_slo/demo.py``) runs it
+with the sidecar beside it.
 """
 
 from __future__ import annotations
@@ -323,18 +324,3 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                         for key, c in checkpoints.items()],
         "restarts": restarts,
     }
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """The demo's printout (the lead adds the sidecar's SLO report beside it)."""
-    lines = [f"steps: {summary['steps']} distinct (last {summary['last_step']}), "
-             f"{summary['step_runs']} run including work redone after restarts", "checkpoints (slowest rank):"]
-    for c in summary["checkpoints"]:
-        state = {True: "ok", False: "FAILED", None: "unfinished"}[c["ok"]]
-        lines.append(f"  {c['id']}  blocking {c['blocking_s']:.3f} s  background {c['background_s']:.3f} s  {state}")
-    lines.append("restarts:")
-    for r in summary["restarts"]:
-        latency = "never resumed" if r["latency"] is None else f"back to training after {r['latency']:.1f} s"
-        lines.append(f"  {r['kind']} at step {r['step']}: {r['level']} restart, resumed from checkpoint step "
-                     f"{r['resumed_from']}, {latency}")
-    return "\n".join(lines)
