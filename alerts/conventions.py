@@ -62,6 +62,8 @@ def evaluations(slo: str, window: int, interval: int) -> str:
     rates (each with its external labels), and ``scalar()`` of more than one is NaN."""
     counted = f'count_over_time({EVALUATIONS}{{{SLO_LABEL}="{slo}"}}[{duration.format(window)}])'
     return f"scalar(clamp_min(max({counted}), {window // interval}))"
+# Ranks the job's pods ran a shortest window ago, which the absent ranks subtract and require.
+RAN_RANKS = f"{_LEVEL}:nvrx_pod_ranks:sum"
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
 # Each scrape target's badput rank-seconds, its ranks' and categories' counters summed: the one
@@ -85,6 +87,13 @@ def step_time_mean_record(window: int) -> str:
 ACCELERATOR_IDLE = f"{_LEVEL}:nvrx_accelerator_idle:ratio"
 # Share of the job's wall rank-seconds left unattributed over the shortest window, at each evaluation.
 UNATTRIBUTED = f"{_LEVEL}:nvrx_unattributed:ratio"
+# Each scrape target's wall counter (its ranks' most): which jobs and targets have wall time at all.
+TARGET_WALL = f"{_LEVEL}_pod:nvrx_wall_seconds_total:max"
+
+
+def pod_restarts_record(window: int) -> str:
+    """Each pod's restarts per second over ``window``, which the recovery SLI's counts both read."""
+    return f"{_LEVEL}_pod:nvrx_restarts:rate{duration.format(window)}"
 
 
 def wall_rate_record(window: int) -> str:

@@ -18,6 +18,7 @@ from nvrx_slo.alerts.conventions import (
     ON_JOB,
     SEVERITY_LABEL,
     STEP_SKEW,
+    TARGET_WALL,
     UNATTRIBUTED,
     Alert,
     stamp_links,
@@ -105,9 +106,9 @@ def plain_alerts(spec: Spec) -> list[Rule]:
         ),
         _alert(
             Alert.SLI_NO_DATA,
-            f"(max {BY_JOB} ({cat.WALL.name})\n"
+            f"(max {BY_JOB} ({TARGET_WALL})\n"
             f"  unless {ON_JOB} ({wall_rate_record(base)} > 0))\n"
-            f"or\n({up} == 1\n  unless {SCRAPE_TARGET} {cat.WALL.name})",
+            f"or\n({up} == 1\n  unless {SCRAPE_TARGET} {TARGET_WALL})",
             a.no_data_for, Severity.TICKET,
             "An nvrx-slo sidecar is up but its SLIs have no data.",
             "{{ with $labels.job_name }}Job {{ $labels.namespace }}/{{ . }} reports wall time that has stopped "
@@ -150,13 +151,15 @@ def plain_alerts(spec: Spec) -> list[Rule]:
     return [stamp_links(rule, spec) for rule in rules]
 
 
-def share_records(spec: Spec) -> list[Rule]:
-    """The job's wall rate over the shortest window, which every share of wall in the group divides
-    by (the pods' wall counters read once), and the share left unattributed, which its alert
+def wall_records(spec: Spec) -> list[Rule]:
+    """The pods' wall counters, read twice, not once per rule: each target's (which jobs and targets
+    have wall time, for the no-data alert) and the job's rate over the shortest window, which every
+    share of wall in the group divides by; then the share left unattributed, which its alert
     averages over its own window as the idle alert does (no window re-reads per-rank series)."""
     base = all_windows(spec.period, spec.min_window)[0]
     unattributed = f'{cat.TIME.name}{{category="{cat.Category.UNATTRIBUTED.value}"}}'
-    return [{"record": wall_rate_record(base), "expr": job_rate(cat.WALL.name, duration.format(base))},
+    return [{"record": TARGET_WALL, "expr": f"max without ({cat.RANK_LABEL}) ({cat.WALL.name})"},
+            {"record": wall_rate_record(base), "expr": job_rate(cat.WALL.name, duration.format(base))},
             {"record": UNATTRIBUTED, "expr": share_of_wall(unattributed, base)}]
 
 
@@ -178,6 +181,6 @@ JOB_LEVEL_ALERTS = frozenset({Alert.ACCELERATOR_IDLE, Alert.UNATTRIBUTED})
 
 def plain_group(spec: Spec) -> Group:
     """The records the alerts read come first: a group evaluates in order, so they read this evaluation's."""
-    records = share_records(spec) + idle.records(spec) + straggler_records(spec)
+    records = wall_records(spec) + idle.records(spec) + straggler_records(spec)
     alerts = [(Tier.GLOBAL if Alert(r["alert"]) in JOB_LEVEL_ALERTS else Tier.LOCAL, r) for r in plain_alerts(spec)]
     return Group("nvrx-slo-alerts", spec.evaluation_interval, (*tiered(Tier.LOCAL, records), *alerts))

@@ -27,10 +27,12 @@ from nvrx_slo.alerts.conventions import (
     BY_JOB,
     BY_POD,
     ON_JOB,
+    RAN_RANKS,
     SLO_LABEL,
     TARGET_BADPUT,
     VANISHED_AT_RISK,
     evaluations,
+    pod_restarts_record,
     sli_total_record,
     wall_rate_record,
 )
@@ -123,14 +125,14 @@ def _increase(record: str, interval: int) -> str:
     return f"sum {BY_JOB} (clamp_min({record} - {then}, 0))"
 
 
-def _absent_ranks(hold: int) -> str:
-    """The job's ranks no pod ran ``hold`` seconds ago. A pod ran then if it was scraped then and
+def _ran_ranks(hold: int) -> str:
+    """The job's ranks its pods ran ``hold`` seconds ago. A pod ran then if it was scraped then and
     since (a pod gone stopped accounting at its last scrape, before the scrape that found it gone;
     a finished pod says it runs none). By then every pod that ran is scraped: a pod first scraped
     since (Prometheus discovers a target seconds after it starts; even one gone again) ran from its
     origin (``nvrx_job_start_timestamp_seconds``), whose time its own counters hold, so no second
     is both absent and its ranks' init. Before the job's first scrape its world is the one its
-    pods say now, once its first pod had started."""
+    pods say now, once its first pod had started (``_absent_ranks``)."""
     ago = duration.format(hold)
     on_pod = f"on ({', '.join(cat.IDENTITY_LABELS)})"
     ran = {"scraped": f"{cat.POD_RANKS.name} offset {ago}"
@@ -138,11 +140,17 @@ def _absent_ranks(hold: int) -> str:
            "started": f"last_over_time({cat.POD_RANKS.name}[{ago}])"
                       f" and {on_pod} (last_over_time({cat.JOB_START_TIMESTAMP.name}[{ago}]) <= time() - {hold})"
                       f" unless {on_pod} {cat.POD_RANKS.name} offset {ago}"}
+    return _added(ran)
+
+
+def _absent_ranks(hold: int) -> str:
+    """The job's world size ``hold`` seconds ago less the ranks its pods ran then (``RAN_RANKS``);
+    none if they ran none: every pod had finished (or none was known), so no rank is missing."""
+    ago = duration.format(hold)
     begun = f"min {BY_JOB} ({cat.JOB_START_TIMESTAMP.name}) <= time() - {hold}"
     world = (f"(max {BY_JOB} ({cat.JOB_WORLD_SIZE.name} offset {ago})"
              f" or (max {BY_JOB} ({cat.JOB_WORLD_SIZE.name}) and {ON_JOB} ({begun})))")
-    running = _added(ran)  # none: every pod had finished (or none was known), so no rank is missing
-    return f"clamp_min({world} - {running}, 0) and {ON_JOB} ({running} > 0)"
+    return f"clamp_min({world} - {ON_JOB} {RAN_RANKS}, 0) and {ON_JOB} ({RAN_RANKS} > 0)"
 
 
 def _efficiency(spec: Spec) -> Sli:
@@ -164,7 +172,7 @@ def _efficiency(spec: Spec) -> Sli:
     badput = _matching(cat.TIME.name, "category", "|".join(c.value for c in cat.BADPUT_CATEGORIES))
     world = f"max {BY_JOB} ({cat.JOB_WORLD_SIZE.name})"
     hold = all_windows(spec.period, spec.min_window)[0]
-    records = ((ABSENT_RANKS, _absent_ranks(hold)),
+    records = ((RAN_RANKS, _ran_ranks(hold)), (ABSENT_RANKS, _absent_ranks(hold)),
                (VANISHED_AT_RISK, _vanished(cat.WORK_AT_RISK.name, hold, spec.evaluation_interval)),
                (TARGET_BADPUT, f"sum without ({cat.RANK_LABEL}, category) ({badput})"),
                (BADPUT_INCREASE, _increase(TARGET_BADPUT, spec.evaluation_interval)))
@@ -197,14 +205,16 @@ def _recovery(spec: Spec) -> Sli:
     counts one slow restart). Faults of different pods in one window are undercounted instead."""
     restarts = f"{cat.RESTART_DURATION.name}_count"
     fast = _matching(f"{cat.RESTART_DURATION.name}_bucket", "le", le_regex(spec.recovery_threshold))
+    base = all_windows(spec.period, spec.min_window)[0]
+    per_pod, on_pod = pod_restarts_record(base), f"on ({', '.join(cat.IDENTITY_LABELS)})"
 
     def bad(w: str) -> str:
-        per_pod = f"sum {BY_POD} (rate({restarts}[{w}]))"
-        slow = f"{per_pod} - (sum {BY_POD} (rate({fast}[{w}])) or 0 * {per_pod})"
+        slow = f"{per_pod} - {on_pod} (sum {BY_POD} (rate({fast}[{w}])) or {on_pod} 0 * {per_pod})"
         return f"max {BY_JOB} ({slow})"
 
-    return Sli(Slo.RECOVERY, False, bad, lambda w: busiest_pod_rate(restarts, w), "restart latency",
-               f"{{good}} of restarts back to training within {spec.recovery_threshold:g}s")
+    return Sli(Slo.RECOVERY, False, bad, lambda w: f"max {BY_JOB} ({per_pod})", "restart latency",
+               f"{{good}} of restarts back to training within {spec.recovery_threshold:g}s",
+               ((per_pod, f"sum {BY_POD} (rate({restarts}[{duration.format(base)}]))"),))
 
 
 def build(spec: Spec) -> dict[Slo, Sli]:
