@@ -174,13 +174,9 @@ def straggler_records(spec: Spec) -> list[Rule]:
     return [{"record": record, "expr": mean}, {"record": STEP_SKEW, "expr": skew}]
 
 
-# The alerts that read only job-level records (``Tier.GLOBAL``); every other reads the pods' series
-# or per-rank records of them (the straggler's skew).
-JOB_LEVEL_ALERTS = frozenset({Alert.ACCELERATOR_IDLE, Alert.UNATTRIBUTED})
-
-
 def plain_group(spec: Spec) -> Group:
-    """The records the alerts read come first: a group evaluates in order, so they read this evaluation's."""
-    records = wall_records(spec) + idle.records(spec) + straggler_records(spec)
-    alerts = [(Tier.GLOBAL if Alert(r["alert"]) in JOB_LEVEL_ALERTS else Tier.LOCAL, r) for r in plain_alerts(spec)]
-    return Group("nvrx-slo-alerts", spec.evaluation_interval, (*tiered(Tier.LOCAL, records), *alerts))
+    """The records the alerts read come first: a group evaluates in order, so they read this evaluation's.
+    All of it is ``Tier.LOCAL``: each alert reads the pods' series, or records of them over windows no
+    longer than a local Prometheus keeps anyway, and fires from the Prometheus that scrapes the job."""
+    rules = wall_records(spec) + idle.records(spec) + straggler_records(spec) + plain_alerts(spec)
+    return Group("nvrx-slo-alerts", spec.evaluation_interval, tuple(tiered(Tier.LOCAL, rules)))

@@ -38,7 +38,6 @@ from nvrx_slo.alerts.conventions import (
     BURN_ALERTS,
     ERROR_BUDGET_REMAINING,
     EVALUATIONS,
-    ON_JOB,
     SEVERITY_LABEL,
     SLO_LABEL,
     burn_rate_record,
@@ -57,7 +56,10 @@ Rule = dict[str, Any]
 
 
 def _ratio(bad: str, total: str) -> str:
-    return f"{bad}\n/ {ON_JOB}\n({total} > 0)"
+    """Matched on all their labels, not on the job's alone: the same in one Prometheus (both carry
+    the job's and ``slo``), and in a global ruler a shard's external labels stay on the ratios and
+    the alerts, and a job name in two shards stays two jobs."""
+    return f"{bad}\n/\n({total} > 0)"
 
 
 def _record(name: str, expr: str, sli: Sli) -> Rule:

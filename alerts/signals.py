@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import ON_JOB, SLO_LABEL, signal_record, sli_total_record
+from nvrx_slo.alerts.conventions import SLO_LABEL, signal_record, sli_total_record
 from nvrx_slo.alerts.sli import busiest_pod_rate, job_rate
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
@@ -77,7 +77,7 @@ def records(spec: Spec) -> list[tuple[Tier, Rule]]:
         (over(OVERLAP), f"{total(BACKGROUND)}\n/\n(({total(BLOCKING)} + {total(BACKGROUND)}) > 0)"),
         (over(COST), f"{total(BLOCKING)}\n/\n({total(RANK_SAVES)} > 0)"),
         (over(INTERVAL), f"{elapsed} * {every}\n/\n"
-                         f"({total(RANK_SAVES)} * {every} / {ON_JOB} max_over_time({world}[{p}]) > 0)"),
+                         f"({total(RANK_SAVES)} * {every} / ignoring ({SLO_LABEL}) max_over_time({world}[{p}]) > 0)"),
         (over(MTBF), f"{elapsed}\n/\n({total(RESTARTS)} > 0)"),
         (over(RESTART_COST), f"{total(RESTART_SECONDS)}\n/\n({total(RESTARTS)} > 0)"),
         (over(OPTIMAL), f"sqrt(2 * {over(COST)} * {over(MTBF)})"),

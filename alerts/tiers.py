@@ -2,12 +2,14 @@
 
 A rule group is one list of rules; each rule is one of two tiers:
 
-* ``LOCAL``: it reads the pods' series (or per-pod and per-rank records of them, or it is the
-  evaluation counter the windows divide by), so it runs in the Prometheus that scrapes every pod of
-  the job. Its job-level records are the interface: one series per job, what the other tier reads.
-* ``GLOBAL``: it reads only those job-level records, so it can run wherever they arrive (a Thanos
-  or Mimir ruler, or a second Prometheus receiving them by remote-write), over storage kept for the
-  whole SLO period.
+* ``LOCAL``: it reads the pods' series (or records of them), so it runs in the Prometheus that
+  scrapes every pod of the job: the job-level rates of each SLI and signal, the evaluation counter
+  the windows divide by, and the plain alerts (none reads a window longer than 30 minutes). Its
+  job-level rates are the interface: one series per job, what the other tier reads.
+* ``GLOBAL``: the windows over those rates up to the SLO period (error ratios, burn rates, budgets,
+  burn-rate alerts, the period-long signals). They read only the job-level rates, so they run
+  wherever those arrive (a Thanos or Mimir ruler, or a Prometheus receiving them by remote-write),
+  over storage kept for the whole period, which a local Prometheus need not keep.
 
 One Prometheus runs both tiers of a group as one group, in order (``rules.yaml``); more than one
 runs the same rules split in two files, each group keeping its name and its rules' order
