@@ -50,18 +50,27 @@ def signal_record(metric: str, operation: str) -> str:
     return f"{_LEVEL}:nvrx_{metric}:{operation}"
 # 1 at each evaluation of an SLO's group (label slo): counting its samples over a window counts the
 # evaluations in it, whichever way the Prometheus version bounds a range ([a, b] before 3.0, (a, b] since).
+# Recorded with the job-level rates (the local tier), so a global ruler counts the evaluations that
+# recorded the samples it sums, not its own (whose timestamps do not line up with them).
 EVALUATIONS = "global:nvrx_slo_evaluations:one"
 
 
 def evaluations(slo: str, window: int, interval: int) -> str:
     """The evaluations of ``slo``'s group in ``window`` s, as a scalar: the samples the window holds,
-    and never fewer than a full window's (rules younger than the window: the rest counts as 0)."""
-    return (f'scalar(clamp_min(count_over_time({EVALUATIONS}{{{SLO_LABEL}="{slo}"}}[{duration.format(window)}]), '
-            f"{window // interval}))")
+    and never fewer than a full window's (rules younger than the window: the rest counts as 0). The
+    most any Prometheus counted: a global ruler holds one counter per Prometheus that records the
+    rates (each with its external labels), and ``scalar()`` of more than one is NaN."""
+    counted = f'count_over_time({EVALUATIONS}{{{SLO_LABEL}="{slo}"}}[{duration.format(window)}])'
+    return f"scalar(clamp_min(max({counted}), {window // interval}))"
+# Ranks the job's pods ran a shortest window ago, which the absent ranks subtract and require.
+RAN_RANKS = f"{_LEVEL}:nvrx_pod_ranks:sum"
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
-# The job's badput rank-seconds since the evaluation before: each counter's last value less its
-# value then (a new series counts from 0), so the increments add up exactly, however bursty.
+# Each scrape target's badput rank-seconds, its ranks' and categories' counters summed: the one
+# rule that reads them, so each is read once per evaluation (rule cost is per series read).
+TARGET_BADPUT = f"{_LEVEL}_pod:nvrx_badput_seconds_total:sum"
+# The job's badput rank-seconds since the evaluation before: each target's sum less its value
+# then (a series new to a target counts from 0), so the increments add up exactly, however bursty.
 BADPUT_INCREASE = f"{_LEVEL}:nvrx_badput_seconds:increase"
 # Rank-seconds of a pod's last ``nvrx_work_at_risk_seconds``, once, at the evaluation that sees its
 # series gone for the shortest window (a sidecar dies with its pod's node): badput for the job.
@@ -76,6 +85,20 @@ def step_time_mean_record(window: int) -> str:
     return f"{_LEVEL}_pod_rank:nvrx_step_duration_seconds:mean{duration.format(window)}"
 # Share of the job's accelerator time spent idle, one series per source (alerts/idle.py), at each evaluation.
 ACCELERATOR_IDLE = f"{_LEVEL}:nvrx_accelerator_idle:ratio"
+# Share of the job's wall rank-seconds left unattributed over the shortest window, at each evaluation.
+UNATTRIBUTED = f"{_LEVEL}:nvrx_unattributed:ratio"
+# Each scrape target's wall counter (its ranks' most): which jobs and targets have wall time at all.
+TARGET_WALL = f"{_LEVEL}_pod:nvrx_wall_seconds_total:max"
+
+
+def pod_restarts_record(window: int) -> str:
+    """Each pod's restarts per second over ``window``, which the recovery SLI's counts both read."""
+    return f"{_LEVEL}_pod:nvrx_restarts:rate{duration.format(window)}"
+
+
+def wall_rate_record(window: int) -> str:
+    """The job's wall rank-seconds per second over ``window``: its rank count, for the alerts group's shares."""
+    return f"{_LEVEL}:nvrx_wall_seconds:rate{duration.format(window)}"
 
 
 class Alert(str, Enum):

@@ -19,8 +19,12 @@ from nvrx_slo.alerts.plain import plain_group
 from nvrx_slo.alerts.rules import slo_group
 from nvrx_slo.alerts.signals import signals_group
 from nvrx_slo.alerts.spec import DEFAULT_PATH, Spec, SpecError, load
+from nvrx_slo.alerts.tiers import Tier
 
 RULES = Path("alerts/generated/rules.yaml")
+# The same rules for more than one Prometheus (docs/scaling.md): the pods' tier and the jobs' tier.
+LOCAL_RULES = Path("alerts/generated/sharded/local.yaml")
+GLOBAL_RULES = Path("alerts/generated/sharded/global.yaml")
 ALERTMANAGER = Path("alerts/generated/alertmanager.yaml")
 PROMETHEUS_RULE = Path("deploy/base/generated/prometheusrule.yaml")
 ALERTMANAGER_CONFIG = Path("deploy/base/generated/alertmanagerconfig.yaml")
@@ -38,9 +42,11 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _Dumper.add_representer(str, _str)
 
 
-def rule_groups(spec: Spec) -> list[dict[str, Any]]:
+def rule_groups(spec: Spec, tiers: frozenset[Tier] = frozenset(Tier)) -> list[dict[str, Any]]:
+    """Every group with its rules of ``tiers`` (all: the one-Prometheus file), groups without any left out."""
     slis = sli.build(spec)
-    return [slo_group(s, spec) for s in slis.values()] + [signals_group(spec), plain_group(spec)]
+    groups = [slo_group(s, spec) for s in slis.values()] + [signals_group(spec), plain_group(spec)]
+    return [part for part in (g.part(tiers) for g in groups) if part is not None]
 
 
 def _yaml(document: dict[str, Any], source: str) -> str:
@@ -59,6 +65,8 @@ def render(spec: Spec, source: str) -> dict[Path, str]:
     }
     return {
         RULES: _yaml({"groups": groups}, source),
+        LOCAL_RULES: _yaml({"groups": rule_groups(spec, frozenset({Tier.LOCAL}))}, source),
+        GLOBAL_RULES: _yaml({"groups": rule_groups(spec, frozenset({Tier.GLOBAL}))}, source),
         ALERTMANAGER: _yaml(alertmanager.config(spec), source),
         PROMETHEUS_RULE: _yaml(prometheus_rule, source),
         ALERTMANAGER_CONFIG: _yaml(alertmanager.crd(spec), source),

@@ -18,12 +18,16 @@ from nvrx_slo.alerts.conventions import (
     ON_JOB,
     SEVERITY_LABEL,
     STEP_SKEW,
+    TARGET_WALL,
+    UNATTRIBUTED,
     Alert,
     stamp_links,
     step_time_mean_record,
+    wall_rate_record,
 )
 from nvrx_slo.alerts.sli import job_rate, share_of_wall
 from nvrx_slo.alerts.spec import Spec
+from nvrx_slo.alerts.tiers import Group, Tier, tiered
 from nvrx_slo.alerts.windows import Severity, all_windows
 from nvrx_slo.contracts import catalogue as cat
 
@@ -56,7 +60,6 @@ def _since(metric: cat.Metric) -> str:
 def plain_alerts(spec: Spec) -> list[Rule]:
     a = spec.alerts
     base = all_windows(spec.period, spec.min_window)[0]
-    unattributed = f'{cat.TIME.name}{{category="{cat.Category.UNATTRIBUTED.value}"}}'
     up = f'up{{job=~"{a.exporter_scrape_job}"}}'
     rules = [
         _alert(
@@ -103,9 +106,9 @@ def plain_alerts(spec: Spec) -> list[Rule]:
         ),
         _alert(
             Alert.SLI_NO_DATA,
-            f"(max {BY_JOB} ({cat.WALL.name})\n"
-            f"  unless {ON_JOB} ({job_rate(cat.WALL.name, duration.format(base))} > 0))\n"
-            f"or\n({up} == 1\n  unless {SCRAPE_TARGET} {cat.WALL.name})",
+            f"(max {BY_JOB} ({TARGET_WALL})\n"
+            f"  unless {ON_JOB} ({wall_rate_record(base)} > 0))\n"
+            f"or\n({up} == 1\n  unless {SCRAPE_TARGET} {TARGET_WALL})",
             a.no_data_for, Severity.TICKET,
             "An nvrx-slo sidecar is up but its SLIs have no data.",
             "{{ with $labels.job_name }}Job {{ $labels.namespace }}/{{ . }} reports wall time that has stopped "
@@ -128,7 +131,8 @@ def plain_alerts(spec: Spec) -> list[Rule]:
             f"(alerts above {a.straggler_skew:g}×); in lock step the whole job runs at its pace.",
         ),
         _alert(
-            Alert.UNATTRIBUTED, f"{share_of_wall(unattributed, a.unattributed_over)}\n> {a.unattributed_ratio:g}",
+            Alert.UNATTRIBUTED,
+            f"avg_over_time({UNATTRIBUTED}[{duration.format(a.unattributed_over)}])\n> {a.unattributed_ratio:g}",
             a.unattributed_for, Severity.TICKET,
             "Time nvrx-slo cannot attribute is growing.",
             f"{JOB}: {{{{ $value | humanizePercentage }}}} of wall time over the last "
@@ -147,6 +151,18 @@ def plain_alerts(spec: Spec) -> list[Rule]:
     return [stamp_links(rule, spec) for rule in rules]
 
 
+def wall_records(spec: Spec) -> list[Rule]:
+    """The pods' wall counters, read twice, not once per rule: each target's (which jobs and targets
+    have wall time, for the no-data alert) and the job's rate over the shortest window, which every
+    share of wall in the group divides by; then the share left unattributed, which its alert
+    averages over its own window as the idle alert does (no window re-reads per-rank series)."""
+    base = all_windows(spec.period, spec.min_window)[0]
+    unattributed = f'{cat.TIME.name}{{category="{cat.Category.UNATTRIBUTED.value}"}}'
+    return [{"record": TARGET_WALL, "expr": f"max without ({cat.RANK_LABEL}) ({cat.WALL.name})"},
+            {"record": wall_rate_record(base), "expr": job_rate(cat.WALL.name, duration.format(base))},
+            {"record": UNATTRIBUTED, "expr": share_of_wall(unattributed, base)}]
+
+
 def straggler_records(spec: Spec) -> list[Rule]:
     """Each rank's mean step time over the shortest window (a pod without per-rank series: its
     ranks' mean, as rank="all"), then its skew against the job's median across every pod's ranks."""
@@ -158,7 +174,9 @@ def straggler_records(spec: Spec) -> list[Rule]:
     return [{"record": record, "expr": mean}, {"record": STEP_SKEW, "expr": skew}]
 
 
-def plain_group(spec: Spec) -> dict[str, Any]:
-    """The records the alerts read come first: a group evaluates in order, so they read this evaluation's."""
-    return {"name": "nvrx-slo-alerts", "interval": duration.format(spec.evaluation_interval),
-            "rules": idle.records(spec) + straggler_records(spec) + plain_alerts(spec)}
+def plain_group(spec: Spec) -> Group:
+    """The records the alerts read come first: a group evaluates in order, so they read this evaluation's.
+    All of it is ``Tier.LOCAL``: each alert reads the pods' series, or records of them over windows no
+    longer than a local Prometheus keeps anyway, and fires from the Prometheus that scrapes the job."""
+    rules = wall_records(spec) + idle.records(spec) + straggler_records(spec) + plain_alerts(spec)
+    return Group("nvrx-slo-alerts", spec.evaluation_interval, tuple(tiered(Tier.LOCAL, rules)))

@@ -38,7 +38,6 @@ from nvrx_slo.alerts.conventions import (
     BURN_ALERTS,
     ERROR_BUDGET_REMAINING,
     EVALUATIONS,
-    ON_JOB,
     SEVERITY_LABEL,
     SLO_LABEL,
     burn_rate_record,
@@ -50,30 +49,43 @@ from nvrx_slo.alerts.conventions import (
 )
 from nvrx_slo.alerts.sli import Sli
 from nvrx_slo.alerts.spec import Objective, Spec
+from nvrx_slo.alerts.tiers import Group, Tier, tiered
 from nvrx_slo.alerts.windows import BurnWindow, Severity, all_windows
 
 Rule = dict[str, Any]
 
 
 def _ratio(bad: str, total: str) -> str:
-    return f"{bad}\n/ {ON_JOB}\n({total} > 0)"
+    """Matched on all their labels, not on the job's alone: the same in one Prometheus (both carry
+    the job's and ``slo``), and in a global ruler a shard's external labels stay on the ratios and
+    the alerts, and a job name in two shards stays two jobs."""
+    return f"{bad}\n/\n({total} > 0)"
 
 
 def _record(name: str, expr: str, sli: Sli) -> Rule:
     return {"record": name, "expr": expr, "labels": {SLO_LABEL: sli.slo.value}}
 
 
-def recording_rules(sli: Sli, objective: Objective, spec: Spec) -> list[Rule]:
+def job_rates(sli: Sli, spec: Spec) -> list[Rule]:
+    """The SLI's job-level rates over the shortest window, from the pods' series: what the windows
+    read (``tiers.Tier.LOCAL``), after the counter of the evaluations that recorded them."""
+    base = all_windows(spec.period, spec.min_window)[0]
+    return [
+        _record(EVALUATIONS, "vector(1)", sli),
+        *(_record(name, expr, sli) for name, expr in sli.records),
+        _record(sli_total_record(base), sli.total(duration.format(base)), sli),  # the bad rate's "0 for this job"
+        _record(sli_bad_record(base), sli.bad(duration.format(base)), sli),
+    ]
+
+
+def window_rules(sli: Sli, objective: Objective, spec: Spec) -> list[Rule]:
+    """Error ratios over every window, burn rates and the budget left, from the job-level rates
+    alone (``tiers.Tier.GLOBAL``)."""
     *spans, period = all_windows(spec.period, spec.min_window)
     base = spans[0]
     mine = f'{{{SLO_LABEL}="{sli.slo.value}"}}'
     bad, total = sli_bad_record(base) + mine, sli_total_record(base) + mine
-    rules = [
-        _record(EVALUATIONS, "vector(1)", sli),
-        *(_record(name, expr, sli) for name, expr in sli.records),
-        _record(sli_bad_record(base), sli.bad(duration.format(base)), sli),
-        _record(sli_total_record(base), sli.total(duration.format(base)), sli),
-    ]
+    rules = []
     if sli.time_based:  # bad rank-seconds over (the most ranks the window saw × the whole window)
         def ranks(w: int) -> str:
             return f"max_over_time({total}[{duration.format(w)}])"
@@ -130,11 +142,10 @@ def burn_alert(sli: Sli, objective: Objective, spec: Spec, severity: Severity) -
     return stamp_links(rule, spec)
 
 
-def slo_group(sli: Sli, spec: Spec) -> dict[str, Any]:
+def slo_group(sli: Sli, spec: Spec) -> Group:
     objective = spec.objectives[sli.slo]
     severities = [Severity.PAGE, Severity.TICKET] if objective.page else [Severity.TICKET]
-    return {
-        "name": f"nvrx-slo-{sli.slo.value.replace('_', '-')}",
-        "interval": duration.format(spec.evaluation_interval),
-        "rules": recording_rules(sli, objective, spec) + [burn_alert(sli, objective, spec, s) for s in severities],
-    }
+    alerts = [burn_alert(sli, objective, spec, s) for s in severities]
+    return Group(f"nvrx-slo-{sli.slo.value.replace('_', '-')}", spec.evaluation_interval,
+                 (*tiered(Tier.LOCAL, job_rates(sli, spec)),
+                  *tiered(Tier.GLOBAL, window_rules(sli, objective, spec) + alerts)))

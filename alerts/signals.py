@@ -19,9 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import ON_JOB, SLO_LABEL, signal_record, sli_total_record
+from nvrx_slo.alerts.conventions import SLO_LABEL, signal_record, sli_total_record
 from nvrx_slo.alerts.sli import busiest_pod_rate, job_rate
 from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.alerts.tiers import Group, Tier, tiered
 from nvrx_slo.alerts.windows import all_windows
 from nvrx_slo.contracts import catalogue as cat
 
@@ -47,8 +48,9 @@ def over_period(spec: Spec, metric: str) -> str:
     return signal_record(metric, f"mean{duration.format(spec.period)}")
 
 
-def records(spec: Spec) -> list[Rule]:
-    """The rules, in evaluation order (each reads the ones before it at this evaluation)."""
+def records(spec: Spec) -> list[tuple[Tier, Rule]]:
+    """The rules, in evaluation order (each reads the ones before it at this evaluation): the rates
+    read the pods' series (``Tier.LOCAL``), the period's signals only those rates (``Tier.GLOBAL``)."""
     base, period = all_windows(spec.period, spec.min_window)[0], spec.period
     w, p, every = duration.format(base), duration.format(period), spec.evaluation_interval
     world = f'{sli_total_record(base)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'  # the job's rank count
@@ -64,16 +66,18 @@ def records(spec: Spec) -> list[Rule]:
 
     elapsed = f"count_over_time({rate(BLOCKING)}[{p}])"  # evaluations: × interval = seconds
     restart_seconds = f"{cat.RESTART_DURATION.name}_sum"
-    rules = [
+    rates = [
         (rate(BLOCKING), job_rate(f"{cat.CKPT_BLOCKING.name}_sum", w)),
         (rate(BACKGROUND), job_rate(f"{cat.CKPT_BACKGROUND.name}_sum", w)),
         (rate(RANK_SAVES), job_rate(f"{cat.CKPT_BLOCKING.name}_count", w)),
         (rate(RESTARTS), busiest_pod_rate(f"{cat.RESTART_DURATION.name}_count", w)),
         (rate(RESTART_SECONDS), busiest_pod_rate(restart_seconds, w)),
+    ]
+    signals = [
         (over(OVERLAP), f"{total(BACKGROUND)}\n/\n(({total(BLOCKING)} + {total(BACKGROUND)}) > 0)"),
         (over(COST), f"{total(BLOCKING)}\n/\n({total(RANK_SAVES)} > 0)"),
         (over(INTERVAL), f"{elapsed} * {every}\n/\n"
-                         f"({total(RANK_SAVES)} * {every} / {ON_JOB} max_over_time({world}[{p}]) > 0)"),
+                         f"({total(RANK_SAVES)} * {every} / ignoring ({SLO_LABEL}) max_over_time({world}[{p}]) > 0)"),
         (over(MTBF), f"{elapsed}\n/\n({total(RESTARTS)} > 0)"),
         (over(RESTART_COST), f"{total(RESTART_SECONDS)}\n/\n({total(RESTARTS)} > 0)"),
         (over(OPTIMAL), f"sqrt(2 * {over(COST)} * {over(MTBF)})"),
@@ -82,9 +86,9 @@ def records(spec: Spec) -> list[Rule]:
                           f" / {over(MTBF)}\n        or 0 * {over(INTERVAL)}))\n"
                           f"  / (1 + {over(COST)} / {over(INTERVAL)}),\n  0, 1)"),
     ]
-    return [{"record": name, "expr": expr} for name, expr in rules]
+    return [*tiered(Tier.LOCAL, ({"record": name, "expr": expr} for name, expr in rates)),
+            *tiered(Tier.GLOBAL, ({"record": name, "expr": expr} for name, expr in signals))]
 
 
-def signals_group(spec: Spec) -> dict[str, Any]:
-    return {"name": "nvrx-slo-signals", "interval": duration.format(spec.evaluation_interval),
-            "rules": records(spec)}
+def signals_group(spec: Spec) -> Group:
+    return Group("nvrx-slo-signals", spec.evaluation_interval, tuple(records(spec)))

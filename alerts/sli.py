@@ -27,8 +27,14 @@ from nvrx_slo.alerts.conventions import (
     BY_JOB,
     BY_POD,
     ON_JOB,
+    RAN_RANKS,
+    SLO_LABEL,
+    TARGET_BADPUT,
     VANISHED_AT_RISK,
     evaluations,
+    pod_restarts_record,
+    sli_total_record,
+    wall_rate_record,
 )
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.alerts.windows import all_windows
@@ -58,19 +64,22 @@ def job_rate(selector: str, window: str) -> str:
 
 
 def share_of_wall(selector: str, window: int) -> str:
-    """The rate of ``selector`` (rank-seconds) over the job's wall rate: a share of its rank-seconds."""
-    w = duration.format(window)
-    return f"{job_rate(selector, w)}\n/ {ON_JOB} group_left\n  {job_rate(cat.WALL.name, w)}"
+    """The rate of ``selector`` (rank-seconds) over the job's wall rate: a share of its rank-seconds.
+    The wall rate is the one ``wall_rate_record`` holds, which a group reading this records first."""
+    return f"{job_rate(selector, duration.format(window))}\n/ {ON_JOB} group_left\n  {wall_rate_record(window)}"
 
 
-# One series per job with wall time: what "0 for this job" is made of.
-_JOBS = f"group {BY_JOB} ({cat.WALL.name})"
+def _or_zero(expr: str, present: str) -> str:
+    """``expr``, or 0 for each job ``present`` has: a category never seen yet has no series, not zero.
+    ``present`` is a job-level series the group has at hand (its recorded total, or the other term
+    of a sum), not the pods' series read once more: rule cost is per series read."""
+    return f"({expr} or {ON_JOB} 0 * {present})"
 
 
-def _or_zero(expr: str) -> str:
-    """``expr``, or 0 for each job with wall time: a category never seen yet has no series, not zero
-    (the wall series' presence, not their rate recomputed: this runs at every evaluation)."""
-    return f"({expr} or 0 * {_JOBS})"
+def _total(slo: Slo, spec: Spec) -> str:
+    """The SLI's recorded total, which its group records before its bad rate."""
+    base = all_windows(spec.period, spec.min_window)[0]
+    return f'{sli_total_record(base)}{{{SLO_LABEL}="{slo.value}"}}'
 
 
 def _added(parts: dict[str, str]) -> str:
@@ -81,13 +90,13 @@ def _added(parts: dict[str, str]) -> str:
     return f"sum {BY_JOB} ({tagged})"
 
 
-def _time_sli(slo: Slo, title: str, goal: str, categories: tuple[cat.Category, ...]) -> Sli:
+def _time_sli(slo: Slo, title: str, goal: str, categories: tuple[cat.Category, ...], spec: Spec) -> Sli:
     time = _matching(cat.TIME.name, "category", "|".join(c.value for c in categories))
 
     def total(w: str) -> str:
         return job_rate(cat.WALL.name, w)
 
-    return Sli(slo, True, lambda w: _or_zero(job_rate(time, w)), total, title, goal)
+    return Sli(slo, True, lambda w: _or_zero(job_rate(time, w), _total(slo, spec)), total, title, goal)
 
 
 def le_regex(bound: float) -> str:
@@ -107,21 +116,23 @@ def _vanished(metric: str, hold: int, interval: int) -> str:
             f"  unless last_over_time({metric}[{duration.format(hold)}]))")
 
 
-def _increase(selector: str, interval: int) -> str:
-    """The job's sum of each counter's increase since the evaluation ``interval`` ago: its last
-    value then (up to 5m back, across a scrape gap) is its base, a new series counts from 0."""
-    then = f"last_over_time({selector}[5m] offset {duration.format(interval)})"
-    return f"sum {BY_JOB} (clamp_min({selector} - {then}, 0))"
+def _increase(record: str, interval: int) -> str:
+    """The job's sum of each target's increase of ``record`` since the evaluation ``interval`` ago:
+    its value then (up to 5m back, across a failed scrape) is its base. A target's sum, not each
+    counter: the counters are read once, by ``record``; a series new to a target counts from 0, and
+    a failed scrape loses nothing (the base is the last evaluation that read the target)."""
+    then = f"last_over_time({record}[5m] offset {duration.format(interval)})"
+    return f"sum {BY_JOB} (clamp_min({record} - {then}, 0))"
 
 
-def _absent_ranks(hold: int) -> str:
-    """The job's ranks no pod ran ``hold`` seconds ago. A pod ran then if it was scraped then and
+def _ran_ranks(hold: int) -> str:
+    """The job's ranks its pods ran ``hold`` seconds ago. A pod ran then if it was scraped then and
     since (a pod gone stopped accounting at its last scrape, before the scrape that found it gone;
     a finished pod says it runs none). By then every pod that ran is scraped: a pod first scraped
     since (Prometheus discovers a target seconds after it starts; even one gone again) ran from its
     origin (``nvrx_job_start_timestamp_seconds``), whose time its own counters hold, so no second
     is both absent and its ranks' init. Before the job's first scrape its world is the one its
-    pods say now, once its first pod had started."""
+    pods say now, once its first pod had started (``_absent_ranks``)."""
     ago = duration.format(hold)
     on_pod = f"on ({', '.join(cat.IDENTITY_LABELS)})"
     ran = {"scraped": f"{cat.POD_RANKS.name} offset {ago}"
@@ -129,11 +140,17 @@ def _absent_ranks(hold: int) -> str:
            "started": f"last_over_time({cat.POD_RANKS.name}[{ago}])"
                       f" and {on_pod} (last_over_time({cat.JOB_START_TIMESTAMP.name}[{ago}]) <= time() - {hold})"
                       f" unless {on_pod} {cat.POD_RANKS.name} offset {ago}"}
+    return _added(ran)
+
+
+def _absent_ranks(hold: int) -> str:
+    """The job's world size ``hold`` seconds ago less the ranks its pods ran then (``RAN_RANKS``);
+    none if they ran none: every pod had finished (or none was known), so no rank is missing."""
+    ago = duration.format(hold)
     begun = f"min {BY_JOB} ({cat.JOB_START_TIMESTAMP.name}) <= time() - {hold}"
     world = (f"(max {BY_JOB} ({cat.JOB_WORLD_SIZE.name} offset {ago})"
              f" or (max {BY_JOB} ({cat.JOB_WORLD_SIZE.name}) and {ON_JOB} ({begun})))")
-    running = _added(ran)  # none: every pod had finished (or none was known), so no rank is missing
-    return f"clamp_min({world} - {running}, 0) and {ON_JOB} ({running} > 0)"
+    return f"clamp_min({world} - {ON_JOB} {RAN_RANKS}, 0) and {ON_JOB} ({RAN_RANKS} > 0)"
 
 
 def _efficiency(spec: Spec) -> Sli:
@@ -155,9 +172,10 @@ def _efficiency(spec: Spec) -> Sli:
     badput = _matching(cat.TIME.name, "category", "|".join(c.value for c in cat.BADPUT_CATEGORIES))
     world = f"max {BY_JOB} ({cat.JOB_WORLD_SIZE.name})"
     hold = all_windows(spec.period, spec.min_window)[0]
-    records = ((ABSENT_RANKS, _absent_ranks(hold)),
+    records = ((RAN_RANKS, _ran_ranks(hold)), (ABSENT_RANKS, _absent_ranks(hold)),
                (VANISHED_AT_RISK, _vanished(cat.WORK_AT_RISK.name, hold, spec.evaluation_interval)),
-               (BADPUT_INCREASE, _increase(badput, spec.evaluation_interval)))
+               (TARGET_BADPUT, f"sum without ({cat.RANK_LABEL}, category) ({badput})"),
+               (BADPUT_INCREASE, _increase(TARGET_BADPUT, spec.evaluation_interval)))
 
     def bad(w: str) -> str:
         every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), spec.evaluation_interval)
@@ -167,7 +185,8 @@ def _efficiency(spec: Spec) -> Sli:
 
         e = spec.evaluation_interval  # rank-seconds at one evaluation: ranks for one interval
         return _added({"badput": f"{ranks(BADPUT_INCREASE)} / {e}", "absent": ranks(ABSENT_RANKS),
-                       "vanished": f"{ranks(VANISHED_AT_RISK)} / {e}", "none": f"0 * {_JOBS}"})
+                       "vanished": f"{ranks(VANISHED_AT_RISK)} / {e}",
+                       "none": f"0 * {_total(Slo.EFFICIENCY, spec)}"})
 
     return Sli(Slo.EFFICIENCY, True, bad, lambda w: f"({world} or {job_rate(cat.WALL.name, w)})",
                "training efficiency", "productive ≥ {good} of wall rank-seconds", records)
@@ -186,14 +205,16 @@ def _recovery(spec: Spec) -> Sli:
     counts one slow restart). Faults of different pods in one window are undercounted instead."""
     restarts = f"{cat.RESTART_DURATION.name}_count"
     fast = _matching(f"{cat.RESTART_DURATION.name}_bucket", "le", le_regex(spec.recovery_threshold))
+    base = all_windows(spec.period, spec.min_window)[0]
+    per_pod, on_pod = pod_restarts_record(base), f"on ({', '.join(cat.IDENTITY_LABELS)})"
 
     def bad(w: str) -> str:
-        per_pod = f"sum {BY_POD} (rate({restarts}[{w}]))"
-        slow = f"{per_pod} - (sum {BY_POD} (rate({fast}[{w}])) or 0 * {per_pod})"
+        slow = f"{per_pod} - {on_pod} (sum {BY_POD} (rate({fast}[{w}])) or {on_pod} 0 * {per_pod})"
         return f"max {BY_JOB} ({slow})"
 
-    return Sli(Slo.RECOVERY, False, bad, lambda w: busiest_pod_rate(restarts, w), "restart latency",
-               f"{{good}} of restarts back to training within {spec.recovery_threshold:g}s")
+    return Sli(Slo.RECOVERY, False, bad, lambda w: f"max {BY_JOB} ({per_pod})", "restart latency",
+               f"{{good}} of restarts back to training within {spec.recovery_threshold:g}s",
+               ((per_pod, f"sum {BY_POD} (rate({restarts}[{duration.format(base)}]))"),))
 
 
 def build(spec: Spec) -> dict[Slo, Sli]:
@@ -201,14 +222,14 @@ def build(spec: Spec) -> dict[Slo, Sli]:
     background = f"{cat.CKPT_BACKGROUND.name}_sum"
 
     def saves_total(w: str) -> str:
-        return f"({job_rate(blocking, w)} + {_or_zero(job_rate(background, w))})"
+        return f"({job_rate(blocking, w)} + {_or_zero(job_rate(background, w), job_rate(blocking, w))})"
 
     return {
         Slo.EFFICIENCY: _efficiency(spec),
         Slo.RECOVERY: _recovery(spec),
         Slo.CHECKPOINT_BLOCKING: _time_sli(
             Slo.CHECKPOINT_BLOCKING, "checkpoint blocking", "checkpoint blocking ≤ {bad} of wall rank-seconds",
-            (cat.Category.CHECKPOINT_BLOCKING,),
+            (cat.Category.CHECKPOINT_BLOCKING,), spec,
         ),
         Slo.CHECKPOINT_OVERLAP: Sli(
             Slo.CHECKPOINT_OVERLAP, False, lambda w: job_rate(blocking, w), saves_total,
