@@ -12,7 +12,13 @@ byte offset that stays valid for the file's whole life. What this reader guarant
   (a sidecar started late, or restarted): the engine accounts out-of-order records only within a
   short window, so reading one process's file to its end before the next process's would make
   the older one's records "late". Reads go round by round, a chunk per file; a round hands on
-  every buffered record up to the lowest "read so far" time of the files that still have more.
+  every buffered record up to the lowest "read so far" time of the files that still have more,
+  in order of each record's own time, none before its process's first record (seq 0) as read
+  (a record dated long before its process began is refused, not taken for its start). A file's
+  "read so far" time moves only with the lines of its own writer (the pid in its name), in seq
+  order, whose times are self-consistent and not in the sidecar's future: a line the engine would
+  refuse cannot hold its file's later lines back (they would arrive late). So a refused record
+  changes nothing (``tests/test_rejected_records.py``).
 * A file deleted under the reader is still read to its end through the descriptor held open for
   it; only then is it forgotten. A file that shrinks under its offset (truncated: writers never
   do) is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -42,8 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_slo.contracts import schema
-from nvrx_slo.contracts.schema import JournalError, RejectReason
-from nvrx_slo.exporter.ingest.decode import Event, decode_batch
+from nvrx_slo.contracts.schema import SPAN_EVENTS, JournalError, RejectReason
+from nvrx_slo.exporter.ingest.decode import Event, decode_batch, self_consistent
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.tail")
@@ -54,14 +61,16 @@ FILE_TRUNCATED = "file_truncated"  # a file shrank under its read offset (writer
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage: rejected, skipped to its newline
 ROUND_BYTES = 2 << 20  # read per round across all files: a round's lines, decoded, take ~4x this
 MIN_CHUNK = 2 << 10  # with many files the round budget wins: 1024 files x 2 KB = 2 MB read per round
+_NEVER = float("inf")
 _NO_GUARD = nullcontext()  # poll's default guard: nullcontext is reusable and re-entrant
 
 Ingest = Callable[[list[Event]], None]
 """Takes accepted events, in merged order."""
 
-# One line read and not yet handed on: (merge key, offset just past the line, event | (file, rejection) | None).
-# The key is the running maximum of ``mono`` in its file, so a file's lines keep their order.
-_Item = tuple[float, int, Event | tuple[str, JournalError] | None]
+# One line read and not yet handed on: (merge key, order, offset just past the line, event | (file, rejection) |
+# None). The key is the running maximum of ``mono`` in its file (of the lines that may move it: see ``_split``);
+# the order is the record's own time, never before its process's first record (see ``_split``).
+_Item = tuple[float, float, int, Event | tuple[str, JournalError] | None]
 
 
 def order_key(name: str) -> tuple[str, int, str]:
@@ -73,6 +82,24 @@ def order_key(name: str) -> tuple[str, int, str]:
     if len(parts) >= 2 and parts[-1].isdigit() and parts[-2].isdigit():
         return ".".join(parts[:-1]), int(parts[-1]), name
     return ".".join(parts), 0, name
+
+
+def _keeps_order(event: Event, limit: float) -> bool:
+    """Whether a line of its file's writer may set the file's merge time or its process's start:
+    not in the sidecar's future, and its own times agree (what the engine refuses alone)."""
+    mono = event.mono
+    return mono <= limit and self_consistent(event, event.type, event.start if event.type in SPAN_EVENTS else mono)
+
+
+def _after(start: float) -> float:
+    """The order of a record dated before its process's first record: just after that record."""
+    return math.nextafter(start, _NEVER)
+
+
+def writer_pid(name: str) -> int | None:
+    """The pid in a journal file's name (``<pod>.<role>.<pid>[.<generation>].jsonl``), None if none."""
+    last = order_key(name)[0].rsplit(".", 1)[-1]
+    return int(last) if last.isdigit() else None
 
 
 def _decoded(lines: list[bytes]) -> list[Event | JournalError]:
@@ -104,6 +131,8 @@ class _Source:
     more: bool = True  # the last read filled its chunk: more may be waiting
     vanished: bool = False  # deleted or replaced: read to the end, then forget
     last_growth: float = 0.0
+    pid: int | None = None  # the writer its name gives (None: not a journal file name)
+    seq: int = -1  # seq of the newest line that moved ``key``
 
 
 class JournalTail:
@@ -123,6 +152,7 @@ class JournalTail:
         self._round_bytes = round_bytes
         self._log = BoundedLog(log)
         self._not_after: Callable[[], float] = lambda: float("inf")
+        self._starts: dict[int, float] = {}  # pid -> mono of its first record (seq 0), as read
 
     # --- persistence -------------------------------------------------------------------------
 
@@ -250,7 +280,7 @@ class JournalTail:
             if os.fstat(fd).st_ino != inode:  # replaced between scan and open: next poll
                 os.close(fd)
                 continue
-            self._open[name] = _Source(fd, inode, offset, last_growth=self._clock())
+            self._open[name] = _Source(fd, inode, offset, last_growth=self._clock(), pid=writer_pid(name))
 
     def _read_round(self) -> None:
         """Read the next chunk of every file whose buffer ran dry and that may have more."""
@@ -280,17 +310,17 @@ class JournalTail:
             newline = data.find(b"\n")
             if newline < 0:
                 src.pending = b""
-                src.items.append((src.key, src.read_pos, None))
+                src.items.append((src.key, src.key, src.read_pos, None))
                 return
             src.skipping = False
-            src.items.append((src.key, start + newline + 1, None))
+            src.items.append((src.key, src.key, start + newline + 1, None))
             start, data = start + newline + 1, data[newline + 1:]
         end = data.rfind(b"\n")
         if end < 0:
             src.pending = data
             if len(data) > MAX_LINE_BYTES:
                 src.pending, src.skipping = b"", True
-                src.items.append((src.key, src.read_pos, (name, JournalError(
+                src.items.append((src.key, src.key, src.read_pos, (name, JournalError(
                     RejectReason.MALFORMED, f"line longer than {MAX_LINE_BYTES} bytes"))))
             return
         src.pending = data[end + 1:]
@@ -301,18 +331,31 @@ class JournalTail:
         else:
             nonempty = [i for i, line in enumerate(lines) if line]
             lines = [lines[i] for i in nonempty]
-        key, items, limit = src.key, src.items, self._not_after()
-        for i, item in zip(nonempty, _decoded(lines), strict=True):
+        decoded = _decoded(lines)
+        starts, pid, limit = self._starts, src.pid, self._not_after()
+        for item in decoded:  # its writer's first record (seq 0), wherever in the chunk it lies
+            if (not isinstance(item, JournalError) and item.seq == 0 and item.pid == pid
+                    and item.mono < starts.get(pid, _NEVER) and _keeps_order(item, limit)):
+                starts[pid] = item.mono
+        key, items, last = src.key, src.items, src.seq
+        begun = starts.get(pid, -_NEVER) if pid is not None else -_NEVER
+        for i, item in zip(nonempty, decoded, strict=True):
             if isinstance(item, JournalError):
-                items.append((key, start + ends[i] + i + 1, (name, item)))
+                items.append((key, key, start + ends[i] + i + 1, (name, item)))
+                continue
+            mono = item.mono
+            mine = pid is None or item.pid == pid
+            if key < mono and item.seq > last and mine and _keeps_order(item, limit):
+                key, last = mono, item.seq
+            if mine:
+                order = mono if mono >= begun else _after(begun)
             else:
-                mono = item.mono
-                if key < mono <= limit:
-                    key = mono
-                items.append((key, start + ends[i] + i + 1, item))
+                first = starts.get(item.pid, -_NEVER)
+                order = mono if mono >= first else _after(first)
+            items.append((key, order, start + ends[i] + i + 1, item))
         if not nonempty or nonempty[-1] != len(ends) - 1:
-            items.append((key, start + ends[-1] + len(ends), None))  # trailing empty lines: move past them too
-        src.key = key
+            items.append((key, key, start + ends[-1] + len(ends), None))  # trailing empty lines: move past them too
+        src.key, src.seq = key, last
 
     def _hand_on(self, ingest: Ingest) -> int:
         """Ingest every buffered item up to the merge watermark, in key order; advance offsets."""
@@ -325,13 +368,13 @@ class JournalTail:
                 n = next(i for i, item in enumerate(items) if item[0] > watermark)
             if n:
                 batch += items[:n]
-                self.offsets[name] = (src.inode, items[n - 1][1])
+                self.offsets[name] = (src.inode, items[n - 1][2])
                 del items[:n]
         if not batch:  # the file setting the watermark has nothing buffered: read it first
             return 0
-        batch.sort(key=itemgetter(0))  # stable: each file's lines keep their order
+        batch.sort(key=itemgetter(1))  # stable: equal times keep their file's order
         events: list[Event] = []
-        for _key, _end, payload in batch:
+        for _key, _order, _end, payload in batch:
             if isinstance(payload, tuple):
                 name, error = payload
                 self._reject(error.reason.value, name, str(error))
