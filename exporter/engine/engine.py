@@ -256,7 +256,8 @@ class Engine:
             if duplicate:
                 self._counts["duplicates"] += 1
                 return False
-        self._lived(record, kind, begin)
+        if pid not in self._started or kind in _ENDS:  # a started process's other records say nothing of its life
+            self._lived(record, kind, begin)
         rank: int | None = record.rank
         if rank is not None:
             rank = self._lane_of.of(pid, rank, record.local_rank)

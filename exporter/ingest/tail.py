@@ -20,9 +20,12 @@ byte offset that stays valid for the file's whole life. What this reader guarant
   refuse cannot hold its file's later lines back (they would arrive late). So a refused record
   changes nothing (``tests/test_rejected_records.py``).
 * A file deleted under the reader is still read to its end through the descriptor held open for
-  it; only then is it forgotten. A file that shrinks under its offset (truncated: writers never
-  do) is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after
-  the cut are not lost (lines read twice are the engine's duplicates). Descriptors of quiet
+  it; only then is it forgotten. A file cut under its offset (``copytruncate``: writers never do)
+  is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after the
+  cut are not lost (lines read twice are the engine's duplicates): one that shrank below the
+  offset, and one written past it again between two polls, told by its first line (its seq and
+  time) no longer being the one read first. Lines written between the last read and the cut are
+  gone with it; the engine counts their seqs lost (``records_lost``). Descriptors of quiet
   files are closed (``idle_close_s``, ``max_open``) and reopened by offset when the file grows.
 * At most ``max_open`` descriptors are held: with more files holding new data, the rest wait
   (oldest generations first) until drained files are closed, within the same poll;
@@ -39,6 +42,7 @@ import logging
 import math
 import os
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -58,6 +62,7 @@ log = logging.getLogger("nvrx_slo.tail")
 UNREADABLE = "unreadable"  # a journal file could not be opened or read (counted once per episode)
 FILE_TRUNCATED = "file_truncated"  # a file shrank under its read offset (writers never truncate)
 
+HEAD_BYTES = 256  # of a file's first line, remembered to tell a file cut and rewritten from one grown
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage: rejected, skipped to its newline
 ROUND_BYTES = 2 << 20  # read per round across all files: a round's lines, decoded, take ~4x this
 MIN_CHUNK = 2 << 10  # with many files the round budget wins: 1024 files x 2 KB = 2 MB read per round
@@ -153,6 +158,7 @@ class JournalTail:
         self._log = BoundedLog(log)
         self._not_after: Callable[[], float] = lambda: float("inf")
         self._starts: dict[int, float] = {}  # pid -> mono of its first record (seq 0), as read
+        self._heads: dict[str, tuple[int, int]] = {}  # name -> (length, crc32) of its first line's bytes
 
     # --- persistence -------------------------------------------------------------------------
 
@@ -161,6 +167,7 @@ class JournalTail:
             "offsets": {name: list(v) for name, v in self.offsets.items()},
             "rejected": dict(self.rejected),
             "failing": sorted([name, inode] for name, inode in self._failing),
+            "heads": {name: list(head) for name, head in self._heads.items()},
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -168,6 +175,7 @@ class JournalTail:
         self.offsets = {name: (int(v[0]), int(v[1])) for name, v in state["offsets"].items()}
         self.rejected = Counter({k: int(v) for k, v in state["rejected"].items()})
         self._failing = {(name, int(inode)) for name, inode in state["failing"]}
+        self._heads = {name: (int(length), int(crc)) for name, (length, crc) in state.get("heads", {}).items()}
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -238,18 +246,21 @@ class JournalTail:
         return listing
 
     def _open_sources(self, listing: dict[str, tuple[int, int]]) -> None:
-        for name, src in self._open.items():
+        for name, src in list(self._open.items()):
             if name not in listing or listing[name][0] != src.inode:
                 src.vanished = True  # read what is left through the descriptor, then forget it
                 src.more = True
-            elif listing[name][1] < src.read_pos and not src.vanished:  # truncated under us
-                self._reject(FILE_TRUNCATED, name, f"size {listing[name][1]} < offset {src.read_pos}; "
-                             "reading it again from the start")
-                src.vanished, src.more, src.pending, src.skipping = True, True, b"", False
+            elif src.vanished:
+                continue
+            elif listing[name][1] < src.read_pos:  # truncated under us
+                self._truncated(name, src, f"size {listing[name][1]} < offset {src.read_pos}")
             else:
                 src.more = listing[name][1] > src.read_pos  # grown since last read (no read otherwise)
+                if src.more and not self._same_head(name, src.fd):  # cut and written past the offset again
+                    self._truncated(name, src, "its first line changed")
         for name in [n for n in self.offsets if n not in listing and n not in self._open]:
             del self.offsets[name]  # gone while nobody held it open
+            self._heads.pop(name, None)
         offsets, opened = self.offsets, self._open
         changed = [name for name, (inode, size) in listing.items()  # the common case: none
                    if (name not in opened or opened[name].vanished) and offsets.get(name) != (inode, size)]
@@ -280,7 +291,35 @@ class JournalTail:
             if os.fstat(fd).st_ino != inode:  # replaced between scan and open: next poll
                 os.close(fd)
                 continue
+            if offset and not self._same_head(name, fd):  # cut and written past the offset while closed
+                self._reject(FILE_TRUNCATED, name, "its first line changed; reading it again from the start")
+                offset = 0
+                self.offsets[name] = (inode, offset)
             self._open[name] = _Source(fd, inode, offset, last_growth=self._clock(), pid=writer_pid(name))
+
+    def _truncated(self, name: str, src: _Source, why: str) -> None:
+        """A file cut under its open descriptor (``copytruncate``): what it holds now was written
+        after the cut, so it is read again from its start (once its lines read so far are handed on)."""
+        self._reject(FILE_TRUNCATED, name, f"{why}; reading it again from the start")
+        if src.items:  # hand on what was read before the cut first
+            src.vanished, src.more, src.pending, src.skipping = True, False, b"", False
+            return
+        self._close(name)
+        self.offsets[name] = (src.inode, 0)
+        self._heads.pop(name, None)
+
+    def _same_head(self, name: str, fd: int) -> bool:
+        """Whether the file still begins with the line read first from it (unknown: yes). A file cut
+        and written past the reader's offset again (``copytruncate`` between two polls) is only told
+        apart from one that grew by its first line: the lines before the offset are new ones."""
+        head = self._heads.get(name)
+        if head is None:
+            return True
+        length, crc = head
+        try:
+            return zlib.crc32(os.pread(fd, length, 0)) == crc
+        except OSError:
+            return True  # unreadable: the read that follows counts it
 
     def _read_round(self) -> None:
         """Read the next chunk of every file whose buffer ran dry and that may have more."""
@@ -306,6 +345,9 @@ class JournalTail:
         start = src.read_pos - len(src.pending)  # file offset of the first byte of pending + data
         src.read_pos += len(data)
         data = src.pending + data
+        if start == 0 and (first := data.find(b"\n")) >= 0:  # what the file begins with: see _same_head
+            head = data[:min(first + 1, HEAD_BYTES)]
+            self._heads[name] = (len(head), zlib.crc32(head))
         if src.skipping:  # still inside an over-long line: drop through its newline
             newline = data.find(b"\n")
             if newline < 0:
@@ -333,10 +375,11 @@ class JournalTail:
             lines = [lines[i] for i in nonempty]
         decoded = _decoded(lines)
         starts, pid, limit = self._starts, src.pid, self._not_after()
-        for item in decoded:  # its writer's first record (seq 0), wherever in the chunk it lies
-            if (not isinstance(item, JournalError) and item.seq == 0 and item.pid == pid
-                    and item.mono < starts.get(pid, _NEVER) and _keeps_order(item, limit)):
-                starts[pid] = item.mono
+        if start == 0:  # the file's start: its writer's first record (seq 0), wherever in the chunk it lies
+            for item in decoded:
+                if (not isinstance(item, JournalError) and item.seq == 0 and item.pid == pid
+                        and item.mono < starts.get(pid, _NEVER) and _keeps_order(item, limit)):
+                    starts[pid] = item.mono
         key, items, last = src.key, src.items, src.seq
         begun = starts.get(pid, -_NEVER) if pid is not None else -_NEVER
         for i, item in zip(nonempty, decoded, strict=True):
@@ -344,14 +387,14 @@ class JournalTail:
                 items.append((key, key, start + ends[i] + i + 1, (name, item)))
                 continue
             mono = item.mono
-            mine = pid is None or item.pid == pid
-            if key < mono and item.seq > last and mine and _keeps_order(item, limit):
-                key, last = mono, item.seq
-            if mine:
+            if item.pid == pid or pid is None:
+                if key < mono <= limit and item.seq > last and self_consistent(
+                        item, kind := item.type, item.start if kind in SPAN_EVENTS else mono):  # _keeps_order, inlined
+                    key, last = mono, item.seq
                 order = mono if mono >= begun else _after(begun)
-            else:
-                first = starts.get(item.pid, -_NEVER)
-                order = mono if mono >= first else _after(first)
+            else:  # another process's record in this file: never its merge time
+                theirs = starts.get(item.pid, -_NEVER)
+                order = mono if mono >= theirs else _after(theirs)
             items.append((key, order, start + ends[i] + i + 1, item))
         if not nonempty or nonempty[-1] != len(ends) - 1:
             items.append((key, key, start + ends[-1] + len(ends), None))  # trailing empty lines: move past them too
@@ -392,6 +435,7 @@ class JournalTail:
                 self._close(name)
                 if self.offsets.get(name, (src.inode,))[0] == src.inode:
                     del self.offsets[name]
+                    self._heads.pop(name, None)
         now = self._clock()
         by_age = sorted(self._open, key=lambda n: self._open[n].last_growth)
         excess = len(by_age) - self._max_open
