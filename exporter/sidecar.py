@@ -125,6 +125,10 @@ class Config:
              "--state-file must not be a .jsonl file in the journal directory"),
             directory("--journal-dir", self.journal_dir, must_exist=False),  # may appear later
             not_a_directory("--state-file", self.state_file),
+            # saved every --state-interval: a directory that does not exist would fail every save,
+            # and a restart would rebuild from the journal (unless it is the journal's, which may appear later)
+            (self.state_file.parent.is_dir() or self.state_file.parent.resolve() == self.journal_dir.resolve(),
+             f"--state-file {self.state_file}: no such directory {self.state_file.parent}"),
             directory("--podinfo-dir", self.podinfo_dir, must_exist=True),
             directory("--ft-cycle-info-dir", self.cycle_info_dir, must_exist=False),
             not_a_directory("--report-file", report),
@@ -136,11 +140,24 @@ class Config:
                 raise ValueError(message)
 
 
+def _path(text: str) -> Path:
+    """A path flag's value: an empty one would be the working directory (``Path("")`` is ``.``)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return Path(text)
+
+
+def _text(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nvrx-slo sidecar", description=__doc__.splitlines()[0])
-    p.add_argument("--journal-dir", type=Path, default=os.environ.get(JOURNAL_DIR_ENV) or None,
+    p.add_argument("--journal-dir", type=_path, default=os.environ.get(JOURNAL_DIR_ENV) or None,
                    help=f"journal directory to follow (default: ${JOURNAL_DIR_ENV}, as the trainer uses)")
-    p.add_argument("--state-file", type=Path, default=None,
+    p.add_argument("--state-file", type=_path, default=None,
                    help="where to persist state (default: .nvrx-slo-sidecar-state.json in the journal directory)")
     p.add_argument("--host", default=Config.host, help="address to serve HTTP on (default: %(default)s)")
     p.add_argument("--port", type=int, default=Config.port,
@@ -157,11 +174,11 @@ def parser() -> argparse.ArgumentParser:
                    help="OTLP/HTTP endpoint, e.g. http://otel-collector:4318 (default: no OTLP export)")
     p.add_argument("--otlp-interval", type=float, default=Config.otlp_interval_s,
                    help="seconds between OTLP exports (default: %(default)s)")
-    p.add_argument("--podinfo-dir", type=Path, default=None,
+    p.add_argument("--podinfo-dir", type=_path, default=None,
                    help="Downward API volume holding a 'labels' file (job name, completion index)")
-    p.add_argument("--ft-cycle-info-dir", type=Path, default=None,
+    p.add_argument("--ft-cycle-info-dir", type=_path, default=None,
                    help="also read ft_launcher's cycle-info files here (NVRx versions that write them)")
-    p.add_argument("--report-file", default=None, help="on exit, write the text SLO report here ('-': stdout)")
+    p.add_argument("--report-file", type=_text, default=None, help="on exit, write the text SLO report here ('-': stdout)")
     p.add_argument("--final-scrape-timeout", type=float, default=Config.final_scrape_timeout_s,
                    help="on SIGTERM, read the journal once more and keep serving until /metrics is scraped once "
                         "more, at most this many seconds, so the job's last seconds reach Prometheus (set it "

@@ -58,6 +58,12 @@ def test_defaults_and_the_journal_dir_from_the_trainers_variable(monkeypatch, tm
     (["--final-scrape-timeout", "nan"], "--final-scrape-timeout"),
     (["--reorder-window", "-1"], "--reorder-window"),
     (["--reorder-window", "inf"], "--reorder-window"),
+    (["--journal-dir", ""], "--journal-dir"),  # the working directory, silently
+    (["--state-file", ""], "--state-file"),
+    (["--state-file", "JOURNAL/missing/state.json"], "--state-file"),  # every save would fail
+    (["--podinfo-dir", ""], "--podinfo-dir"),
+    (["--ft-cycle-info-dir", ""], "--ft-cycle-info-dir"),
+    (["--report-file", ""], "--report-file"),
 ])
 def test_a_wrong_flag_exits_2_naming_it(argv, named, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
@@ -66,6 +72,14 @@ def test_a_wrong_flag_exits_2_naming_it(argv, named, tmp_path, capsys, monkeypat
     with pytest.raises(SystemExit) as exit_:
         sidecar.parse_args(["--journal-dir", str(tmp_path), *argv])
     assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_a_journal_dir_that_does_not_exist_yet_keeps_its_state_file_in_it(tmp_path, monkeypatch):
+    """The journal directory may appear after the sidecar starts (the trainer creates it), and the
+    default state file with it: only a state file elsewhere must have its directory at start."""
+    monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
+    cfg = sidecar.parse_args(["--journal-dir", str(tmp_path / "later")])
+    assert cfg.state_file.parent == tmp_path / "later"
 
 
 def test_a_journal_dir_that_is_a_file_names_the_flag(tmp_path, capsys, monkeypatch):
