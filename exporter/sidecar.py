@@ -178,7 +178,8 @@ def parser() -> argparse.ArgumentParser:
                    help="Downward API volume holding a 'labels' file (job name, completion index)")
     p.add_argument("--ft-cycle-info-dir", type=_path, default=None,
                    help="also read ft_launcher's cycle-info files here (NVRx versions that write them)")
-    p.add_argument("--report-file", type=_text, default=None, help="on exit, write the text SLO report here ('-': stdout)")
+    p.add_argument("--report-file", type=_text, default=None,
+                   help="on exit, write the text SLO report here ('-': stdout)")
     p.add_argument("--final-scrape-timeout", type=float, default=Config.final_scrape_timeout_s,
                    help="on SIGTERM, read the journal once more and keep serving until /metrics is scraped once "
                         "more, at most this many seconds, so the job's last seconds reach Prometheus (set it "
