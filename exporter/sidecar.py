@@ -251,7 +251,8 @@ class Sidecar:
         self._scraped = threading.Condition()
         self._scrapes = 0  # /metrics answers rendered, counted under _render_lock
         self.server = Server(config.host, config.port, {
-            "/metrics": self._metrics, "/healthz": self._healthz, "/readyz": self._readyz, "/": self._index})
+            "/metrics": self._metrics, "/healthz": self._healthz, "/readyz": self._readyz, "/": self._index},
+            quick=("/healthz", "/readyz"))  # read two flags: answered at once, however busy the renders are
 
     def _fresh_live(self) -> Live:
         cycles = (CycleInfoReader(self.config.cycle_info_dir, self.identity)
