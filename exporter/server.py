@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import email.message
+import functools
 import http.client
 import io
 import logging
@@ -45,7 +46,7 @@ Response = tuple[int, str, bytes]
 Route = Callable[[], Response]
 
 TEXT = "text/plain; charset=utf-8"
-BACKLOG = 1024  # the listen queue (socketserver's default is 5); the kernel caps it at somaxconn
+BACKLOG = 4096  # the listen queue: a storm of scrapes and the probes among them; the kernel caps it at somaxconn
 IDLE_TIMEOUT_S = 30.0  # longer than any scrape interval's keep-alive gap needs, short enough to free connections
 MAX_HEAD_BYTES = 16 << 10  # a request line and headers; Prometheus and kubelets send a few hundred bytes
 _END = b"\r\n\r\n"
@@ -61,10 +62,11 @@ class _Shared:
         self._current: asyncio.Future[Response] | None = None  # the run under way
         self._next: asyncio.Future[Response] | None = None  # the run the requests since it began wait for
 
-    async def __call__(self) -> Response:
+    def answer(self) -> asyncio.Future[Response]:
+        """The run this request gets: the next one to begin (one future for all who wait on it)."""
         if self._next is None:
             self._next = asyncio.ensure_future(self._after_current())
-        return await asyncio.shield(self._next)
+        return self._next
 
     async def _after_current(self) -> Response:
         if self._current is not None:
@@ -117,6 +119,115 @@ def _head(status: int, ctype: str, length: int, keep_alive: bool, extra: str = "
             ).encode("latin-1")
 
 
+class _Connection(asyncio.Protocol):
+    """One client: its requests in order, each answered before the next is read (no task per
+    connection: a quick route is answered from ``data_received`` itself, the others when their
+    shared run is done). Closed after ``idle_timeout_s`` without a complete request, or with an
+    answer it does not read."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self._transport: asyncio.Transport | None = None
+        self._buffer = b""
+        self._waiting = False  # a request's answer is being rendered: later bytes wait
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._server._connections.add(self)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server._connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+        if exc is not None:
+            log.debug("client %s: %r", self._peer(), exc)  # went away mid-answer
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if not self._waiting:
+            self._serve()
+
+    def _serve(self) -> None:
+        """Answer every complete request buffered, in order, until one must wait for a render."""
+        while self._transport is not None and not self._transport.is_closing():
+            end = self._buffer.find(_END, 0, MAX_HEAD_BYTES)
+            if end < 0:
+                if len(self._buffer) >= MAX_HEAD_BYTES:
+                    self._finish(_head(431, TEXT, 0, False), False)
+                return
+            head, self._buffer = self._buffer[:end + len(_END)], self._buffer[end + len(_END):]
+            try:
+                request = _Request(head)
+            except ValueError as exc:
+                body = f"bad request: {exc}\n".encode()
+                self._finish(_head(400, TEXT, len(body), False) + body, False)
+                return
+            server = self._server
+            if request.method not in ("GET", "HEAD"):
+                self._finish(_head(405, TEXT, 0, request.keep_alive, "Allow: GET, HEAD\r\n"), request.keep_alive)
+                continue
+            route = server._routes.get(request.path)
+            if route is None:
+                body = f"not found; try {', '.join(server._routes)}\n".encode()
+                self._reply(request, (404, TEXT, body))
+            elif request.path in server._quick:
+                self._reply(request, _answer(route))
+            else:
+                self._waiting = True
+                self._transport.pause_reading()  # what it sends meanwhile waits in the kernel, not here
+                if self._timer is not None:
+                    self._timer.cancel()  # the render's time is not the client's
+                server._shared[request.path].answer().add_done_callback(functools.partial(self._rendered, request))
+                return
+
+    def _rendered(self, request: _Request, done: asyncio.Future[Response]) -> None:
+        self._waiting = False
+        if done.cancelled() or self._transport is None or self._transport.is_closing():
+            return
+        self._reply(request, done.result())
+        if not self._transport.is_closing():
+            self._transport.resume_reading()
+            self._serve()
+
+    def pause_writing(self) -> None:  # answers pile up unread: read no more requests meanwhile
+        assert self._transport is not None
+        self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        assert self._transport is not None
+        if not self._waiting:
+            self._transport.resume_reading()
+
+    def _reply(self, request: _Request, response: Response) -> None:
+        status, ctype, body = response
+        head = _head(status, ctype, len(body), request.keep_alive)
+        self._finish(head + body if request.method == "GET" else head, request.keep_alive)
+
+    def _finish(self, data: bytes, keep_alive: bool) -> None:
+        assert self._transport is not None
+        self._transport.write(data)
+        self._arm()  # the answer must be read within the timeout too
+        if not keep_alive:
+            self._transport.close()  # once what is buffered is sent
+
+    def _arm(self) -> None:
+        """(Re)start the idle clock: a complete request, and every answer read, within the timeout."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(self._server._idle_timeout_s, self._idle)
+
+    def _idle(self) -> None:
+        if self._transport is not None and not self._waiting:
+            log.debug("client %s: idle for %g s, closed", self._peer(), self._server._idle_timeout_s)
+            self._transport.abort()  # an answer still unread is dropped with it
+
+    def _peer(self) -> Any:
+        return None if self._transport is None else self._transport.get_extra_info("peername")
+
+
 class Server:
     """Serves ``routes`` on ``host:port`` (port 0 picks a free one; see ``port``) from a daemon
     thread's event loop. The ``quick`` routes are answered in the loop and must not block; the
@@ -135,7 +246,7 @@ class Server:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
         self._server: asyncio.AbstractServer | None = None
-        self._connections: set[asyncio.Task[Any]] = set()
+        self._connections: set[_Connection] = set()
 
     @property
     def port(self) -> int:
@@ -154,55 +265,13 @@ class Server:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._connection, sock=self._sock, limit=MAX_HEAD_BYTES)
+        # create_server listens again, with its own backlog (100) unless told: a full queue drops a
+        # probe's SYN, which the client sends again only 1 s later
+        self._server = await self._loop.create_server(lambda: _Connection(self), sock=self._sock, backlog=BACKLOG)
 
     async def _close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        try:
-            while await self._exchange(reader, writer):
-                pass
-        except (ConnectionError, TimeoutError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
-            log.debug("client %s: %r", writer.get_extra_info("peername"), exc)  # went away, or stalled
-        finally:
-            self._connections.discard(task)
-            writer.close()
-
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """One request and its answer; whether the connection stays open for another."""
-        try:
-            head = await asyncio.wait_for(reader.readuntil(_END), self._idle_timeout_s)
-        except asyncio.LimitOverrunError:
-            await self._send(writer, _head(431, TEXT, 0, False))
-            return False
-        try:
-            request = _Request(head)
-        except ValueError as exc:
-            body = f"bad request: {exc}\n".encode()
-            await self._send(writer, _head(400, TEXT, len(body), False) + body)
-            return False
-        if request.method not in ("GET", "HEAD"):
-            await self._send(writer, _head(405, TEXT, 0, request.keep_alive, "Allow: GET, HEAD\r\n"))
-            return request.keep_alive
-        route = self._routes.get(request.path)
-        if route is None:
-            status, ctype, body = 404, TEXT, f"not found; try {', '.join(self._routes)}\n".encode()
-        elif request.path in self._quick:
-            status, ctype, body = _answer(route)
-        else:
-            status, ctype, body = await self._shared[request.path]()
-        head = _head(status, ctype, len(body), request.keep_alive)
-        await self._send(writer, head + body if request.method == "GET" else head)
-        return request.keep_alive
-
-    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
-        writer.write(data)
-        await asyncio.wait_for(writer.drain(), self._idle_timeout_s)  # a client that does not read is dropped
+        for connection in list(self._connections):
+            if connection._transport is not None:
+                connection._transport.abort()

@@ -8,6 +8,7 @@ of a real sidecar is measured in ``bench/bench_probes.py``, not here."""
 from __future__ import annotations
 
 import http.client
+import selectors
 import socket
 import threading
 import time
@@ -99,6 +100,26 @@ def test_idle_and_slow_connections_hold_no_thread_and_are_closed_after_the_timeo
         assert time.monotonic() - began < 20
 
 
+def test_a_client_that_does_not_read_its_answer_is_dropped_after_the_timeout():
+    """A scrape left unread held its thread (and its answer) for as long as the client stayed."""
+    big = b"x" * (4 << 20)
+    with serving({"/big": lambda: (200, TEXT, big)}, idle_timeout_s=1.0) as server:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+            s.settimeout(30)
+            s.connect(("127.0.0.1", server.port))
+            s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(3.0)  # reads nothing for three timeouts
+            got = 0
+            try:
+                while chunk := s.recv(1 << 20):
+                    got += len(chunk)
+            except ConnectionResetError:
+                pass
+        assert got < len(big)  # dropped, not sent in full
+        assert get(server.port, "/big", timeout=60)[0] == 200  # a client that reads gets it
+
+
 def test_a_probe_is_answered_while_every_render_is_blocked():
     """A quick route is answered in the event loop: a render that never returns (or a thousand
     queued ones) cannot hold it back."""
@@ -138,3 +159,34 @@ def test_concurrent_scrapes_share_a_render_begun_after_they_arrived():
     assert all(status == 200 for _, status, _ in answers)
     assert len(calls) <= 3, len(calls)  # one under way when some arrived, one for those, perhaps one more
     assert all(calls[int(body) - 1] >= sent for sent, _, body in answers)  # the render began after the request
+
+
+def test_a_burst_of_connections_queues_while_the_loop_is_busy():
+    """asyncio listened again with a backlog of 100: while the loop was busy, the 101st waiting
+    connection's SYN was dropped and its client tried again only 1 s later (a probe's timeout)."""
+    def busy() -> tuple[int, str, bytes]:
+        time.sleep(2.0)  # a quick route that is not: holds the loop, as a burst of accepts would
+        return 200, TEXT, b"done\n"
+
+    with serving({"/busy": busy}, quick=("/busy",)) as server, ThreadPoolExecutor(max_workers=1) as pool:
+        blocked = pool.submit(get, server.port, "/busy")
+        time.sleep(0.3)
+        socks = [socket.socket() for _ in range(500)]
+        try:
+            for s in socks:
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", server.port))
+            deadline, connected = time.monotonic() + 0.9, set()
+            with selectors.DefaultSelector() as sel:
+                for s in socks:
+                    sel.register(s, selectors.EVENT_WRITE)
+                while len(connected) < len(socks) and (left := deadline - time.monotonic()) > 0:
+                    for key, _ in sel.select(timeout=left):
+                        if key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                            connected.add(key.fd)
+                        sel.unregister(key.fileobj)
+            assert len(connected) == len(socks)  # queued by the kernel, not dropped
+        finally:
+            for s in socks:
+                s.close()
+        assert blocked.result(timeout=30) == (200, b"done\n")
