@@ -127,10 +127,6 @@ class Config:
              "--state-file must not be a .jsonl file in the journal directory"),
             directory("--journal-dir", self.journal_dir, must_exist=False),  # may appear later
             not_a_directory("--state-file", self.state_file),
-            # saved every --state-interval: a directory that does not exist would fail every save,
-            # and a restart would rebuild from the journal (unless it is the journal's, which may appear later)
-            (self.state_file.parent.is_dir() or self.state_file.parent.resolve() == self.journal_dir.resolve(),
-             f"--state-file {self.state_file}: no such directory {self.state_file.parent}"),
             directory("--podinfo-dir", self.podinfo_dir, must_exist=True),
             directory("--ft-cycle-info-dir", self.cycle_info_dir, must_exist=False),
             not_a_directory("--report-file", report),
@@ -421,6 +417,12 @@ def resume(config: Config, fresh: Callable[[], Live]) -> Live:
 def main(argv: list[str], targets: Targets) -> int:
     """``nvrx-slo sidecar``; ``targets`` come from the SLO spec (``nvrx_slo/cli.py`` loads it)."""
     config = parse_args(argv)
+    state_dir = config.state_file.parent
+    # checked at start, not with the flags: in a pod the directory is a volume, mounted by then. Saved
+    # every --state-interval, a state file whose directory does not exist would fail every save, and a
+    # restart would rebuild from the journal (the journal's own directory may appear later: it is exempt)
+    if not state_dir.is_dir() and state_dir.resolve() != config.journal_dir.resolve():
+        parser().error(f"--state-file {config.state_file}: no such directory {state_dir}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     # One descriptor per journal file with new data while a backlog is merged: allow what the

@@ -60,7 +60,6 @@ def test_defaults_and_the_journal_dir_from_the_trainers_variable(monkeypatch, tm
     (["--reorder-window", "inf"], "--reorder-window"),
     (["--journal-dir", ""], "--journal-dir"),  # the working directory, silently
     (["--state-file", ""], "--state-file"),
-    (["--state-file", "JOURNAL/missing/state.json"], "--state-file"),  # every save would fail
     (["--podinfo-dir", ""], "--podinfo-dir"),
     (["--ft-cycle-info-dir", ""], "--ft-cycle-info-dir"),
     (["--report-file", ""], "--report-file"),
@@ -72,6 +71,17 @@ def test_a_wrong_flag_exits_2_naming_it(argv, named, tmp_path, capsys, monkeypat
     with pytest.raises(SystemExit) as exit_:
         sidecar.parse_args(["--journal-dir", str(tmp_path), *argv])
     assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_a_state_file_in_a_directory_that_does_not_exist_exits_2_at_start(tmp_path):
+    """Every save failed (logged each --state-interval) and a restart rebuilt from the journal; the
+    sidecar ran and answered /readyz 200 meanwhile. Checked at start, not with the flags: in a pod
+    the directory is a volume, mounted by the time the sidecar starts (tests/test_deploy_images.py
+    parses the manifests' flags here, where it is not)."""
+    bad = subprocess.run([sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(tmp_path),
+                          "--state-file", str(tmp_path / "missing" / "state.json"), "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--state-file" in bad.stderr and "no such directory" in bad.stderr, bad.stderr
 
 
 def test_a_journal_dir_that_does_not_exist_yet_keeps_its_state_file_in_it(tmp_path, monkeypatch):
