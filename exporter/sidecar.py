@@ -16,9 +16,10 @@ restarts from the Kubernetes API inside a cluster (``nvrx_slo.exporter.ingest.po
 line where it cannot work; and, with ``--ft-cycle-info-dir``, the cycle-info files of NVRx versions
 that write them (``nvrx_slo.exporter.ingest.cycleinfo``). SIGTERM (or SIGINT) saves the state, writes ``--report-file``
 (the text SLO report) if asked, sends a last OTLP export and exits 0 — after, with
-``--final-scrape-timeout``, reading the journal once more and serving one more scrape: a job's last
+``--final-scrape-timeout``, reading the journal once more and serving two more scrapes: a job's last
 seconds (its end settles the reorder window, shutdown and the last saves) reach Prometheus only
-through a scrape after them, and the kubelet stops the sidecar right after the job's end.
+through a scrape after them, and its rules only while those series are fresh; the kubelet stops
+the sidecar right after the job's end.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ DEFAULT_PORT = 9400
 MAX_REORDER_WINDOW_S = 600.0  # records later than this are a reader far behind, not reordering
 MAX_INTERVAL_S = 86400.0  # an interval longer than a day is a typo (and inf would overflow a wait)
 MAX_RANKS = 1 << 20
+FINAL_SCRAPES = 2  # after SIGTERM: scrapes of the final numbers to wait for (see Sidecar._final_scrape)
 
 
 def _http_url(url: str) -> bool:
@@ -136,11 +138,24 @@ class Config:
                 raise ValueError(message)
 
 
+def _path(text: str) -> Path:
+    """A path flag's value: an empty one would be the working directory (``Path("")`` is ``.``)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return Path(text)
+
+
+def _text(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nvrx-slo sidecar", description=__doc__.splitlines()[0])
-    p.add_argument("--journal-dir", type=Path, default=os.environ.get(JOURNAL_DIR_ENV) or None,
+    p.add_argument("--journal-dir", type=_path, default=os.environ.get(JOURNAL_DIR_ENV) or None,
                    help=f"journal directory to follow (default: ${JOURNAL_DIR_ENV}, as the trainer uses)")
-    p.add_argument("--state-file", type=Path, default=None,
+    p.add_argument("--state-file", type=_path, default=None,
                    help="where to persist state (default: .nvrx-slo-sidecar-state.json in the journal directory)")
     p.add_argument("--host", default=Config.host, help="address to serve HTTP on (default: %(default)s)")
     p.add_argument("--port", type=int, default=Config.port,
@@ -157,15 +172,16 @@ def parser() -> argparse.ArgumentParser:
                    help="OTLP/HTTP endpoint, e.g. http://otel-collector:4318 (default: no OTLP export)")
     p.add_argument("--otlp-interval", type=float, default=Config.otlp_interval_s,
                    help="seconds between OTLP exports (default: %(default)s)")
-    p.add_argument("--podinfo-dir", type=Path, default=None,
+    p.add_argument("--podinfo-dir", type=_path, default=None,
                    help="Downward API volume holding a 'labels' file (job name, completion index)")
-    p.add_argument("--ft-cycle-info-dir", type=Path, default=None,
+    p.add_argument("--ft-cycle-info-dir", type=_path, default=None,
                    help="also read ft_launcher's cycle-info files here (NVRx versions that write them)")
-    p.add_argument("--report-file", default=None, help="on exit, write the text SLO report here ('-': stdout)")
+    p.add_argument("--report-file", type=_text, default=None,
+                   help="on exit, write the text SLO report here ('-': stdout)")
     p.add_argument("--final-scrape-timeout", type=float, default=Config.final_scrape_timeout_s,
-                   help="on SIGTERM, read the journal once more and keep serving until /metrics is scraped once "
-                        "more, at most this many seconds, so the job's last seconds reach Prometheus (set it "
-                        "above the scrape interval and below the pod's termination grace period; "
+                   help="on SIGTERM, read the journal once more and keep serving until /metrics is scraped twice "
+                        "more, at most this many seconds, so the job's last seconds reach Prometheus and its rules "
+                        "(set it above twice the scrape interval and below the pod's termination grace period; "
                         "0: exit at once) (default: %(default)s)")
     p.add_argument("--reorder-window", type=float, default=Config.reorder_window_s,
                    help="seconds a rank's records wait to be accounted, so a record read late still lands in "
@@ -233,7 +249,8 @@ class Sidecar:
         self._scraped = threading.Condition()
         self._scrapes = 0  # /metrics answers rendered, counted under _render_lock
         self.server = Server(config.host, config.port, {
-            "/metrics": self._metrics, "/healthz": self._healthz, "/readyz": self._readyz, "/": self._index})
+            "/metrics": self._metrics, "/healthz": self._healthz, "/readyz": self._readyz, "/": self._index},
+            quick=("/healthz", "/readyz"))  # read two flags: answered at once, however busy the renders are
 
     def _fresh_live(self) -> Live:
         cycles = (CycleInfoReader(self.config.cycle_info_dir, self.identity)
@@ -326,8 +343,11 @@ class Sidecar:
             self.stop.wait(self.config.poll_interval_s)
 
     def _final_scrape(self) -> None:
-        """After SIGTERM: read what the journal still holds, then serve until one scrape rendered
-        it (``--final-scrape-timeout`` at most)."""
+        """After SIGTERM: read what the journal still holds, then serve until ``FINAL_SCRAPES``
+        scrapes rendered it (``--final-scrape-timeout`` at most). One brings the job's last
+        settlement to Prometheus; the next keeps those series fresh one scrape interval more, so
+        that a rule evaluation (as frequent as the scrapes) sees them before the series go stale
+        with the sidecar: one evaluation missing the last samples loses the job's last badput."""
         timeout = self.config.final_scrape_timeout_s
         if timeout <= 0 or not self._caught_up:
             return
@@ -339,10 +359,11 @@ class Sidecar:
         with self._render_lock:  # a scrape counted after this began rendering after the poll
             seen = self._scrapes
         with self._scraped:
-            while self._scrapes == seen and (left := deadline - time.monotonic()) > 0:
+            while self._scrapes < seen + FINAL_SCRAPES and (left := deadline - time.monotonic()) > 0:
                 self._scraped.wait(left)
-            scraped = self._scrapes > seen
-        log.info("final numbers %s", "scraped" if scraped else f"not scraped within {timeout:g} s; exiting")
+            scraped = self._scrapes - seen
+        log.info("final numbers %s", f"scraped {min(scraped, FINAL_SCRAPES)} times" if scraped
+                 else f"not scraped within {timeout:g} s; exiting")
 
     def _load_state(self) -> None:
         self.live = resume(self.config, self._fresh_live)
@@ -396,6 +417,12 @@ def resume(config: Config, fresh: Callable[[], Live]) -> Live:
 def main(argv: list[str], targets: Targets) -> int:
     """``nvrx-slo sidecar``; ``targets`` come from the SLO spec (``nvrx_slo/cli.py`` loads it)."""
     config = parse_args(argv)
+    state_dir = config.state_file.parent
+    # checked at start, not with the flags: in a pod the directory is a volume, mounted by then. Saved
+    # every --state-interval, a state file whose directory does not exist would fail every save, and a
+    # restart would rebuild from the journal (the journal's own directory may appear later: it is exempt)
+    if not state_dir.is_dir() and state_dir.resolve() != config.journal_dir.resolve():
+        parser().error(f"--state-file {config.state_file}: no such directory {state_dir}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     # One descriptor per journal file with new data while a backlog is merged: allow what the

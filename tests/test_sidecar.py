@@ -239,10 +239,11 @@ def test_wall_never_goes_down_when_the_finish_was_stamped_before_a_scrape_that_m
     _check_went_on([running, finished])
 
 
-def test_after_sigterm_the_job_end_is_read_and_served_to_one_more_scrape(tmp_path):
+def test_after_sigterm_the_job_end_is_read_and_served_to_two_more_scrapes(tmp_path):
     """The kubelet stops the sidecar right after the job's end, usually before the next scrape: with
-    ``--final-scrape-timeout`` it reads the journal once more and serves until one scrape has the
-    finished job (its settled last seconds), then exits 0 without waiting out the timeout."""
+    ``--final-scrape-timeout`` it reads the journal once more and serves until two scrapes have the
+    finished job (its settled last seconds: the second keeps them fresh for the rules), then exits 0
+    without waiting out the timeout."""
     from test_sidecar_bad_input import story
 
     body, ends = _ends(story())
@@ -259,13 +260,16 @@ def test_after_sigterm_the_job_end_is_read_and_served_to_one_more_scrape(tmp_pat
         time.sleep(1.0)
         assert proc.proc.poll() is None  # still serving, for the scrape that has the end
         final = proc.scrape()
+        time.sleep(0.5)
+        assert proc.proc.poll() is None  # and for one more, that keeps it fresh
+        assert proc.scrape() == final
         stopped = time.monotonic()
         assert proc.proc.wait(timeout=10) == 0 and time.monotonic() - stopped < 10
     for r in ("0", "1"):  # the ends settled each rank's shutdown, which the running job had not
         shutdown = [value(s, "nvrx_time_seconds_total", rank=r, category="shutdown") for s in (running, final)]
         assert shutdown[0] == 0 < shutdown[1], (r, shutdown)
     _check_went_on([running, final])
-    assert "final numbers scraped" in (tmp_path / "log").read_text()
+    assert "final numbers scraped 2 times" in (tmp_path / "log").read_text()
 
 
 def test_after_sigterm_without_a_scrape_the_sidecar_exits_at_the_final_scrape_timeout(tmp_path):

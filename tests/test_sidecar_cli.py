@@ -58,6 +58,11 @@ def test_defaults_and_the_journal_dir_from_the_trainers_variable(monkeypatch, tm
     (["--final-scrape-timeout", "nan"], "--final-scrape-timeout"),
     (["--reorder-window", "-1"], "--reorder-window"),
     (["--reorder-window", "inf"], "--reorder-window"),
+    (["--journal-dir", ""], "--journal-dir"),  # the working directory, silently
+    (["--state-file", ""], "--state-file"),
+    (["--podinfo-dir", ""], "--podinfo-dir"),
+    (["--ft-cycle-info-dir", ""], "--ft-cycle-info-dir"),
+    (["--report-file", ""], "--report-file"),
 ])
 def test_a_wrong_flag_exits_2_naming_it(argv, named, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
@@ -66,6 +71,25 @@ def test_a_wrong_flag_exits_2_naming_it(argv, named, tmp_path, capsys, monkeypat
     with pytest.raises(SystemExit) as exit_:
         sidecar.parse_args(["--journal-dir", str(tmp_path), *argv])
     assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_a_state_file_in_a_directory_that_does_not_exist_exits_2_at_start(tmp_path):
+    """Every save failed (logged each --state-interval) and a restart rebuilt from the journal; the
+    sidecar ran and answered /readyz 200 meanwhile. Checked at start, not with the flags: in a pod
+    the directory is a volume, mounted by the time the sidecar starts (tests/test_deploy_images.py
+    parses the manifests' flags here, where it is not)."""
+    bad = subprocess.run([sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(tmp_path),
+                          "--state-file", str(tmp_path / "missing" / "state.json"), "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--state-file" in bad.stderr and "no such directory" in bad.stderr, bad.stderr
+
+
+def test_a_journal_dir_that_does_not_exist_yet_keeps_its_state_file_in_it(tmp_path, monkeypatch):
+    """The journal directory may appear after the sidecar starts (the trainer creates it), and the
+    default state file with it: only a state file elsewhere must have its directory at start."""
+    monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
+    cfg = sidecar.parse_args(["--journal-dir", str(tmp_path / "later")])
+    assert cfg.state_file.parent == tmp_path / "later"
 
 
 def test_a_journal_dir_that_is_a_file_names_the_flag(tmp_path, capsys, monkeypatch):

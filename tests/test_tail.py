@@ -9,9 +9,11 @@ import pytest
 
 from journal_fixtures import file_name, record, step, write
 from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest import tail as tail_mod
 from nvrx_slo.exporter.ingest.decode import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail, order_key
+from nvrx_slo.exporter.live import Live
 from nvrx_slo.trainer.journal import Identity, Journal
 
 
@@ -181,6 +183,53 @@ def test_a_file_shrinking_under_its_offset_is_counted_and_read_again_from_the_st
     t.poll(sink)
     assert sink.seqs() == [0, 1, 2, 3, 4]
     assert dict(t.rejected) == {"file_truncated": 1, "malformed": 1}
+
+
+def _copytruncate(path: Path) -> None:
+    """What logrotate's ``copytruncate`` does to the file under the writer: copy it away, cut it to 0."""
+    path.with_suffix(".1").write_bytes(path.read_bytes())
+    with open(path, "r+b") as f:
+        f.truncate(0)
+
+
+@pytest.mark.parametrize("held", ["held open", "closed when idle", "sidecar restarted"])
+def test_a_file_cut_and_rewritten_past_the_offset_between_polls_is_read_again_from_its_start(tmp_path, held):
+    """Read to 100 lines, cut, then 150 lines at once: the file is longer than the offset again, so
+    the reader went on from it — 100 records lost (and a torn line) with nothing counted."""
+    path = tmp_path / file_name()
+    write(path, *[step(i, 1.0 + i, i) for i in range(100)])
+    sink, t = Sink(), JournalTail(tmp_path, idle_close_s=-1.0 if held == "closed when idle" else 30.0)
+    t.poll(sink)
+    _copytruncate(path)
+    write(path, *[step(i, 1.0 + i, i) for i in range(100, 250)])  # the writer goes on: its next seqs
+    if held == "sidecar restarted":
+        t.close()
+        state, t = t.to_state(), JournalTail(tmp_path)
+        t.load_state(state)
+    t.poll(sink)
+    assert sink.seqs() == list(range(250))
+    assert dict(t.rejected) == {"file_truncated": 1}
+    write(path, step(250, 251.0, 250))  # and it is followed as before
+    t.poll(sink)
+    assert sink.seqs()[-1] == 250 and dict(t.rejected) == {"file_truncated": 1}
+
+
+def test_lines_cut_away_before_they_were_read_are_counted_lost(tmp_path):
+    """The reader stopped at line 100; the writer wrote 20 more, then the file was cut and written
+    again: those 20 are gone with the copy. The reader reads what is there from the start and the
+    engine counts the 20 seqs it never saw as lost (nvrx_exporter_journal_records_lost_total)."""
+    path = tmp_path / file_name()
+    write(path, *[step(i, 1.0 + i, i) for i in range(100)])
+    live = Live(Engine(), JournalTail(tmp_path), mono=lambda: 1000.0, wall=lambda: 1000.0 + 1.7e9)
+    live.poll()
+    write(path, *[step(i, 1.0 + i, i) for i in range(100, 120)])
+    _copytruncate(path)
+    write(path, *[step(i, 1.0 + i, i) for i in range(120, 270)])
+    live.poll()
+    view = live.view()
+    assert view.snapshot.records_lost == 20
+    assert view.rejected["file_truncated"] == 1 and view.snapshot.events_accepted == 250
+    assert sum(r.steps for r in view.snapshot.ranks) == 250
 
 
 def test_resume_from_saved_state_reads_only_what_is_new(tmp_path):

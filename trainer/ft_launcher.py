@@ -18,7 +18,7 @@ They map to journal events (``rank`` null) at the instant they happen:
 ``launcher_rendezvous_start``       the node asks to join the next rendezvous round
 ``launcher_rendezvous_done``        the node joined the round (ranks assigned)
 ``launcher_worker_start``           ``_start_workers`` returned (new worker processes exist)
-``launcher_worker_exit``            a worker process ended: the kernel's instant (``WorkerExits``)
+``launcher_worker_exit``            a worker process ended, timed as the kernel reported it (``WorkerExits``)
 ``launcher_metric``                 every other metric, when its value changes (``name``, ``value``)
 =================================== ===============================================================
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
+import subprocess
 import sys
 import threading
 import time
@@ -101,59 +101,83 @@ class LauncherJournal:
             self.journal.errors += 1
 
 
+# The exit timer: a process of its own (``python -I -S``, the standard library only), so that a
+# worker's exit is timed as soon as the kernel reports it, whatever the launcher's threads are
+# doing (one holding the interpreter lock, or preempted holding it, delayed a thread's reading of
+# the clock by up to 0.11 s under load). It reads pids from stdin, one a line, and writes
+# "pid mono" when each exits; it ends when stdin closes (the launcher is gone).
+_TIMER = r"""
+import os, select, sys, time
+poll, fds, pending = select.poll(), {}, b""
+poll.register(0, select.POLLIN)
+while True:
+    ready = poll.poll()
+    now = time.monotonic()
+    out = []
+    for fd, _ in ready:
+        if fd != 0:
+            out.append(b"%d %r\n" % (fds.pop(fd), now))
+            poll.unregister(fd)
+            os.close(fd)
+            continue
+        data = os.read(0, 4096)
+        if not data:
+            sys.exit(0)
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            try:
+                pidfd = os.pidfd_open(int(line))
+            except (OSError, ValueError):  # gone and reaped already: no instant to give
+                continue
+            fds[pidfd] = int(line)
+            poll.register(pidfd, select.POLLIN)
+    if out:
+        os.write(1, b"".join(out))
+"""
+
+
 class WorkerExits:
     """Journals each worker process's end at the instant the kernel reports it.
 
     A worker killed from outside (the OOM killer, a node agent) writes nothing of its own death;
-    its exit is the fault's instant. ``watch()`` (after workers start) opens a pidfd for every
-    child process not yet watched; a daemon thread polls them and writes
-    ``launcher_worker_exit`` when one becomes readable (the process ended), within milliseconds.
-    Never raises into the launcher; without pidfds (Linux < 5.3) it does nothing.
+    its exit is the fault's instant. ``watch()`` (after workers start) hands every child process
+    not yet watched to the exit timer, a small process of its own that waits on their pidfds and
+    reads the clock the moment one ends; a daemon thread here journals ``launcher_worker_exit``
+    dated at that instant (``Journal.emit_at``), however late the thread itself runs. Linux gives
+    no unprivileged process the kernel's own time of another's exit on this clock (the process
+    connector, taskstats, BPF and process accounting need root; ``/proc/PID/sched`` keeps a
+    per-CPU scheduler clock, measured up to 40 ms off here), so the instant is the timer's waking:
+    the kernel's wake-up latency of a sleeping process, docs/robustness.md. Never raises into the
+    launcher; without pidfds (Linux < 5.3) or the timer, it does nothing.
     """
 
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
-        self._poll = select.poll()
-        self._wake_r, self._wake_w = os.pipe()
-        self._poll.register(self._wake_r, select.POLLIN)
-        self._fds: dict[int, int] = {}  # pidfd -> pid
         self._watched: set[int] = set()
-        self._new: list[tuple[int, int]] = []
-        self._lock = threading.Lock()
+        self._timer = subprocess.Popen([sys.executable, "-I", "-S", "-c", _TIMER], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, close_fds=True)
+        self._watched.add(self._timer.pid)  # a child of this process, never a worker
         threading.Thread(target=self._run, name="nvrx-slo-worker-exits", daemon=True).start()
 
     def watch(self) -> None:
         try:
-            for pid in _children() - self._watched:
-                self._watched.add(pid)
-                try:
-                    fd = os.pidfd_open(pid)
-                except ProcessLookupError:  # already gone and reaped
-                    continue
-                with self._lock:
-                    self._new.append((fd, pid))
-            os.write(self._wake_w, b"x")
+            new = _children() - self._watched
+            self._watched |= new
+            if new:
+                assert self._timer.stdin is not None
+                self._timer.stdin.write(b"".join(b"%d\n" % pid for pid in sorted(new)))
+                self._timer.stdin.flush()
         except Exception:  # never raise into the launcher
             self.journal.errors += 1
 
     def _run(self) -> None:
-        while True:
+        assert self._timer.stdout is not None
+        for line in self._timer.stdout:  # until the timer ends
             try:
-                for fd, _ in self._poll.poll():
-                    if fd == self._wake_r:
-                        os.read(self._wake_r, 4096)
-                        with self._lock:
-                            new, self._new = self._new, []
-                        for pidfd, pid in new:
-                            self._fds[pidfd] = pid
-                            self._poll.register(pidfd, select.POLLIN)
-                        continue
-                    self.journal.emit(EventType.LAUNCHER_WORKER_EXIT, worker_pid=self._fds.pop(fd))
-                    self._poll.unregister(fd)
-                    os.close(fd)
-            except Exception:  # never raise; keep watching
+                pid, at = line.split()
+                self.journal.emit_at(EventType.LAUNCHER_WORKER_EXIT, float(at), worker_pid=int(pid))
+            except Exception:  # never raise; keep journaling
                 self.journal.errors += 1
-                time.sleep(0.1)
 
 
 def _children() -> set[int]:
@@ -214,7 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         print("nvrx-slo ft-launcher: nvidia-resiliency-ext is not installed", file=sys.stderr)
         return 2
     journal = open_journal(launcher=True)
-    target = LauncherJournal(journal, WorkerExits(journal).watch)
+    try:
+        exits: Callable[[], None] = WorkerExits(journal).watch
+    except OSError:  # no timer process: worker exits go unjournaled (each dated at its last record)
+        journal.errors += 1
+        exits = lambda: None  # noqa: E731
+    target = LauncherJournal(journal, exits)
     install(target)
     # dated when the container's process started, not after the imports above (seconds under load)
     started = process_start_mono()

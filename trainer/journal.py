@@ -186,9 +186,18 @@ class Journal:
         if self.directory is None:
             return
         try:
-            with self._lock:
-                first = self._seq == 0
-            self._append(event._value_, _encode_payload(payload), mono if first else None)
+            self._append(event._value_, _encode_payload(payload), mono, first_only=True)
+        except Exception as exc:  # never raise into training
+            self._fail(exc)
+
+    def emit_at(self, event: EventType, mono: float, **payload: Any) -> None:
+        """Write an event that happened at ``mono``, timed where it happened rather than when it
+        could be written (another process's exit, timed by a helper that woke for it): its
+        ``mono`` may lie before the previous record's."""
+        if self.directory is None:
+            return
+        try:
+            self._append(event._value_, _encode_payload(payload), mono)
         except Exception as exc:  # never raise into training
             self._fail(exc)
 
@@ -215,12 +224,12 @@ class Journal:
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _append(self, event: str, body: str, at: float | None = None) -> None:
-        with self._lock:  # clocks read under the lock: mono never decreases along seq
+    def _append(self, event: str, body: str, at: float | None = None, *, first_only: bool = False) -> None:
+        with self._lock:  # clocks read under the lock: mono never decreases along seq (but at emit_at's)
             seq = self._seq
             self._seq = seq + 1
             mono, wall = _monotonic(), _time()
-            if at is not None and seq == 0:
+            if at is not None and (seq == 0 or not first_only):
                 mono, wall = at, wall - (mono - at)
             line = (_LINE % (event, seq, mono, wall, self._suffix, body)).encode()
             if self._torn:

@@ -20,16 +20,21 @@ as if they had arrived sorted. A record older than one the rank has already appl
 than the window behind its newest) is counted in ``Snapshot.late`` and left out of the rank's
 time accounting, because the time it would change is settled in counters that never go down. A reader that
 catches up on a backlog must therefore feed each rank's files oldest first (merging by ``mono``
-is best). Duplicates by (pid, seq) are counted and ignored. See docs/accounting.md for the model.
+is best). Duplicates by (pid, seq, mono) are counted and ignored (``dedupe``). See docs/accounting.md
+for the model.
 
 Plausibility: one schema-valid record with an absurd time would move every rank's wall for good
 (a ``mono`` 8000 s early moves the origin; one in the future stretches a span), and negative
 durations would take counters down. So ``ingest`` counts and drops (``Snapshot.implausible``) a
-record whose times contradict themselves (a span or save that ends before it starts or lasts
-longer than ``MAX_SPAN_S``, a step phase negative or longer than its span, negative bytes,
-stage times or waits on saves), contradict its process's other records (a span beginning more than the reorder
-window before the process's first record), or lie in the future of the caller's clock
-(``not_after``: ``Live`` passes its monotonic clock plus a slack).
+record whose times contradict themselves (``decode.self_consistent``: a span or save that ends
+before it starts or lasts longer than a week, a step phase negative or longer than its span,
+negative bytes, stage times or waits on saves), contradict its process's life (a span beginning more than the
+reorder window before the process's first record; any record dated after the process ended, by
+its own ``process_end`` or ``launcher_exit`` or its launcher's ``launcher_worker_exit``: a flood of
+records claiming a finished process cannot stretch the job), or lie in the future of the
+caller's clock (``not_after``: ``Live`` passes its monotonic clock plus a slack). A refused
+record, like a duplicate, changes nothing but its count: every check reads state, and only an
+accepted record writes it.
 
 How: each rank keeps its not-yet-applied records sorted in a buffer; a record is applied to the
 rank's ``Ledger`` once the rank's newest record is ``reorder_window_s`` past it, and only applied
@@ -62,23 +67,23 @@ from nvrx_slo.contracts.schema import CHECKPOINT_EVENTS, SPAN_EVENTS
 from nvrx_slo.exporter.engine import derived
 from nvrx_slo.exporter.engine.accounting import BLOCKING, GAP, INIT, LOST, PRODUCTIVE, Ledger
 from nvrx_slo.exporter.engine.checkpoints import Checkpoints
+from nvrx_slo.exporter.engine.dedupe import Seqs
 from nvrx_slo.exporter.engine.histogram import Buckets
 from nvrx_slo.exporter.engine.lanes import ProcessLanes
 from nvrx_slo.exporter.engine.restarts import Restarts
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, CheckpointStats, RankSnapshot, RestartRecord, Snapshot
-from nvrx_slo.exporter.ingest.decode import Event, as_event
+from nvrx_slo.exporter.ingest.decode import Event, as_event, self_consistent
 
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 9
+STATE_VERSION = 10
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 _DECIDING = frozenset(("checkpoint_end", "restore"))  # the records that can make a rank's work productive
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
-DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
-MAX_SPAN_S = 7 * 86400.0  # no step, restore, finalize or save lasts a week
-_EPS = 1e-6  # float noise allowed where a measured part must fit inside its span
+_EPS = 1e-6  # float noise allowed where one instant must not lie past another
 _ORDER = attrgetter("mono", "pid", "seq")  # the order records are applied in; unique per record
+_ENDS = frozenset(("process_end", "launcher_exit", "launcher_worker_exit"))  # a process ended, by its or its launcher
 
 
 class _Lane:
@@ -171,17 +176,6 @@ class History:
 Verdict = tuple[float, float, bool]
 
 
-def _raise_floor(seen: list[Any], floor: int, ahead: dict[int, float], passed: dict[int, float]) -> None:
-    """Move a pid's dedupe floor to ``floor`` and past the seqs already seen that follow it; they
-    and their monos are remembered as passed (the newest ``DEDUPE_AHEAD`` of them)."""
-    while floor in ahead:
-        passed[floor] = ahead.pop(floor)
-        floor += 1
-    while len(passed) > DEDUPE_AHEAD:
-        del passed[next(iter(passed))]
-    seen[0] = floor
-
-
 class Engine:
     """Accounts one pod's journal. ``ingest`` costs a few µs per step event."""
 
@@ -194,7 +188,7 @@ class Engine:
         self._lane_of = ProcessLanes()
         self._restarts = Restarts(None) if keep_history else Restarts()
         self._checkpoints = Checkpoints(reorder_window_s, None) if keep_history else Checkpoints(reorder_window_s)
-        self._seen: dict[int, list[Any]] = {}  # pid -> [next seq not seen, set of seqs seen ahead of it]
+        self._seen: dict[int, Seqs] = {}
         self._origin: float | None = None
         self._origin_wall: float | None = None
         self._newest = float("-inf")
@@ -207,95 +201,66 @@ class Engine:
         self._identity = ("", "", "")
         self._accepted = 0  # the hot counter, apart from the rest
         self._counts = {"duplicates": 0, "out_of_order": 0, "late": 0, "implausible": 0, "records_lost": 0}
-        self._pid_first: dict[int, float] = {}  # pid -> the earliest instant its records began
+        self._pid_first: dict[int, float] = {}  # pid -> its start: its first record's (seq 0), else its earliest
+        self._started: set[int] = set()  # pids whose first record (seq 0) was read: their start is known
+        self._pid_end: dict[int, float] = {}  # pid -> the instant its process ended (its records end there)
         self._next_fold = float("-inf")
         self._shown = float("-inf")  # the furthest instant a snapshot counted wall to
 
     # --- ingest --------------------------------------------------------------------------------
-    def _duplicate(self, pid: int, seq: int, mono: float) -> bool:
-        """Whether (pid, seq) was seen already; counts seqs known lost (``Snapshot.records_lost``).
-
-        Per pid: ``floor`` (every seq below it seen), ``ahead`` (seq -> mono of the seqs seen
-        above a gap) and ``passed`` (the same for seqs the floor moved over from ``ahead``, the
-        latest ``DEDUPE_AHEAD``). A record in either is a duplicate only if its ``mono`` is the
-        one seen: a forged record claiming a seq ahead of its process's real ones does not make
-        the real one a "duplicate" (both are accounted). A gap still open a reorder window after the first
-        record above it is counted lost (rotated away unread, or a failed write) and not again
-        when ``ahead`` outgrows ``DEDUPE_AHEAD`` and the floor moves past it.
-        """
-        seen = self._seen.get(pid)
-        if seen is None:
-            seen = self._seen[pid] = [0, {}, float("inf"), 0, {}]
-        floor, ahead, gap_mono, declared, passed = seen
-        if seq < floor:
-            return seq not in passed or bool(passed[seq] == mono)
-        if seq in ahead:
-            return bool(ahead[seq] == mono)
-        if seq == floor:
-            _raise_floor(seen, floor + 1, ahead, passed)
-            if not ahead:
-                seen[2] = float("inf")
-            return False
-        if not ahead:
-            seen[2] = gap_mono = mono
-        ahead[seq] = mono
-        if len(ahead) > DEDUPE_AHEAD or mono > gap_mono + self.window:
-            low = min(ahead)
-            if low > max(floor, declared):
-                self._counts["records_lost"] += low - max(floor, declared)
-                seen[3] = low
-            if len(ahead) > DEDUPE_AHEAD:  # the seqs in between were rotated away unread
-                _raise_floor(seen, low, ahead, passed)
-                seen[2] = mono if ahead else float("inf")
-        return False
-
-    @staticmethod
-    def _self_consistent(record: Event, kind: str, mono: float, begin: float) -> bool:
-        """The record's own times and sizes agree with each other (see the module docstring)."""
-        if begin > mono + _EPS or mono - begin > MAX_SPAN_S:
-            return False
-        if kind == "step":
-            span = mono - begin + _EPS  # three comparisons written out: this runs once per step
-            return (0.0 <= record.data_s <= span and 0.0 <= record.compute_s <= span
-                    and 0.0 <= record.optimizer_s <= span and (record.blocked_s or 0.0) >= 0.0)
-        if kind == "checkpoint_scheduled":
-            return 0.0 <= record.plan_s <= MAX_SPAN_S and 0.0 <= record.stage_s <= MAX_SPAN_S and record.bytes >= 0
-        if kind == "checkpoint_end":
-            return (record.written <= mono + _EPS and mono - record.written <= MAX_SPAN_S
-                    and 0.0 <= (record.waited_s or 0.0) <= MAX_SPAN_S)
-        return 0.0 <= (getattr(record, "blocked_s", None) or 0.0) <= MAX_SPAN_S
-
-    def _plausible(self, record: Event, kind: str, mono: float, not_after: float) -> bool:
-        begin = record.start if kind in SPAN_EVENTS else mono
-        if mono > not_after or not self._self_consistent(record, kind, mono, begin):
+    def _plausible(self, record: Event, kind: str, mono: float, begin: float, not_after: float) -> bool:
+        """Whether the record may be accounted; changes nothing (a rejected record has no effect)."""
+        if mono > not_after or not self_consistent(record, kind, begin):
             return False
         first = self._pid_first.get(record.pid)
         if first is not None and begin < first - self.window:
             return False
-        if first is None or begin < first:
-            self._pid_first[record.pid] = begin
-        return True
+        end = self._pid_end.get(record.pid)
+        return end is None or mono <= end + _EPS
 
-    def ingest(self, record: Event, not_after: float = float("inf")) -> None:
+    def _lived(self, record: Event, kind: str, begin: float) -> None:
+        """What an accepted record says of its process's life: when it began, and when it ended
+        (its own end, or its launcher's word that it exited)."""
+        pid = record.pid
+        first = self._pid_first.get(pid)
+        if record.seq == 0:  # dated at the process's start: no later record walks it back a window at a time
+            self._pid_first[pid] = begin if pid not in self._started else min(first or begin, begin)
+            self._started.add(pid)
+        elif first is None or begin < first and pid not in self._started:
+            self._pid_first[pid] = begin
+        if kind in _ENDS:
+            ended = record.worker_pid if kind == "launcher_worker_exit" else pid
+            self._pid_end[ended] = min(record.mono, self._pid_end.get(ended, float("inf")))
+
+    def ingest(self, record: Event, not_after: float = float("inf")) -> bool:
         """Account one journal event (``nvrx_slo.exporter.ingest.decode``); ``not_after``: the latest
-        ``mono`` that is not in the future of the caller's clock (see Plausibility above)."""
+        ``mono`` that is not in the future of the caller's clock (see Plausibility above). Returns
+        whether it was accepted: a record refused (implausible, a duplicate) changed nothing but
+        its count."""
         pid: int = record.pid
         seq: int = record.seq
         mono: float = record.mono
         kind: str = record.type
-        if not self._plausible(record, kind, mono, not_after):
+        begin = record.start if kind in SPAN_EVENTS else mono
+        if not self._plausible(record, kind, mono, begin, not_after):
             self._counts["implausible"] += 1
-            return
-        seen = self._seen.get(pid)
-        if seen is not None and seq == seen[0] and not seen[1]:
-            seen[0] = seq + 1  # the common case: the next record of a file read in order
-        elif self._duplicate(pid, seq, mono):
-            self._counts["duplicates"] += 1
-            return
+            return False
+        seqs = self._seen.get(pid)
+        if seqs is None:
+            seqs = self._seen[pid] = Seqs()
+        if seq == seqs.floor and not seqs.ahead:
+            seqs.floor = seq + 1  # the common case: the next record of a file read in order
+        else:
+            duplicate, lost = seqs.seen(seq, mono, self.window)
+            self._counts["records_lost"] += lost
+            if duplicate:
+                self._counts["duplicates"] += 1
+                return False
+        if pid not in self._started or kind in _ENDS:  # a started process's other records say nothing of its life
+            self._lived(record, kind, begin)
         rank: int | None = record.rank
         if rank is not None:
             rank = self._lane_of.of(pid, rank, record.local_rank)
-        begin = record.start if kind in SPAN_EVENTS else mono
         if self._origin is None or begin < self._origin:
             self._origin, self._origin_wall = begin, record.wall - (mono - begin)
             if not self._identity[1]:
@@ -335,6 +300,7 @@ class Engine:
             applied = {r: float("-inf") if lane.applied is None else lane.applied.mono for r, lane in lanes.items()}
             self._restarts.fold(self._newest, self.window, applied, {r: lane.first() for r, lane in lanes.items()})
             self._next_fold = self._newest + FOLD_EVERY_S
+        return True
 
     def _launcher(self, record: Event, kind: str, mono: float) -> None:
         self._restarts.launcher_event(kind, mono)
@@ -540,9 +506,10 @@ class Engine:
             "lane_of_local": {str(local): rank for local, rank in self._lane_of.local().items()},
             "restarts": self._restarts.to_state(),
             "checkpoints": self._checkpoints.to_state(),
-            "seen": {str(pid): [floor, sorted(ahead.items()), _finite(-gap), declared, list(passed.items())]
-                     for pid, (floor, ahead, gap, declared, passed) in self._seen.items()},
+            "seen": {str(pid): seqs.to_state() for pid, seqs in self._seen.items()},
             "pid_first": {str(pid): first for pid, first in self._pid_first.items()},
+            "pid_started": sorted(self._started),
+            "pid_end": {str(pid): end for pid, end in self._pid_end.items()},
             "origin": [self._origin, self._origin_wall],
             "newest": _finite(self._newest),
             "launcher": [self._launcher_start, self._launcher_exit],
@@ -568,10 +535,10 @@ class Engine:
                                            {int(local): int(rank) for local, rank in state["lane_of_local"].items()})
             engine._restarts = Restarts.from_state(state["restarts"])
             engine._checkpoints = Checkpoints.from_state(engine.window, state["checkpoints"])
-            engine._seen = {int(pid): [int(floor), {int(q): float(m) for q, m in ahead}, -_infinite(gap),
-                                       int(declared), {int(q): float(m) for q, m in passed}]
-                            for pid, (floor, ahead, gap, declared, passed) in state["seen"].items()}
+            engine._seen = {int(pid): Seqs.from_state(seqs) for pid, seqs in state["seen"].items()}
             engine._pid_first = {int(pid): float(first) for pid, first in state["pid_first"].items()}
+            engine._started = set(msgspec.convert(state["pid_started"], list[int]))
+            engine._pid_end = {int(pid): float(end) for pid, end in state["pid_end"].items()}
             engine._origin, engine._origin_wall = msgspec.convert(state["origin"], tuple[float | None, float | None])
             engine._newest = _infinite(state["newest"])
             engine._launcher_start, engine._launcher_exit = msgspec.convert(state["launcher"],

@@ -90,6 +90,31 @@ _BATCH = msgspec.json.Decoder(list[_EVENT])
 _ONE = msgspec.json.Decoder(_EVENT)
 
 
+MAX_SPAN_S = 7 * 86400.0  # no step, restore, finalize or save lasts a week
+_EPS = 1e-6  # float noise allowed where a measured part must fit inside its span
+
+
+def self_consistent(record: Event, kind: str, begin: float) -> bool:
+    """Whether a record's own times and sizes agree with each other (``begin``: its ``start`` if a
+    span, else its ``mono``): no span or save ending before it starts or lasting longer than
+    ``MAX_SPAN_S``, no step phase negative or longer than its span, no negative bytes, stage
+    times or waits on saves. The engine refuses a record that fails it (``implausible``), and the reader lets no such
+    record's time move a file's merge order: it is a property of the record alone."""
+    mono = record.mono
+    if begin > mono + _EPS or mono - begin > MAX_SPAN_S:
+        return False
+    if kind == "step":
+        span = mono - begin + _EPS  # three comparisons written out: this runs once per step
+        return (0.0 <= record.data_s <= span and 0.0 <= record.compute_s <= span
+                and 0.0 <= record.optimizer_s <= span and (record.blocked_s or 0.0) >= 0.0)
+    if kind == "checkpoint_scheduled":
+        return 0.0 <= record.plan_s <= MAX_SPAN_S and 0.0 <= record.stage_s <= MAX_SPAN_S and record.bytes >= 0
+    if kind == "checkpoint_end":
+        return (record.written <= mono + _EPS and mono - record.written <= MAX_SPAN_S
+                and 0.0 <= (record.waited_s or 0.0) <= MAX_SPAN_S)
+    return 0.0 <= (getattr(record, "blocked_s", None) or 0.0) <= MAX_SPAN_S
+
+
 def as_event(record: dict[str, Any]) -> Event:
     """The event of a record ``schema.validate`` accepts (a record built in code, not read), or ``JournalError``."""
     return msgspec.convert(schema.validate(record), _EVENT)

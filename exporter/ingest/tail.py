@@ -12,11 +12,20 @@ byte offset that stays valid for the file's whole life. What this reader guarant
   (a sidecar started late, or restarted): the engine accounts out-of-order records only within a
   short window, so reading one process's file to its end before the next process's would make
   the older one's records "late". Reads go round by round, a chunk per file; a round hands on
-  every buffered record up to the lowest "read so far" time of the files that still have more.
+  every buffered record up to the lowest "read so far" time of the files that still have more,
+  in order of each record's own time, none before its process's first record (seq 0) as read
+  (a record dated long before its process began is refused, not taken for its start). A file's
+  "read so far" time moves only with the lines of its own writer (the pid in its name), in seq
+  order, whose times are self-consistent and not in the sidecar's future: a line the engine would
+  refuse cannot hold its file's later lines back (they would arrive late). So a refused record
+  changes nothing (``tests/test_rejected_records.py``).
 * A file deleted under the reader is still read to its end through the descriptor held open for
-  it; only then is it forgotten. A file that shrinks under its offset (truncated: writers never
-  do) is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after
-  the cut are not lost (lines read twice are the engine's duplicates). Descriptors of quiet
+  it; only then is it forgotten. A file cut under its offset (``copytruncate``: writers never do)
+  is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after the
+  cut are not lost (lines read twice are the engine's duplicates): one that shrank below the
+  offset, and one written past it again between two polls, told by its first line (its seq and
+  time) no longer being the one read first. Lines written between the last read and the cut are
+  gone with it; the engine counts their seqs lost (``records_lost``). Descriptors of quiet
   files are closed (``idle_close_s``, ``max_open``) and reopened by offset when the file grows.
 * At most ``max_open`` descriptors are held: with more files holding new data, the rest wait
   (oldest generations first) until drained files are closed, within the same poll;
@@ -30,8 +39,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -42,8 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_slo.contracts import schema
-from nvrx_slo.contracts.schema import JournalError, RejectReason
-from nvrx_slo.exporter.ingest.decode import Event, decode_batch
+from nvrx_slo.contracts.schema import SPAN_EVENTS, JournalError, RejectReason
+from nvrx_slo.exporter.ingest.decode import Event, decode_batch, self_consistent
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.tail")
@@ -51,17 +62,20 @@ log = logging.getLogger("nvrx_slo.tail")
 UNREADABLE = "unreadable"  # a journal file could not be opened or read (counted once per episode)
 FILE_TRUNCATED = "file_truncated"  # a file shrank under its read offset (writers never truncate)
 
+HEAD_BYTES = 256  # of a file's first line, remembered to tell a file cut and rewritten from one grown
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage: rejected, skipped to its newline
 ROUND_BYTES = 2 << 20  # read per round across all files: a round's lines, decoded, take ~4x this
 MIN_CHUNK = 2 << 10  # with many files the round budget wins: 1024 files x 2 KB = 2 MB read per round
+_NEVER = float("inf")
 _NO_GUARD = nullcontext()  # poll's default guard: nullcontext is reusable and re-entrant
 
 Ingest = Callable[[list[Event]], None]
 """Takes accepted events, in merged order."""
 
-# One line read and not yet handed on: (merge key, offset just past the line, event | (file, rejection) | None).
-# The key is the running maximum of ``mono`` in its file, so a file's lines keep their order.
-_Item = tuple[float, int, Event | tuple[str, JournalError] | None]
+# One line read and not yet handed on: (merge key, order, offset just past the line, event | (file, rejection) |
+# None). The key is the running maximum of ``mono`` in its file (of the lines that may move it: see ``_split``);
+# the order is the record's own time, never before its process's first record (see ``_split``).
+_Item = tuple[float, float, int, Event | tuple[str, JournalError] | None]
 
 
 def order_key(name: str) -> tuple[str, int, str]:
@@ -73,6 +87,24 @@ def order_key(name: str) -> tuple[str, int, str]:
     if len(parts) >= 2 and parts[-1].isdigit() and parts[-2].isdigit():
         return ".".join(parts[:-1]), int(parts[-1]), name
     return ".".join(parts), 0, name
+
+
+def _keeps_order(event: Event, limit: float) -> bool:
+    """Whether a line of its file's writer may set the file's merge time or its process's start:
+    not in the sidecar's future, and its own times agree (what the engine refuses alone)."""
+    mono = event.mono
+    return mono <= limit and self_consistent(event, event.type, event.start if event.type in SPAN_EVENTS else mono)
+
+
+def _after(start: float) -> float:
+    """The order of a record dated before its process's first record: just after that record."""
+    return math.nextafter(start, _NEVER)
+
+
+def writer_pid(name: str) -> int | None:
+    """The pid in a journal file's name (``<pod>.<role>.<pid>[.<generation>].jsonl``), None if none."""
+    last = order_key(name)[0].rsplit(".", 1)[-1]
+    return int(last) if last.isdigit() else None
 
 
 def _decoded(lines: list[bytes]) -> list[Event | JournalError]:
@@ -104,6 +136,8 @@ class _Source:
     more: bool = True  # the last read filled its chunk: more may be waiting
     vanished: bool = False  # deleted or replaced: read to the end, then forget
     last_growth: float = 0.0
+    pid: int | None = None  # the writer its name gives (None: not a journal file name)
+    seq: int = -1  # seq of the newest line that moved ``key``
 
 
 class JournalTail:
@@ -123,6 +157,8 @@ class JournalTail:
         self._round_bytes = round_bytes
         self._log = BoundedLog(log)
         self._not_after: Callable[[], float] = lambda: float("inf")
+        self._starts: dict[int, float] = {}  # pid -> mono of its first record (seq 0), as read
+        self._heads: dict[str, tuple[int, int]] = {}  # name -> (length, crc32) of its first line's bytes
 
     # --- persistence -------------------------------------------------------------------------
 
@@ -131,6 +167,7 @@ class JournalTail:
             "offsets": {name: list(v) for name, v in self.offsets.items()},
             "rejected": dict(self.rejected),
             "failing": sorted([name, inode] for name, inode in self._failing),
+            "heads": {name: list(head) for name, head in self._heads.items()},
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -138,6 +175,7 @@ class JournalTail:
         self.offsets = {name: (int(v[0]), int(v[1])) for name, v in state["offsets"].items()}
         self.rejected = Counter({k: int(v) for k, v in state["rejected"].items()})
         self._failing = {(name, int(inode)) for name, inode in state["failing"]}
+        self._heads = {name: (int(length), int(crc)) for name, (length, crc) in state.get("heads", {}).items()}
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -208,18 +246,21 @@ class JournalTail:
         return listing
 
     def _open_sources(self, listing: dict[str, tuple[int, int]]) -> None:
-        for name, src in self._open.items():
+        for name, src in list(self._open.items()):
             if name not in listing or listing[name][0] != src.inode:
                 src.vanished = True  # read what is left through the descriptor, then forget it
                 src.more = True
-            elif listing[name][1] < src.read_pos and not src.vanished:  # truncated under us
-                self._reject(FILE_TRUNCATED, name, f"size {listing[name][1]} < offset {src.read_pos}; "
-                             "reading it again from the start")
-                src.vanished, src.more, src.pending, src.skipping = True, True, b"", False
+            elif src.vanished:
+                continue
+            elif listing[name][1] < src.read_pos:  # truncated under us
+                self._truncated(name, src, f"size {listing[name][1]} < offset {src.read_pos}")
             else:
                 src.more = listing[name][1] > src.read_pos  # grown since last read (no read otherwise)
+                if src.more and not self._same_head(name, src.fd):  # cut and written past the offset again
+                    self._truncated(name, src, "its first line changed")
         for name in [n for n in self.offsets if n not in listing and n not in self._open]:
             del self.offsets[name]  # gone while nobody held it open
+            self._heads.pop(name, None)
         offsets, opened = self.offsets, self._open
         changed = [name for name, (inode, size) in listing.items()  # the common case: none
                    if (name not in opened or opened[name].vanished) and offsets.get(name) != (inode, size)]
@@ -250,7 +291,35 @@ class JournalTail:
             if os.fstat(fd).st_ino != inode:  # replaced between scan and open: next poll
                 os.close(fd)
                 continue
-            self._open[name] = _Source(fd, inode, offset, last_growth=self._clock())
+            if offset and not self._same_head(name, fd):  # cut and written past the offset while closed
+                self._reject(FILE_TRUNCATED, name, "its first line changed; reading it again from the start")
+                offset = 0
+                self.offsets[name] = (inode, offset)
+            self._open[name] = _Source(fd, inode, offset, last_growth=self._clock(), pid=writer_pid(name))
+
+    def _truncated(self, name: str, src: _Source, why: str) -> None:
+        """A file cut under its open descriptor (``copytruncate``): what it holds now was written
+        after the cut, so it is read again from its start (once its lines read so far are handed on)."""
+        self._reject(FILE_TRUNCATED, name, f"{why}; reading it again from the start")
+        if src.items:  # hand on what was read before the cut first
+            src.vanished, src.more, src.pending, src.skipping = True, False, b"", False
+            return
+        self._close(name)
+        self.offsets[name] = (src.inode, 0)
+        self._heads.pop(name, None)
+
+    def _same_head(self, name: str, fd: int) -> bool:
+        """Whether the file still begins with the line read first from it (unknown: yes). A file cut
+        and written past the reader's offset again (``copytruncate`` between two polls) is only told
+        apart from one that grew by its first line: the lines before the offset are new ones."""
+        head = self._heads.get(name)
+        if head is None:
+            return True
+        length, crc = head
+        try:
+            return zlib.crc32(os.pread(fd, length, 0)) == crc
+        except OSError:
+            return True  # unreadable: the read that follows counts it
 
     def _read_round(self) -> None:
         """Read the next chunk of every file whose buffer ran dry and that may have more."""
@@ -276,21 +345,24 @@ class JournalTail:
         start = src.read_pos - len(src.pending)  # file offset of the first byte of pending + data
         src.read_pos += len(data)
         data = src.pending + data
+        if start == 0 and (first := data.find(b"\n")) >= 0:  # what the file begins with: see _same_head
+            head = data[:min(first + 1, HEAD_BYTES)]
+            self._heads[name] = (len(head), zlib.crc32(head))
         if src.skipping:  # still inside an over-long line: drop through its newline
             newline = data.find(b"\n")
             if newline < 0:
                 src.pending = b""
-                src.items.append((src.key, src.read_pos, None))
+                src.items.append((src.key, src.key, src.read_pos, None))
                 return
             src.skipping = False
-            src.items.append((src.key, start + newline + 1, None))
+            src.items.append((src.key, src.key, start + newline + 1, None))
             start, data = start + newline + 1, data[newline + 1:]
         end = data.rfind(b"\n")
         if end < 0:
             src.pending = data
             if len(data) > MAX_LINE_BYTES:
                 src.pending, src.skipping = b"", True
-                src.items.append((src.key, src.read_pos, (name, JournalError(
+                src.items.append((src.key, src.key, src.read_pos, (name, JournalError(
                     RejectReason.MALFORMED, f"line longer than {MAX_LINE_BYTES} bytes"))))
             return
         src.pending = data[end + 1:]
@@ -301,18 +373,32 @@ class JournalTail:
         else:
             nonempty = [i for i, line in enumerate(lines) if line]
             lines = [lines[i] for i in nonempty]
-        key, items, limit = src.key, src.items, self._not_after()
-        for i, item in zip(nonempty, _decoded(lines), strict=True):
+        decoded = _decoded(lines)
+        starts, pid, limit = self._starts, src.pid, self._not_after()
+        if start == 0:  # the file's start: its writer's first record (seq 0), wherever in the chunk it lies
+            for item in decoded:
+                if (not isinstance(item, JournalError) and item.seq == 0 and item.pid == pid
+                        and item.mono < starts.get(pid, _NEVER) and _keeps_order(item, limit)):
+                    starts[pid] = item.mono
+        key, items, last = src.key, src.items, src.seq
+        begun = starts.get(pid, -_NEVER) if pid is not None else -_NEVER
+        for i, item in zip(nonempty, decoded, strict=True):
             if isinstance(item, JournalError):
-                items.append((key, start + ends[i] + i + 1, (name, item)))
-            else:
-                mono = item.mono
-                if key < mono <= limit:
-                    key = mono
-                items.append((key, start + ends[i] + i + 1, item))
+                items.append((key, key, start + ends[i] + i + 1, (name, item)))
+                continue
+            mono = item.mono
+            if item.pid == pid or pid is None:
+                if key < mono <= limit and item.seq > last and self_consistent(
+                        item, kind := item.type, item.start if kind in SPAN_EVENTS else mono):  # _keeps_order, inlined
+                    key, last = mono, item.seq
+                order = mono if mono >= begun else _after(begun)
+            else:  # another process's record in this file: never its merge time
+                theirs = starts.get(item.pid, -_NEVER)
+                order = mono if mono >= theirs else _after(theirs)
+            items.append((key, order, start + ends[i] + i + 1, item))
         if not nonempty or nonempty[-1] != len(ends) - 1:
-            items.append((key, start + ends[-1] + len(ends), None))  # trailing empty lines: move past them too
-        src.key = key
+            items.append((key, key, start + ends[-1] + len(ends), None))  # trailing empty lines: move past them too
+        src.key, src.seq = key, last
 
     def _hand_on(self, ingest: Ingest) -> int:
         """Ingest every buffered item up to the merge watermark, in key order; advance offsets."""
@@ -325,13 +411,13 @@ class JournalTail:
                 n = next(i for i, item in enumerate(items) if item[0] > watermark)
             if n:
                 batch += items[:n]
-                self.offsets[name] = (src.inode, items[n - 1][1])
+                self.offsets[name] = (src.inode, items[n - 1][2])
                 del items[:n]
         if not batch:  # the file setting the watermark has nothing buffered: read it first
             return 0
-        batch.sort(key=itemgetter(0))  # stable: each file's lines keep their order
+        batch.sort(key=itemgetter(1))  # stable: equal times keep their file's order
         events: list[Event] = []
-        for _key, _end, payload in batch:
+        for _key, _order, _end, payload in batch:
             if isinstance(payload, tuple):
                 name, error = payload
                 self._reject(error.reason.value, name, str(error))
@@ -349,6 +435,7 @@ class JournalTail:
                 self._close(name)
                 if self.offsets.get(name, (src.inode,))[0] == src.inode:
                     del self.offsets[name]
+                    self._heads.pop(name, None)
         now = self._clock()
         by_age = sorted(self._open, key=lambda n: self._open[n].last_growth)
         excess = len(by_age) - self._max_open

@@ -65,7 +65,8 @@ class _Replay:
 
     def ingest(self, records: list[Event]) -> None:
         for record in records:
-            self.engine.ingest(record)
+            if not self.engine.ingest(record):  # refused: it draws nothing and dates nothing
+                continue
             self.builder.add(record)
             if self.newest is None or record.mono > self.newest[0]:
                 self.newest = (record.mono, record.wall)
