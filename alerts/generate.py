@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from nvrx_slo import generated
 from nvrx_slo.alerts import alertmanager, sli
 from nvrx_slo.alerts.plain import plain_group
 from nvrx_slo.alerts.rules import slo_group
@@ -31,17 +30,6 @@ ALERTMANAGER_CONFIG = Path("deploy/base/generated/alertmanagerconfig.yaml")
 PROMETHEUS_RULE_NAME = "nvrx-slo"
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block style for multi-line PromQL, so the generated rules read like hand-written ones."""
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
-
-
-_Dumper.add_representer(str, _str)
-
-
 def rule_groups(spec: Spec, tiers: frozenset[Tier] = frozenset(Tier)) -> list[dict[str, Any]]:
     """Every group with its rules of ``tiers`` (all: the one-Prometheus file), groups without any left out."""
     slis = sli.build(spec)
@@ -50,8 +38,7 @@ def rule_groups(spec: Spec, tiers: frozenset[Tier] = frozenset(Tier)) -> list[di
 
 
 def _yaml(document: dict[str, Any], source: str) -> str:
-    header = f"# generated — do not edit: `nvrx-slo generate alerts` from {source}\n"
-    return header + yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=float("inf"), allow_unicode=True)
+    return generated.header("nvrx-slo generate alerts", source) + generated.yaml_document(document)
 
 
 def render(spec: Spec, source: str) -> dict[Path, str]:

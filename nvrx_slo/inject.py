@@ -33,6 +33,8 @@ from typing import Any
 
 import yaml
 
+from nvrx_slo import generated
+
 Obj = dict[str, Any]
 
 
@@ -49,17 +51,6 @@ K8sLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:value"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-
-
-class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (a ``bash -c`` script) as literal blocks, as people write them."""
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
-
-
-_Dumper.add_representer(str, _str)
 
 
 # --- the controllers: where their pod templates are, and how a pod learns its job --------------------
@@ -298,7 +289,7 @@ def inject_stream(sources: list[tuple[str, str]], image: str, container: str | N
                 raise InjectError(f"{_describe(doc, source, number)}: {exc}") from None
             if upgraded is not None:
                 upgraded += [f"{_describe(doc, source, number)}: {change}" for change in changes]
-    return yaml.dump_all(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    return generated.yaml_documents(out)
 
 
 def parser() -> argparse.ArgumentParser:
