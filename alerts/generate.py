@@ -15,6 +15,7 @@ from typing import Any
 from nvrx_slo import generated
 from nvrx_slo.alerts import alertmanager, sli
 from nvrx_slo.alerts.plain import plain_group
+from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.rules import slo_group
 from nvrx_slo.alerts.signals import signals_group
 from nvrx_slo.alerts.spec import DEFAULT_PATH, Spec, SpecError, load
@@ -30,10 +31,10 @@ ALERTMANAGER_CONFIG = Path("deploy/base/generated/alertmanagerconfig.yaml")
 PROMETHEUS_RULE_NAME = "nvrx-slo"
 
 
-def rule_groups(spec: Spec, tiers: frozenset[Tier] = frozenset(Tier)) -> list[dict[str, Any]]:
+def rule_groups(spec: Spec, plan: Plan, tiers: frozenset[Tier] = frozenset(Tier)) -> list[dict[str, Any]]:
     """Every group with its rules of ``tiers`` (all: the one-Prometheus file), groups without any left out."""
-    slis = sli.build(spec)
-    groups = [slo_group(s, spec) for s in slis.values()] + [signals_group(spec), plain_group(spec)]
+    slis = sli.build(spec, plan)
+    groups = [slo_group(s, spec, plan) for s in slis.values()] + [signals_group(plan), plain_group(spec, plan)]
     return [part for part in (g.part(tiers) for g in groups) if part is not None]
 
 
@@ -41,9 +42,9 @@ def _yaml(document: dict[str, Any], source: str) -> str:
     return generated.header("nvrx-slo generate alerts", source) + generated.yaml_document(document)
 
 
-def render(spec: Spec, source: str) -> dict[Path, str]:
+def render(spec: Spec, plan: Plan, source: str) -> dict[Path, str]:
     """Every output file (path relative to the repository root) and its text."""
-    groups = rule_groups(spec)
+    groups = rule_groups(spec, plan)
     prometheus_rule = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -52,8 +53,8 @@ def render(spec: Spec, source: str) -> dict[Path, str]:
     }
     return {
         RULES: _yaml({"groups": groups}, source),
-        LOCAL_RULES: _yaml({"groups": rule_groups(spec, frozenset({Tier.LOCAL}))}, source),
-        GLOBAL_RULES: _yaml({"groups": rule_groups(spec, frozenset({Tier.GLOBAL}))}, source),
+        LOCAL_RULES: _yaml({"groups": rule_groups(spec, plan, frozenset({Tier.LOCAL}))}, source),
+        GLOBAL_RULES: _yaml({"groups": rule_groups(spec, plan, frozenset({Tier.GLOBAL}))}, source),
         ALERTMANAGER: _yaml(alertmanager.config(spec), source),
         PROMETHEUS_RULE: _yaml(prometheus_rule, source),
         ALERTMANAGER_CONFIG: _yaml(alertmanager.crd(spec), source),
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> int:
         print(f"nvrx-slo generate alerts: {err}", file=sys.stderr)
         return 2
     source = "alerts/slo.yaml" if args.spec == DEFAULT_PATH else str(args.spec)
-    for path, text in render(spec, source).items():
+    for path, text in render(spec, spec.plan(), source).items():
         target = args.root / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")

@@ -22,6 +22,7 @@ from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
 from nvrx_slo import generated
+from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import DEFAULT_PATH, Spec, SpecError, load
 from nvrx_slo.dashboards import checkpointing, overview, ranks, recovery
 
@@ -34,8 +35,8 @@ COMMAND = "nvrx-slo generate dashboards"
 MODULES = (overview, checkpointing, recovery, ranks)
 
 
-def dashboards(spec: Spec) -> list[g.Dashboard]:
-    return [module.dashboard(spec) for module in MODULES]
+def dashboards(spec: Spec, plan: Plan) -> list[g.Dashboard]:
+    return [module.dashboard(spec, plan) for module in MODULES]
 
 
 def to_json(dashboard: g.Dashboard) -> str:
@@ -58,9 +59,9 @@ def to_configmaps(rendered: dict[str, str]) -> str:
     return generated.header(COMMAND, "dashboards/") + generated.yaml_documents(docs)
 
 
-def render(spec: Spec) -> dict[Path, str]:
+def render(spec: Spec, plan: Plan) -> dict[Path, str]:
     """Every generated file: path relative to the repository root -> content."""
-    rendered = {d.uid: to_json(d) for d in dashboards(spec)}
+    rendered = {d.uid: to_json(d) for d in dashboards(spec, plan)}
     files = {JSON_DIR / f"{uid}.json": text for uid, text in rendered.items()}
     files[CONFIGMAPS] = to_configmaps(rendered)
     return files
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> int:
     except SpecError as err:
         print(f"nvrx-slo generate dashboards: {err}", file=sys.stderr)
         return 2
-    for rel, text in render(spec).items():
+    for rel, text in render(spec, spec.plan()).items():
         path = args.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

@@ -228,7 +228,7 @@ def _max_burn(stack: Stack, job_name: str, window: str) -> float:
 
 def _page_window(stack: Stack) -> str:
     """The page policy's 1h window, scaled to the period."""
-    return duration.format(stack.spec.burn_windows[0].long)
+    return duration.format(stack.spec.plan().burn_windows[0].long)
 
 
 def test_a_healthy_run_pages_nothing(stack: Stack) -> None:
@@ -246,7 +246,7 @@ def test_a_healthy_run_pages_nothing(stack: Stack) -> None:
         stop(sidecar)
     burn = _max_burn(stack, "healthy", _page_window(stack))
     print(f"healthy run: {ran:.0f}s, highest {_page_window(stack)} burn rate {burn:.1f}")
-    assert 0 < burn < stack.spec.burn_windows[0].factor, f"a healthy run burnt at {burn:.1f}×"
+    assert 0 < burn < stack.spec.plan().burn_windows[0].factor, f"a healthy run burnt at {burn:.1f}×"
     assert stack.webhook.notifications("/pager", "healthy") == []
 
 

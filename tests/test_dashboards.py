@@ -23,16 +23,17 @@ import pytest
 import yaml
 
 from dashboard_model import ROOT, ROW, legend_labels, load_all, names, panels, queries
-from nvrx_slo.alerts import conventions, duration, idle
+from nvrx_slo.alerts import conventions, duration
 from nvrx_slo.alerts import generate as alerts_generate
 from nvrx_slo.alerts import spec as slo_spec
-from nvrx_slo.alerts.windows import Severity
+from nvrx_slo.alerts.plan import Severity
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import generate
 from nvrx_slo.dashboards import queries as q
 
 MODELS = load_all()
 SPEC = slo_spec.load()
+PLAN = SPEC.plan()
 RULES = yaml.safe_load((ROOT / alerts_generate.RULES).read_text(encoding="utf-8"))
 UIDS = {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery", "nvrx-slo-ranks"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -131,7 +132,7 @@ def test_the_slo_lines_are_drawn_from_the_alerts_spec():
     objectives = SPEC.objectives
     lines = dict(_threshold_lines(MODELS["nvrx-slo-overview"]))
     assert objectives[slo_spec.Slo.EFFICIENCY].target in lines["Efficiency vs objective"]
-    pages = {w.factor for w in SPEC.burn_windows if w.severity is Severity.PAGE}
+    pages = {w.factor for w in PLAN.burn_windows if w.severity is Severity.PAGE}
     assert pages <= set(lines["Burn rates"])
     lines = dict(_threshold_lines(MODELS["nvrx-slo-checkpointing"]))
     assert objectives[slo_spec.Slo.CHECKPOINT_OVERLAP].target in lines["Overlap ratio"]
@@ -202,7 +203,7 @@ def test_the_burn_rate_panels_read_the_recorded_series_the_page_alert_fires_on()
     the budget stat reads the recorded budget. Nothing recomputes the SLI from raw series."""
     mine = f'{conventions.SLO_LABEL}="{slo_spec.Slo.EFFICIENCY.value}"'
     read = _records_the_page_alert_reads()
-    pages = [w for w in SPEC.burn_windows if w.severity is Severity.PAGE]
+    pages = [w for w in PLAN.burn_windows if w.severity is Severity.PAGE]
     assert read == {conventions.burn_rate_record(s) for w in pages for s in (w.long, w.short)}
     targets = _overview_targets("Burn rates")
     by_metric = {}
@@ -230,7 +231,7 @@ def test_the_job_idle_panel_reads_what_the_idle_alert_compares_and_names_its_sou
     assert target["legendFormat"] == "job ({{source}})"
     unbound = target["expr"]
     for matcher in q.JOB_MATCHERS:
-        assert unbound.count(matcher) == len(idle.SOURCES)
+        assert unbound.count(matcher) == len(conventions.IDLE_SOURCES)
         unbound = unbound.replace(f", {matcher}", "")
     assert " ".join(unbound.split()) in " ".join(alert["expr"].split())
     assert names(target["expr"])[0] == {conventions.ACCELERATOR_IDLE}
@@ -250,7 +251,7 @@ def test_committed_files_equal_a_fresh_generation(tmp_path):
     subprocess.run([sys.executable, "-m", "nvrx_slo", "generate", "dashboards", "--root", str(tmp_path)],
                    check=True, capture_output=True, cwd=ROOT)
     fresh = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
-    assert fresh == set(generate.render(SPEC))
+    assert fresh == set(generate.render(SPEC, PLAN))
     for rel in fresh:
         stale = f"{rel} is stale: run `nvrx-slo generate dashboards`"
         assert (ROOT / rel).read_bytes() == (tmp_path / rel).read_bytes(), stale

@@ -46,8 +46,8 @@ from dashboard_model import Query, legend_labels, load_all, names, queries
 from nvrx_slo.alerts import conventions
 from nvrx_slo.alerts import generate as alerts_generate
 from nvrx_slo.alerts import spec as slo_spec
+from nvrx_slo.alerts.plan import Severity
 from nvrx_slo.alerts.spec import Slo
-from nvrx_slo.alerts.windows import Severity
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import queries as q
 from nvrx_slo.trainer.demo import run_demo

@@ -41,7 +41,6 @@ from nvrx_slo.alerts.conventions import (
     sli_bad_record,
     sli_total_record,
 )
-from nvrx_slo.alerts.windows import all_windows
 from nvrx_slo.contracts.catalogue import BADPUT_CATEGORIES, TIME, WORK_AT_RISK, Category
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
@@ -147,7 +146,7 @@ def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run)
     # a poll, a scrape (1 s) and an evaluation (1 s) at the loss and at each launcher
     assert absent - 3.0 <= seconds <= absent + unread + 3.0, (seconds, absent, unread)
     assert seconds >= 8.0  # the replacement came 8 s after the loss
-    base = all_windows(run["spec"].period, run["spec"].min_window)[0]
+    base = run["spec"].plan().base
     world = _query(run["prometheus"], f'max_over_time({sli_total_record(base)}{{slo="efficiency"}}[1h])')
     assert [float(w["value"][1]) for w in world] == [run["pods"]]  # the job's world size, not its live ranks
 
@@ -156,7 +155,7 @@ def test_one_fault_is_one_restart_at_job_level_and_no_storm(run):
     """The survivor restarts in-job for the replacement's rendezvous; the lost pod recorded nothing
     and the replacement's first process is no restart: the SLI counts one restart."""
     assert run["returncode"] == 0, run["stderr"][-3000:]
-    base = all_windows(run["spec"].period, run["spec"].min_window)[0]
+    base = run["spec"].plan().base
     total = f'{sli_total_record(base)}{{slo="recovery"}}'
     per_pod = _query(run["prometheus"], "sum by (pod) (max_over_time(nvrx_restarts_total[1h]))")
     survivors = {f"pod-{i}": 1.0 for i in range(run["pods"]) if i != 1}
@@ -234,7 +233,7 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     since its last save (its sidecar died with it) is in it; so is the work of a save it journaled
     after its sidecar's last scrape (a limit of any scraper)."""
     assert run["returncode"] == 0, run["stderr"][-3000:]
-    base = all_windows(run["spec"].period, run["spec"].min_window)[0]
+    base = run["spec"].plan().base
     (value,) = _query(run["prometheus"], f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
     recorded = float(value["value"][1]) * run["spec"].evaluation_interval
     (vanished,) = _query(run["prometheus"], f"sum_over_time({VANISHED_AT_RISK}[1h])")
