@@ -1,14 +1,10 @@
-"""`nvrx-slo generate alerts`: the SLO spec -> Prometheus rules, PrometheusRule, Alertmanager config.
-
-Everything is rendered in memory first; files are written only once the spec has loaded and every
-output has rendered, so a bad spec changes nothing on disk. Run it from the repository root (or
-pass --root); tests/test_alerts_generate.py checks the committed files equal a fresh generation.
+"""`nvrx-slo generate alerts` (``nvrx_slo/generate.py``): the SLO spec and its plan -> Prometheus rule
+files (for one Prometheus, and split in two tiers for more), the PrometheusRule, the Alertmanager
+config and its AlertmanagerConfig.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +14,7 @@ from nvrx_slo.alerts.plain import plain_group
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.rules import slo_group
 from nvrx_slo.alerts.signals import signals_group
-from nvrx_slo.alerts.spec import DEFAULT_PATH, Spec, SpecError, load
+from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.alerts.tiers import Tier
 
 RULES = Path("alerts/generated/rules.yaml")
@@ -59,22 +55,3 @@ def render(spec: Spec, plan: Plan, source: str) -> dict[Path, str]:
         PROMETHEUS_RULE: _yaml(prometheus_rule, source),
         ALERTMANAGER_CONFIG: _yaml(alertmanager.crd(spec), source),
     }
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nvrx-slo generate alerts", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", type=Path, default=DEFAULT_PATH, help="SLO spec (default: alerts/slo.yaml)")
-    parser.add_argument("--root", type=Path, default=Path("."), help="write under this directory (default: .)")
-    args = parser.parse_args(argv)
-    try:
-        spec = load(args.spec)
-    except SpecError as err:
-        print(f"nvrx-slo generate alerts: {err}", file=sys.stderr)
-        return 2
-    source = "alerts/slo.yaml" if args.spec == DEFAULT_PATH else str(args.spec)
-    for path, text in render(spec, spec.plan(), source).items():
-        target = args.root / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-        print(target)
-    return 0

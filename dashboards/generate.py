@@ -1,9 +1,9 @@
-"""`nvrx-slo generate dashboards`: write the dashboards as Grafana JSON and as ConfigMaps.
+"""`nvrx-slo generate dashboards` (``nvrx_slo/generate.py``): the dashboards as Grafana JSON and as ConfigMaps.
 
 The SLO spec (``alerts/slo.yaml``, the one the alert rules come from) sets the objectives and
 thresholds the panels draw, so a dashboard's lines are the alerts' lines.
 
-Outputs (committed; a test regenerates them and fails on any difference):
+Outputs (committed, and drift-tested with every generated file):
 
 * ``dashboards/generated/<uid>.json`` — import in Grafana's UI (Dashboards → New → Import);
 * ``deploy/base/generated/grafana-dashboards.yaml`` — one ConfigMap per dashboard, labelled
@@ -14,8 +14,6 @@ Outputs (committed; a test regenerates them and fails on any difference):
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 from grafanalib import core as g
@@ -23,10 +21,9 @@ from grafanalib._gen import DashboardEncoder
 
 from nvrx_slo import generated
 from nvrx_slo.alerts.plan import Plan
-from nvrx_slo.alerts.spec import DEFAULT_PATH, Spec, SpecError, load
+from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.dashboards import checkpointing, overview, ranks, recovery
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 JSON_DIR = Path("dashboards/generated")
 CONFIGMAPS = Path("deploy/base/generated/grafana-dashboards.yaml")
 CONFIGMAP_LIMIT_BYTES = 256 * 1024
@@ -65,22 +62,3 @@ def render(spec: Spec, plan: Plan) -> dict[Path, str]:
     files = {JSON_DIR / f"{uid}.json": text for uid, text in rendered.items()}
     files[CONFIGMAPS] = to_configmaps(rendered)
     return files
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="nvrx-slo generate dashboards", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", type=Path, default=DEFAULT_PATH,
-                        help="SLO spec whose objectives and thresholds the panels draw (default: alerts/slo.yaml)")
-    parser.add_argument("--root", type=Path, default=Path("."), help="write under this directory (default: .)")
-    args = parser.parse_args(argv)
-    try:
-        spec = load(args.spec)
-    except SpecError as err:
-        print(f"nvrx-slo generate dashboards: {err}", file=sys.stderr)
-        return 2
-    for rel, text in render(spec, spec.plan()).items():
-        path = args.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        print(path)
-    return 0

@@ -37,6 +37,7 @@ import yaml
 
 from nvrx_slo.alerts import duration, generate, spec
 from nvrx_slo.alerts.conventions import Alert
+from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.demo import run_demo
 from servers import free_port, stop, wait_for
 
@@ -130,7 +131,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("alerts-e2e")
     hook, server = _serve_webhook()
     spec_file = _e2e_spec(tmp, hook)
-    assert generate.main(["--spec", str(spec_file), "--root", str(tmp)]) == 0  # the real CLI entry point
+    assert generate_main(["alerts", "--spec", str(spec_file), "--root", str(tmp)]) == 0  # the real CLI entry point
     sidecar_ports = {job: free_port() for job in JOBS}
     am_port, prom_port = free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []

@@ -6,9 +6,9 @@ panel ids, panels that do not overlap on the 24-column grid, every panel, target
 variable bound to the ``$datasource`` variable, a description and a unit on every panel, links
 between the four dashboards, the SLO line drawn; every metric and label a query names exists in
 the metric catalogue or is recorded by the generated alert rules; the burn-rate and error-budget
-panels read exactly the recorded series the efficiency page alert fires on; the committed files equal
-a fresh ``nvrx-slo generate dashboards``; the ConfigMaps carry kube-prometheus-stack's label, stay
-under 256 KiB and pass the Kubernetes schema.
+panels read exactly the recorded series the efficiency page alert fires on; the ConfigMaps carry
+kube-prometheus-stack's label, stay under 256 KiB and pass the Kubernetes schema. That the committed
+files are a fresh generation is tests/test_generate.py's.
 """
 
 from __future__ import annotations
@@ -246,19 +246,6 @@ def test_the_name_parser_finds_what_it_should():
     assert functions == {"histogram_quantile", "sum", "rate"}
 
 
-def test_committed_files_equal_a_fresh_generation(tmp_path):
-    """Drift: the real CLI regenerates every file byte for byte, and nothing else lives in generated/."""
-    subprocess.run([sys.executable, "-m", "nvrx_slo", "generate", "dashboards", "--root", str(tmp_path)],
-                   check=True, capture_output=True, cwd=ROOT)
-    fresh = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
-    assert fresh == set(generate.render(SPEC, PLAN))
-    for rel in fresh:
-        stale = f"{rel} is stale: run `nvrx-slo generate dashboards`"
-        assert (ROOT / rel).read_bytes() == (tmp_path / rel).read_bytes(), stale
-    committed = {p.relative_to(ROOT) for p in (ROOT / generate.JSON_DIR).iterdir()}
-    assert committed == {rel for rel in fresh if rel.parent == generate.JSON_DIR}
-
-
 def test_configmaps_carry_the_grafana_label_the_same_json_and_stay_small():
     path = ROOT / generate.CONFIGMAPS
     text = path.read_text(encoding="utf-8")
@@ -282,15 +269,6 @@ def test_configmaps_pass_the_kubernetes_schema():
 def test_an_oversized_configmap_is_refused():
     with pytest.raises(ValueError, match="over 262144"):
         generate.to_configmaps({"nvrx-slo-huge": "x\n" * (generate.CONFIGMAP_LIMIT_BYTES // 2)})
-
-
-def test_a_bad_spec_is_refused_naming_the_key_and_writes_nothing(tmp_path):
-    bad = tmp_path / "slo.yaml"
-    bad.write_text(slo_spec.DEFAULT_PATH.read_text().replace("target: 0.99", "target: 1.5", 1))
-    result = subprocess.run([sys.executable, "-m", "nvrx_slo", "generate", "dashboards", "--spec", str(bad),
-                             "--root", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 2 and "objectives.efficiency.target" in result.stderr
-    assert not (tmp_path / "out").exists()
 
 
 def test_a_label_the_metric_does_not_carry_is_refused_at_generation():

@@ -44,6 +44,7 @@ from nvrx_slo.alerts.conventions import (
 from nvrx_slo.contracts.catalogue import BADPUT_CATEGORIES, TIME, WORK_AT_RISK, Category
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.demo import read_journal
 from servers import free_port, stop, wait_for
 
@@ -72,7 +73,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     data = yaml.safe_load(spec.DEFAULT_PATH.read_text())
     data.update(period="3h", min_window="10s", evaluation_interval="1s")
     (tmp / "slo.yaml").write_text(yaml.safe_dump(data))
-    assert generate.main(["--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
+    assert generate_main(["alerts", "--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
     targets = tmp / "targets.json"
     targets.write_text("[]")
     config = tmp / "prometheus.yml"

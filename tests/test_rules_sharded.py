@@ -55,6 +55,7 @@ from nvrx_slo.alerts.conventions import (
     error_ratio_record,
     over_period,
 )
+from nvrx_slo.generate import main as generate_main
 from servers import free_port, stop, wait_for
 
 # How a local Prometheus picks the records the global tier reads (docs/scaling.md): job-level ones.
@@ -169,7 +170,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("sharded")
     data = yaml.safe_load(spec.DEFAULT_PATH.read_text()) | SPEC
     (tmp / "slo.yaml").write_text(yaml.safe_dump(data))
-    assert generate.main(["--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
+    assert generate_main(["alerts", "--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
     local, global_ = (_groups((tmp / f).read_text()) for f in (generate.LOCAL_RULES, generate.GLOBAL_RULES))
     interface = _recorded(local) & {n for rules in global_.values() for r in rules for n in _reads(r)}
     every = {"scrape_interval": "1s", "evaluation_interval": "1s"}
