@@ -249,7 +249,7 @@ def from_dict(data: Any) -> Spec:
     if "{alert}" not in spec.runbook_url:
         raise links.error("runbook_url", f"must contain {{alert}}, got {spec.runbook_url!r}")
     try:
-        spec.plan()
+        spec.plan()  # refuses a min_window that swallows a long window
     except ValueError as err:
         raise root.error("period", str(err)) from None
     return spec

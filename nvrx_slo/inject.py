@@ -303,7 +303,8 @@ def overlays(repo: Path) -> dict[Path, str]:
     alone. The sidecar's image keeps its bare name, which the overlay's kustomization tags."""
     sources = sorted((repo / WORKLOADS).glob("*.yaml"))
     if not sources:
-        raise InjectError(f"{repo / WORKLOADS}: no workload (*.yaml) to inject")
+        raise InjectError(f"{repo / WORKLOADS}: no workload (*.yaml) to inject (the overlays are made in a "
+                          "source checkout; for your own manifests, `nvrx-slo inject`)")
     image = load_spec()["sidecar"]["image"]
     files = {}
     for path in sources:
