@@ -13,8 +13,8 @@ from typing import Any
 
 from nvrx_slo.alerts import duration
 from nvrx_slo.alerts.conventions import JOB_LABELS, SEVERITY_LABEL
+from nvrx_slo.alerts.plan import Severity
 from nvrx_slo.alerts.spec import Spec
-from nvrx_slo.alerts.windows import Severity
 
 PAGER, TICKET = "pager", "ticket"
 CRD_NAME = "nvrx-slo"

@@ -1,5 +1,8 @@
 """Every name the generated rules introduce, in one place: recording rules, labels, alert names,
-dashboard uids, and the link stamping that gives each alert its runbook and dashboard.
+dashboard uids, and the link stamping that gives each alert its runbook and dashboard; and how a
+reader (a rule, an alert, a dashboard) reads a recorded series: the evaluations a window holds, the
+best idle source a job has, a bucket bound's spellings. The dashboards take names from here, never
+from the rule builders.
 
 Recording rules follow Prometheus's ``level:metric:operations`` convention; the level is
 ``namespace_job_name`` because every SLI is job-level (summed over pods and ranks). The SLO an
@@ -12,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.contracts import catalogue
 
@@ -45,9 +49,37 @@ def burn_rate_record(window: int) -> str:
 ERROR_BUDGET_REMAINING = f"{_LEVEL}:nvrx_slo_error_budget_remaining:ratio"
 
 
-def signal_record(metric: str, operation: str) -> str:
-    """A job-level derived signal (``alerts/signals.py``), e.g. ``("mtbf_seconds", "mean30d")``."""
-    return f"{_LEVEL}:nvrx_{metric}:{operation}"
+class Signal(str, Enum):
+    """A job-level derived signal (``alerts/signals.py``): the first five are recorded as the job's
+    rates over the shortest window (``signal_rate``), the others over the period from those rates
+    (``over_period``), which is what the dashboards read."""
+
+    BLOCKING = "checkpoint_blocking_seconds"
+    BACKGROUND = "checkpoint_background_seconds"
+    RANK_SAVES = "checkpoint_rank_saves"
+    RESTARTS = "restarts"
+    RESTART_SECONDS = "restart_seconds"
+    OVERLAP = "checkpoint_overlap"
+    COST = "checkpoint_blocking_seconds_per_save"
+    INTERVAL = "checkpoint_interval_seconds"
+    MTBF = "mtbf_seconds"
+    RESTART_COST = "restart_seconds_per_restart"
+    OPTIMAL = "checkpoint_interval_optimal_seconds"
+    PREDICTED = "efficiency_predicted"
+
+
+def _signal_record(signal: Signal, operation: str) -> str:
+    return f"{_LEVEL}:nvrx_{signal.value}:{operation}"
+
+
+def signal_rate(signal: Signal, plan: Plan) -> str:
+    """The job's rate of ``signal`` over the shortest window, e.g. ``…:nvrx_restarts:rate5m``."""
+    return _signal_record(signal, f"rate{duration.format(plan.base)}")
+
+
+def over_period(signal: Signal, plan: Plan) -> str:
+    """``signal`` over the SLO period, e.g. ``…:nvrx_mtbf_seconds:mean30d``."""
+    return _signal_record(signal, f"mean{duration.format(plan.period)}")
 # 1 at each evaluation of an SLO's group (label slo): counting its samples over a window counts the
 # evaluations in it, whichever way the Prometheus version bounds a range ([a, b] before 3.0, (a, b] since).
 # Recorded with the job-level rates (the local tier), so a global ruler counts the evaluations that
@@ -55,13 +87,13 @@ def signal_record(metric: str, operation: str) -> str:
 EVALUATIONS = "global:nvrx_slo_evaluations:one"
 
 
-def evaluations(slo: str, window: int, interval: int) -> str:
+def evaluations(slo: str, window: int, plan: Plan) -> str:
     """The evaluations of ``slo``'s group in ``window`` s, as a scalar: the samples the window holds,
     and never fewer than a full window's (rules younger than the window: the rest counts as 0). The
     most any Prometheus counted: a global ruler holds one counter per Prometheus that records the
     rates (each with its external labels), and ``scalar()`` of more than one is NaN."""
     counted = f'count_over_time({EVALUATIONS}{{{SLO_LABEL}="{slo}"}}[{duration.format(window)}])'
-    return f"scalar(clamp_min(max({counted}), {window // interval}))"
+    return f"scalar(clamp_min(max({counted}), {plan.evaluations(window)}))"
 # Ranks the job's pods ran a shortest window ago, which the absent ranks subtract and require.
 RAN_RANKS = f"{_LEVEL}:nvrx_pod_ranks:sum"
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
@@ -85,6 +117,25 @@ def step_time_mean_record(window: int) -> str:
     return f"{_LEVEL}_pod_rank:nvrx_step_duration_seconds:mean{duration.format(window)}"
 # Share of the job's accelerator time spent idle, one series per source (alerts/idle.py), at each evaluation.
 ACCELERATOR_IDLE = f"{_LEVEL}:nvrx_accelerator_idle:ratio"
+IDLE_SOURCE_LABEL = catalogue.GPU_IDLE.labels[0]
+DCGM = "dcgm"  # NVIDIA's dcgm-exporter
+SIDECAR_IDLE_SOURCES = (catalogue.GpuIdleSource.NVML, catalogue.GpuIdleSource.STEP_PHASES)  # best first
+IDLE_SOURCES = (DCGM, *(s.value for s in SIDECAR_IDLE_SOURCES))  # best first: readers take the first a job has
+
+
+def accelerator_idle(window: str, matchers: tuple[str, ...] = ()) -> str:
+    """Each job's recorded idle share averaged over ``window``, from the first of ``IDLE_SOURCES`` it has.
+
+    ``or on (job)`` keeps the job's series of the first source that has one, with its ``source``
+    label: one value per job, chosen before any threshold (a job DCGM sees busy does not alert on
+    its step phases). A source present anywhere in ``window`` stays chosen, so the label does not flap.
+    """
+    extra = "".join(f", {m}" for m in matchers)
+    return f"\nor on ({', '.join(JOB_LABELS)})\n".join(
+        f'avg_over_time({ACCELERATOR_IDLE}{{{IDLE_SOURCE_LABEL}="{s}"{extra}}}[{window}])' for s in IDLE_SOURCES
+    )
+
+
 # Share of the job's wall rank-seconds left unattributed over the shortest window, at each evaluation.
 UNATTRIBUTED = f"{_LEVEL}:nvrx_unattributed:ratio"
 # Each scrape target's wall counter (its ranks' most): which jobs and targets have wall time at all.
@@ -99,6 +150,12 @@ def pod_restarts_record(window: int) -> str:
 def wall_rate_record(window: int) -> str:
     """The job's wall rank-seconds per second over ``window``: its rank count, for the alerts group's shares."""
     return f"{_LEVEL}:nvrx_wall_seconds:rate{duration.format(window)}"
+
+
+def le_regex(bound: float) -> str:
+    """Both spellings of a bucket bound as an ``le`` regex: Go's ``10`` and Python client's ``10.0``."""
+    spellings = sorted({f"{bound:g}", repr(float(bound))})
+    return "|".join(s.replace(".", "\\\\.") for s in spellings)
 
 
 class Alert(str, Enum):

@@ -1,6 +1,6 @@
-"""Accelerator idle per job, recorded once per source, and the best source a job has.
+"""Accelerator idle per job, recorded once per source (``conventions.accelerator_idle`` reads the best a job has).
 
-Three sources, best first (``SOURCES``):
+Three sources, best first (``conventions.IDLE_SOURCES``):
 
 * ``dcgm``: NVIDIA's dcgm-exporter (a DaemonSet on the GPU nodes) measures every GPU in the driver
   and names the pod it is allocated to. Idle = 1 − ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (share of time
@@ -24,18 +24,12 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any
 
-from nvrx_slo.alerts.conventions import ACCELERATOR_IDLE, BY_JOB, JOB_LABELS
+from nvrx_slo.alerts.conventions import ACCELERATOR_IDLE, BY_JOB, DCGM, IDLE_SOURCE_LABEL, SIDECAR_IDLE_SOURCES
+from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.sli import share_of_wall
-from nvrx_slo.alerts.spec import Spec
-from nvrx_slo.alerts.windows import all_windows
 from nvrx_slo.contracts import catalogue as cat
 
 Rule = dict[str, Any]
-
-SOURCE_LABEL = cat.GPU_IDLE.labels[0]
-DCGM = "dcgm"
-SIDECAR_SOURCES = (cat.GpuIdleSource.NVML, cat.GpuIdleSource.STEP_PHASES)  # best first
-SOURCES = (DCGM, *(s.value for s in SIDECAR_SOURCES))  # best first: the alert and dashboards take the first a job has
 
 ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio 0..1
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent 0..100
@@ -67,26 +61,12 @@ def dcgm_idle(pod_labels: Mapping[str, str] = DCGM_POD_LABELS) -> str:
 
 
 def _record(expr: str, source: str) -> Rule:
-    return {"record": ACCELERATOR_IDLE, "expr": expr, "labels": {SOURCE_LABEL: source}}
+    return {"record": ACCELERATOR_IDLE, "expr": expr, "labels": {IDLE_SOURCE_LABEL: source}}
 
 
-def records(spec: Spec) -> list[Rule]:
+def records(plan: Plan) -> list[Rule]:
     """One rule per source; the sidecar's counters as a share of wall over the shortest SLO window."""
-    base = all_windows(spec.period, spec.min_window)[0]
     return [_record(dcgm_idle(), DCGM)] + [
-        _record(share_of_wall(f'{cat.GPU_IDLE.name}{{{SOURCE_LABEL}="{s.value}"}}', base), s.value)
-        for s in SIDECAR_SOURCES
+        _record(share_of_wall(f'{cat.GPU_IDLE.name}{{{IDLE_SOURCE_LABEL}="{s.value}"}}', plan.base), s.value)
+        for s in SIDECAR_IDLE_SOURCES
     ]
-
-
-def best(window: str, matchers: tuple[str, ...] = ()) -> str:
-    """Each job's recorded idle share averaged over ``window``, from the first of ``SOURCES`` it has.
-
-    ``or on (job)`` keeps the job's series of the first source that has one, with its ``source``
-    label: one value per job, chosen before any threshold (a job DCGM sees busy does not alert on
-    its step phases). A source present anywhere in ``window`` stays chosen, so the label does not flap.
-    """
-    extra = "".join(f", {m}" for m in matchers)
-    return f"\nor on ({', '.join(JOB_LABELS)})\n".join(
-        f'avg_over_time({ACCELERATOR_IDLE}{{{SOURCE_LABEL}="{s}"{extra}}}[{window}])' for s in SOURCES
-    )

@@ -21,14 +21,15 @@ from nvrx_slo.alerts.conventions import (
     TARGET_WALL,
     UNATTRIBUTED,
     Alert,
+    accelerator_idle,
     stamp_links,
     step_time_mean_record,
     wall_rate_record,
 )
+from nvrx_slo.alerts.plan import Plan, Severity
 from nvrx_slo.alerts.sli import job_rate, share_of_wall
 from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
-from nvrx_slo.alerts.windows import Severity, all_windows
 from nvrx_slo.contracts import catalogue as cat
 
 Rule = dict[str, Any]
@@ -57,9 +58,8 @@ def _since(metric: cat.Metric) -> str:
     )
 
 
-def plain_alerts(spec: Spec) -> list[Rule]:
+def plain_alerts(spec: Spec, plan: Plan) -> list[Rule]:
     a = spec.alerts
-    base = all_windows(spec.period, spec.min_window)[0]
     up = f'up{{job=~"{a.exporter_scrape_job}"}}'
     rules = [
         _alert(
@@ -107,7 +107,7 @@ def plain_alerts(spec: Spec) -> list[Rule]:
         _alert(
             Alert.SLI_NO_DATA,
             f"(max {BY_JOB} ({TARGET_WALL})\n"
-            f"  unless {ON_JOB} ({wall_rate_record(base)} > 0))\n"
+            f"  unless {ON_JOB} ({wall_rate_record(plan.base)} > 0))\n"
             f"or\n({up} == 1\n  unless {SCRAPE_TARGET} {TARGET_WALL})",
             a.no_data_for, Severity.TICKET,
             "An nvrx-slo sidecar is up but its SLIs have no data.",
@@ -117,7 +117,7 @@ def plain_alerts(spec: Spec) -> list[Rule]:
         ),
         _alert(
             Alert.ACCELERATOR_IDLE,
-            f"(\n{textwrap.indent(idle.best(duration.format(a.idle_over)), '  ')}\n)\n> {a.idle_ratio:g}",
+            f"(\n{textwrap.indent(accelerator_idle(duration.format(a.idle_over)), '  ')}\n)\n> {a.idle_ratio:g}",
             a.idle_for, Severity.TICKET,
             "A training job's accelerators are idle much of the time.",
             f"{JOB}: accelerators idle {{{{ $value | humanizePercentage }}}} of wall time over the last "
@@ -151,32 +151,31 @@ def plain_alerts(spec: Spec) -> list[Rule]:
     return [stamp_links(rule, spec) for rule in rules]
 
 
-def wall_records(spec: Spec) -> list[Rule]:
+def wall_records(plan: Plan) -> list[Rule]:
     """The pods' wall counters, read twice, not once per rule: each target's (which jobs and targets
     have wall time, for the no-data alert) and the job's rate over the shortest window, which every
     share of wall in the group divides by; then the share left unattributed, which its alert
     averages over its own window as the idle alert does (no window re-reads per-rank series)."""
-    base = all_windows(spec.period, spec.min_window)[0]
+    base = plan.base
     unattributed = f'{cat.TIME.name}{{category="{cat.Category.UNATTRIBUTED.value}"}}'
     return [{"record": TARGET_WALL, "expr": f"max without ({cat.RANK_LABEL}) ({cat.WALL.name})"},
             {"record": wall_rate_record(base), "expr": job_rate(cat.WALL.name, duration.format(base))},
             {"record": UNATTRIBUTED, "expr": share_of_wall(unattributed, base)}]
 
 
-def straggler_records(spec: Spec) -> list[Rule]:
+def straggler_records(plan: Plan) -> list[Rule]:
     """Each rank's mean step time over the shortest window (a pod without per-rank series: its
     ranks' mean, as rank="all"), then its skew against the job's median across every pod's ranks."""
-    base = all_windows(spec.period, spec.min_window)[0]
-    w, record, steps = duration.format(base), step_time_mean_record(base), cat.STEP_DURATION.name
+    w, record, steps = duration.format(plan.base), step_time_mean_record(plan.base), cat.STEP_DURATION.name
     mean = (f"sum {BY_RANK} (rate({steps}_sum[{w}]))\n"
             f"/\n(sum {BY_RANK} (rate({steps}_count[{w}])) > 0)")
     skew = f"{record}\n/ {ON_JOB} group_left ()\n(quantile {BY_JOB} (0.5, {record}) > 0)"
     return [{"record": record, "expr": mean}, {"record": STEP_SKEW, "expr": skew}]
 
 
-def plain_group(spec: Spec) -> Group:
+def plain_group(spec: Spec, plan: Plan) -> Group:
     """The records the alerts read come first: a group evaluates in order, so they read this evaluation's.
     All of it is ``Tier.LOCAL``: each alert reads the pods' series, or records of them over windows no
     longer than a local Prometheus keeps anyway, and fires from the Prometheus that scrapes the job."""
-    rules = wall_records(spec) + idle.records(spec) + straggler_records(spec) + plain_alerts(spec)
-    return Group("nvrx-slo-alerts", spec.evaluation_interval, tuple(tiered(Tier.LOCAL, rules)))
+    rules = wall_records(plan) + idle.records(plan) + straggler_records(plan) + plain_alerts(spec, plan)
+    return Group("nvrx-slo-alerts", plan.evaluation_interval, tuple(tiered(Tier.LOCAL, rules)))

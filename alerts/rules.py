@@ -47,10 +47,10 @@ from nvrx_slo.alerts.conventions import (
     sli_total_record,
     stamp_links,
 )
+from nvrx_slo.alerts.plan import BurnWindow, Plan, Severity
 from nvrx_slo.alerts.sli import Sli
 from nvrx_slo.alerts.spec import Objective, Spec
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
-from nvrx_slo.alerts.windows import BurnWindow, Severity, all_windows
 
 Rule = dict[str, Any]
 
@@ -66,10 +66,10 @@ def _record(name: str, expr: str, sli: Sli) -> Rule:
     return {"record": name, "expr": expr, "labels": {SLO_LABEL: sli.slo.value}}
 
 
-def job_rates(sli: Sli, spec: Spec) -> list[Rule]:
+def job_rates(sli: Sli, plan: Plan) -> list[Rule]:
     """The SLI's job-level rates over the shortest window, from the pods' series: what the windows
     read (``tiers.Tier.LOCAL``), after the counter of the evaluations that recorded them."""
-    base = all_windows(spec.period, spec.min_window)[0]
+    base = plan.base
     return [
         _record(EVALUATIONS, "vector(1)", sli),
         *(_record(name, expr, sli) for name, expr in sli.records),
@@ -78,10 +78,10 @@ def job_rates(sli: Sli, spec: Spec) -> list[Rule]:
     ]
 
 
-def window_rules(sli: Sli, objective: Objective, spec: Spec) -> list[Rule]:
+def window_rules(sli: Sli, objective: Objective, plan: Plan) -> list[Rule]:
     """Error ratios over every window, burn rates and the budget left, from the job-level rates
     alone (``tiers.Tier.GLOBAL``)."""
-    *spans, period = all_windows(spec.period, spec.min_window)
+    *spans, period = plan.windows
     base = spans[0]
     mine = f'{{{SLO_LABEL}="{sli.slo.value}"}}'
     bad, total = sli_bad_record(base) + mine, sli_total_record(base) + mine
@@ -92,7 +92,7 @@ def window_rules(sli: Sli, objective: Objective, spec: Spec) -> list[Rule]:
 
         def integral(w: int) -> str:  # the mean over the window's evaluations, none before the job: 0
             return (f"(sum_over_time({bad}[{duration.format(w)}])"
-                    f" / {evaluations(sli.slo.value, w, spec.evaluation_interval)})")
+                    f" / {evaluations(sli.slo.value, w, plan)})")
 
         rules.append(_record(error_ratio_record(base), _ratio(bad, ranks(base)), sli))
         rules += [_record(error_ratio_record(w), _ratio(integral(w), ranks(w)), sli) for w in (*spans[1:], period)]
@@ -120,9 +120,9 @@ def _describe(pairs: list[BurnWindow]) -> str:
     )
 
 
-def burn_alert(sli: Sli, objective: Objective, spec: Spec, severity: Severity) -> Rule:
+def burn_alert(sli: Sli, objective: Objective, spec: Spec, plan: Plan, severity: Severity) -> Rule:
     """The page (critical) or ticket (warning) rule of one SLO; a ticket-only SLO tickets on every pair."""
-    pairs = [w for w in spec.burn_windows if w.severity is severity or not objective.page]
+    pairs = [w for w in plan.burn_windows if w.severity is severity or not objective.page]
     mine = f'{{{SLO_LABEL}="{sli.slo.value}"}}'
     pace = "fast" if severity is Severity.PAGE else "steadily"
     rule = {
@@ -134,7 +134,7 @@ def burn_alert(sli: Sli, objective: Objective, spec: Spec, severity: Severity) -
             "description": (
                 "{{ $labels.namespace }}/{{ $labels.job_name }} spends its " + sli.title
                 + " error budget {{ printf \"%.1f\" $value }}× as fast as the objective allows ("
-                + f"{sli.objective_text(objective.target)} over {duration.format(spec.period)}). "
+                + f"{sli.objective_text(objective.target)} over {duration.format(plan.period)}). "
                 + f"This alert fires at {_describe(pairs)}."
             ),
         },
@@ -142,10 +142,10 @@ def burn_alert(sli: Sli, objective: Objective, spec: Spec, severity: Severity) -
     return stamp_links(rule, spec)
 
 
-def slo_group(sli: Sli, spec: Spec) -> Group:
+def slo_group(sli: Sli, spec: Spec, plan: Plan) -> Group:
     objective = spec.objectives[sli.slo]
     severities = [Severity.PAGE, Severity.TICKET] if objective.page else [Severity.TICKET]
-    alerts = [burn_alert(sli, objective, spec, s) for s in severities]
-    return Group(f"nvrx-slo-{sli.slo.value.replace('_', '-')}", spec.evaluation_interval,
-                 (*tiered(Tier.LOCAL, job_rates(sli, spec)),
-                  *tiered(Tier.GLOBAL, window_rules(sli, objective, spec) + alerts)))
+    alerts = [burn_alert(sli, objective, spec, plan, s) for s in severities]
+    return Group(f"nvrx-slo-{sli.slo.value.replace('_', '-')}", plan.evaluation_interval,
+                 (*tiered(Tier.LOCAL, job_rates(sli, plan)),
+                  *tiered(Tier.GLOBAL, window_rules(sli, objective, plan) + alerts)))

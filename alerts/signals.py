@@ -19,76 +19,60 @@ from __future__ import annotations
 from typing import Any
 
 from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import SLO_LABEL, signal_record, sli_total_record
+from nvrx_slo.alerts.conventions import SLO_LABEL, Signal, over_period, signal_rate, sli_total_record
+from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.sli import busiest_pod_rate, job_rate
-from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.alerts.spec import Slo
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
-from nvrx_slo.alerts.windows import all_windows
 from nvrx_slo.contracts import catalogue as cat
 
 Rule = dict[str, Any]
 
-# per evaluation: the job's rates over the shortest window
-BLOCKING, BACKGROUND = "checkpoint_blocking_seconds", "checkpoint_background_seconds"
-RANK_SAVES = "checkpoint_rank_saves"
-RESTARTS, RESTART_SECONDS = "restarts", "restart_seconds"
-# over the period
-OVERLAP, COST, INTERVAL = "checkpoint_overlap", "checkpoint_blocking_seconds_per_save", "checkpoint_interval_seconds"
-MTBF, RESTART_COST = "mtbf_seconds", "restart_seconds_per_restart"
-OPTIMAL, PREDICTED = "checkpoint_interval_optimal_seconds", "efficiency_predicted"
 
-
-def period_text(spec: Spec) -> str:
-    """What the period-long signals cover, in words (dashboard descriptions)."""
-    return f"the SLO period ({duration.format(spec.period)}, or as long as the rules have run)"
-
-
-def over_period(spec: Spec, metric: str) -> str:
-    """The recorded name of a period-long signal (``MTBF``, ``OVERLAP``, …): what the dashboards read."""
-    return signal_record(metric, f"mean{duration.format(spec.period)}")
-
-
-def records(spec: Spec) -> list[tuple[Tier, Rule]]:
+def records(plan: Plan) -> list[tuple[Tier, Rule]]:
     """The rules, in evaluation order (each reads the ones before it at this evaluation): the rates
     read the pods' series (``Tier.LOCAL``), the period's signals only those rates (``Tier.GLOBAL``)."""
-    base, period = all_windows(spec.period, spec.min_window)[0], spec.period
-    w, p, every = duration.format(base), duration.format(period), spec.evaluation_interval
-    world = f'{sli_total_record(base)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'  # the job's rank count
+    w, p, every = duration.format(plan.base), duration.format(plan.period), plan.evaluation_interval
+    world = f'{sli_total_record(plan.base)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'  # the job's rank count
 
-    def rate(name: str) -> str:
-        return signal_record(name, f"rate{w}")
+    def rate(signal: Signal) -> str:
+        return signal_rate(signal, plan)
 
-    def over(name: str) -> str:
-        return over_period(spec, name)
+    def over(signal: Signal) -> str:
+        return over_period(signal, plan)
 
-    def total(name: str) -> str:
-        return f"sum_over_time({rate(name)}[{p}])"
+    def total(signal: Signal) -> str:
+        return f"sum_over_time({rate(signal)}[{p}])"
 
-    elapsed = f"count_over_time({rate(BLOCKING)}[{p}])"  # evaluations: × interval = seconds
+    elapsed = f"count_over_time({rate(Signal.BLOCKING)}[{p}])"  # evaluations: × interval = seconds
     restart_seconds = f"{cat.RESTART_DURATION.name}_sum"
     rates = [
-        (rate(BLOCKING), job_rate(f"{cat.CKPT_BLOCKING.name}_sum", w)),
-        (rate(BACKGROUND), job_rate(f"{cat.CKPT_BACKGROUND.name}_sum", w)),
-        (rate(RANK_SAVES), job_rate(f"{cat.CKPT_BLOCKING.name}_count", w)),
-        (rate(RESTARTS), busiest_pod_rate(f"{cat.RESTART_DURATION.name}_count", w)),
-        (rate(RESTART_SECONDS), busiest_pod_rate(restart_seconds, w)),
+        (rate(Signal.BLOCKING), job_rate(f"{cat.CKPT_BLOCKING.name}_sum", w)),
+        (rate(Signal.BACKGROUND), job_rate(f"{cat.CKPT_BACKGROUND.name}_sum", w)),
+        (rate(Signal.RANK_SAVES), job_rate(f"{cat.CKPT_BLOCKING.name}_count", w)),
+        (rate(Signal.RESTARTS), busiest_pod_rate(f"{cat.RESTART_DURATION.name}_count", w)),
+        (rate(Signal.RESTART_SECONDS), busiest_pod_rate(restart_seconds, w)),
     ]
+    blocking, background, saves = total(Signal.BLOCKING), total(Signal.BACKGROUND), total(Signal.RANK_SAVES)
+    restarts = total(Signal.RESTARTS)
+    cost, interval, mtbf, restart_cost = (over(s) for s in (Signal.COST, Signal.INTERVAL, Signal.MTBF,
+                                                            Signal.RESTART_COST))
     signals = [
-        (over(OVERLAP), f"{total(BACKGROUND)}\n/\n(({total(BLOCKING)} + {total(BACKGROUND)}) > 0)"),
-        (over(COST), f"{total(BLOCKING)}\n/\n({total(RANK_SAVES)} > 0)"),
-        (over(INTERVAL), f"{elapsed} * {every}\n/\n"
-                         f"({total(RANK_SAVES)} * {every} / ignoring ({SLO_LABEL}) max_over_time({world}[{p}]) > 0)"),
-        (over(MTBF), f"{elapsed}\n/\n({total(RESTARTS)} > 0)"),
-        (over(RESTART_COST), f"{total(RESTART_SECONDS)}\n/\n({total(RESTARTS)} > 0)"),
-        (over(OPTIMAL), f"sqrt(2 * {over(COST)} * {over(MTBF)})"),
+        (over(Signal.OVERLAP), f"{background}\n/\n(({blocking} + {background}) > 0)"),
+        (cost, f"{blocking}\n/\n({saves} > 0)"),
+        (interval, f"{elapsed} * {every}\n/\n"
+                   f"({saves} * {every} / ignoring ({SLO_LABEL}) max_over_time({world}[{p}]) > 0)"),
+        (mtbf, f"{elapsed}\n/\n({restarts} > 0)"),
+        (restart_cost, f"{total(Signal.RESTART_SECONDS)}\n/\n({restarts} > 0)"),
+        (over(Signal.OPTIMAL), f"sqrt(2 * {cost} * {mtbf})"),
         # ETTR ≈ (1 − (u₀ + Δt/2) / MTBF) / (1 + C/Δt); no fault yet: the checkpoint term alone
-        (over(PREDICTED), f"clamp(\n  (1 - ((({over(RESTART_COST)} or 0 * {over(INTERVAL)}) + {over(INTERVAL)} / 2)"
-                          f" / {over(MTBF)}\n        or 0 * {over(INTERVAL)}))\n"
-                          f"  / (1 + {over(COST)} / {over(INTERVAL)}),\n  0, 1)"),
+        (over(Signal.PREDICTED), f"clamp(\n  (1 - ((({restart_cost} or 0 * {interval}) + {interval} / 2)"
+                                 f" / {mtbf}\n        or 0 * {interval}))\n"
+                                 f"  / (1 + {cost} / {interval}),\n  0, 1)"),
     ]
     return [*tiered(Tier.LOCAL, ({"record": name, "expr": expr} for name, expr in rates)),
             *tiered(Tier.GLOBAL, ({"record": name, "expr": expr} for name, expr in signals))]
 
 
-def signals_group(spec: Spec) -> Group:
-    return Group("nvrx-slo-signals", spec.evaluation_interval, tuple(records(spec)))
+def signals_group(plan: Plan) -> Group:
+    return Group("nvrx-slo-signals", plan.evaluation_interval, tuple(records(plan)))

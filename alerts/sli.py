@@ -32,12 +32,13 @@ from nvrx_slo.alerts.conventions import (
     TARGET_BADPUT,
     VANISHED_AT_RISK,
     evaluations,
+    le_regex,
     pod_restarts_record,
     sli_total_record,
     wall_rate_record,
 )
+from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import Slo, Spec
-from nvrx_slo.alerts.windows import all_windows
 from nvrx_slo.contracts import catalogue as cat
 
 
@@ -76,10 +77,9 @@ def _or_zero(expr: str, present: str) -> str:
     return f"({expr} or {ON_JOB} 0 * {present})"
 
 
-def _total(slo: Slo, spec: Spec) -> str:
+def _total(slo: Slo, plan: Plan) -> str:
     """The SLI's recorded total, which its group records before its bad rate."""
-    base = all_windows(spec.period, spec.min_window)[0]
-    return f'{sli_total_record(base)}{{{SLO_LABEL}="{slo.value}"}}'
+    return f'{sli_total_record(plan.base)}{{{SLO_LABEL}="{slo.value}"}}'
 
 
 def _added(parts: dict[str, str]) -> str:
@@ -90,19 +90,13 @@ def _added(parts: dict[str, str]) -> str:
     return f"sum {BY_JOB} ({tagged})"
 
 
-def _time_sli(slo: Slo, title: str, goal: str, categories: tuple[cat.Category, ...], spec: Spec) -> Sli:
+def _time_sli(slo: Slo, title: str, goal: str, categories: tuple[cat.Category, ...], plan: Plan) -> Sli:
     time = _matching(cat.TIME.name, "category", "|".join(c.value for c in categories))
 
     def total(w: str) -> str:
         return job_rate(cat.WALL.name, w)
 
-    return Sli(slo, True, lambda w: _or_zero(job_rate(time, w), _total(slo, spec)), total, title, goal)
-
-
-def le_regex(bound: float) -> str:
-    """Both spellings of a bucket bound: Go's ``10`` and Python client's ``10.0``."""
-    spellings = sorted({f"{bound:g}", repr(float(bound))})
-    return "|".join(s.replace(".", "\\\\.") for s in spellings)
+    return Sli(slo, True, lambda w: _or_zero(job_rate(time, w), _total(slo, plan)), total, title, goal)
 
 
 def _vanished(metric: str, hold: int, interval: int) -> str:
@@ -153,7 +147,7 @@ def _absent_ranks(hold: int) -> str:
     return f"clamp_min({world} - {ON_JOB} {RAN_RANKS}, 0) and {ON_JOB} ({RAN_RANKS} > 0)"
 
 
-def _efficiency(spec: Spec) -> Sli:
+def _efficiency(plan: Plan) -> Sli:
     """Badput rank-seconds, plus the rank-seconds of ranks no pod ran, over the job's world size.
 
     A lost pod exports nothing, so its ranks' time would be in no series at all: every pod exports
@@ -171,22 +165,22 @@ def _efficiency(spec: Spec) -> Sli:
     """
     badput = _matching(cat.TIME.name, "category", "|".join(c.value for c in cat.BADPUT_CATEGORIES))
     world = f"max {BY_JOB} ({cat.JOB_WORLD_SIZE.name})"
-    hold = all_windows(spec.period, spec.min_window)[0]
+    hold, e = plan.base, plan.evaluation_interval
     records = ((RAN_RANKS, _ran_ranks(hold)), (ABSENT_RANKS, _absent_ranks(hold)),
-               (VANISHED_AT_RISK, _vanished(cat.WORK_AT_RISK.name, hold, spec.evaluation_interval)),
+               (VANISHED_AT_RISK, _vanished(cat.WORK_AT_RISK.name, hold, e)),
                (TARGET_BADPUT, f"sum without ({cat.RANK_LABEL}, category) ({badput})"),
-               (BADPUT_INCREASE, _increase(TARGET_BADPUT, spec.evaluation_interval)))
+               (BADPUT_INCREASE, _increase(TARGET_BADPUT, e)))
 
     def bad(w: str) -> str:
-        every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), spec.evaluation_interval)
+        every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), plan)
 
         def ranks(record: str) -> str:  # its samples as ranks for one evaluation each
             return f"sum {BY_JOB} (sum_over_time({record}[{w}])) / {every}"
 
-        e = spec.evaluation_interval  # rank-seconds at one evaluation: ranks for one interval
+        # rank-seconds at one evaluation: ranks for one interval
         return _added({"badput": f"{ranks(BADPUT_INCREASE)} / {e}", "absent": ranks(ABSENT_RANKS),
                        "vanished": f"{ranks(VANISHED_AT_RISK)} / {e}",
-                       "none": f"0 * {_total(Slo.EFFICIENCY, spec)}"})
+                       "none": f"0 * {_total(Slo.EFFICIENCY, plan)}"})
 
     return Sli(Slo.EFFICIENCY, True, bad, lambda w: f"({world} or {job_rate(cat.WALL.name, w)})",
                "training efficiency", "productive ≥ {good} of wall rank-seconds", records)
@@ -197,7 +191,7 @@ def busiest_pod_rate(expr: str, window: str) -> str:
     return f"max {BY_JOB} (sum {BY_POD} (rate({expr}[{window}])))"
 
 
-def _recovery(spec: Spec) -> Sli:
+def _recovery(spec: Spec, plan: Plan) -> Sli:
     """Restarts back within the threshold, job-level. Every pod of a job in lock step records each
     fault (the failed pod's restart, the survivors' restarts for the new rendezvous), so their sum
     counts one fault N times; the job waits for its slowest pod. So both counts are the pod that
@@ -205,8 +199,7 @@ def _recovery(spec: Spec) -> Sli:
     counts one slow restart). Faults of different pods in one window are undercounted instead."""
     restarts = f"{cat.RESTART_DURATION.name}_count"
     fast = _matching(f"{cat.RESTART_DURATION.name}_bucket", "le", le_regex(spec.recovery_threshold))
-    base = all_windows(spec.period, spec.min_window)[0]
-    per_pod, on_pod = pod_restarts_record(base), f"on ({', '.join(cat.IDENTITY_LABELS)})"
+    per_pod, on_pod = pod_restarts_record(plan.base), f"on ({', '.join(cat.IDENTITY_LABELS)})"
 
     def bad(w: str) -> str:
         slow = f"{per_pod} - {on_pod} (sum {BY_POD} (rate({fast}[{w}])) or {on_pod} 0 * {per_pod})"
@@ -214,10 +207,10 @@ def _recovery(spec: Spec) -> Sli:
 
     return Sli(Slo.RECOVERY, False, bad, lambda w: f"max {BY_JOB} ({per_pod})", "restart latency",
                f"{{good}} of restarts back to training within {spec.recovery_threshold:g}s",
-               ((per_pod, f"sum {BY_POD} (rate({restarts}[{duration.format(base)}]))"),))
+               ((per_pod, f"sum {BY_POD} (rate({restarts}[{duration.format(plan.base)}]))"),))
 
 
-def build(spec: Spec) -> dict[Slo, Sli]:
+def build(spec: Spec, plan: Plan) -> dict[Slo, Sli]:
     blocking = f"{cat.CKPT_BLOCKING.name}_sum"
     background = f"{cat.CKPT_BACKGROUND.name}_sum"
 
@@ -225,11 +218,11 @@ def build(spec: Spec) -> dict[Slo, Sli]:
         return f"({job_rate(blocking, w)} + {_or_zero(job_rate(background, w), job_rate(blocking, w))})"
 
     return {
-        Slo.EFFICIENCY: _efficiency(spec),
-        Slo.RECOVERY: _recovery(spec),
+        Slo.EFFICIENCY: _efficiency(plan),
+        Slo.RECOVERY: _recovery(spec, plan),
         Slo.CHECKPOINT_BLOCKING: _time_sli(
             Slo.CHECKPOINT_BLOCKING, "checkpoint blocking", "checkpoint blocking ≤ {bad} of wall rank-seconds",
-            (cat.Category.CHECKPOINT_BLOCKING,), spec,
+            (cat.Category.CHECKPOINT_BLOCKING,), plan,
         ),
         Slo.CHECKPOINT_OVERLAP: Sli(
             Slo.CHECKPOINT_OVERLAP, False, lambda w: job_rate(blocking, w), saves_total,

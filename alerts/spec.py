@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from nvrx_slo.alerts import duration, windows
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.plan import Plan, plan_for
 from nvrx_slo.contracts import catalogue
 from nvrx_slo.contracts.targets import Targets
 
@@ -99,9 +100,9 @@ class Spec:
                        checkpoint_blocking=o[Slo.CHECKPOINT_BLOCKING].target,
                        checkpoint_overlap=o[Slo.CHECKPOINT_OVERLAP].target)
 
-    @property
-    def burn_windows(self) -> tuple[windows.BurnWindow, ...]:
-        return windows.scaled_policy(self.period, self.min_window)
+    def plan(self) -> Plan:
+        """The windows of this spec (``plan.plan_for``): generation makes it once and hands it to every builder."""
+        return plan_for(self.period, self.min_window, self.evaluation_interval)
 
 
 class _Section:
@@ -248,7 +249,7 @@ def from_dict(data: Any) -> Spec:
     if "{alert}" not in spec.runbook_url:
         raise links.error("runbook_url", f"must contain {{alert}}, got {spec.runbook_url!r}")
     try:
-        spec.burn_windows  # noqa: B018 - validates period against min_window
+        spec.plan()  # refuses a min_window that swallows a long window
     except ValueError as err:
         raise root.error("period", str(err)) from None
     return spec

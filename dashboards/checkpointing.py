@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from nvrx_slo.alerts import duration, signals
-from nvrx_slo.alerts.conventions import Dashboard
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import Dashboard, Signal, over_period
+from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import panels as p
@@ -23,15 +24,15 @@ def _limits(spec: Spec) -> tuple[float, float]:
     return round(spec.objectives[Slo.CHECKPOINT_BLOCKING].budget, 9), spec.objectives[Slo.CHECKPOINT_OVERLAP].target
 
 
-def _summary(spec: Spec) -> list[object]:
+def _summary(spec: Spec, plan: Plan) -> list[object]:
     blocking_max, overlap_min = _limits(spec)
     return [
         p.stat("Blocking share of wall", f"checkpoint_blocking / wall rank-seconds since job start. Objective ≤ "
                f"{blocking_max:.0%}.", [p.Query(q.badput_ratio(None, _BLOCKING))], p.RATIO,
                steps=((None, p.GREEN), (blocking_max, p.RED)), decimals=2, w=4),
         p.stat("Overlap", f"background / (blocking + background) seconds of the job's saves over "
-               f"{signals.period_text(spec)} (every pod's, a lost one's too). Objective ≥ {overlap_min:.0%}.",
-               [p.Query(q.job_record(signals.over_period(spec, signals.OVERLAP)))], p.RATIO,
+               f"{q.period_text(plan)} (every pod's, a lost one's too). Objective ≥ {overlap_min:.0%}.",
+               [p.Query(q.job_record(over_period(Signal.OVERLAP, plan)))], p.RATIO,
                steps=((None, p.RED), (overlap_min, p.GREEN)), decimals=1, w=4),
         p.stat("Mean seconds per save", "Mean blocking and background seconds per save since job start, over all "
                "pods.", [p.Query(q.mean_per_event(cat.CKPT_BLOCKING), "blocking"),
@@ -49,7 +50,7 @@ def _summary(spec: Spec) -> list[object]:
     ]
 
 
-def _over_time(spec: Spec) -> list[object]:
+def _over_time(spec: Spec, plan: Plan) -> list[object]:
     blocking_max, overlap_min = _limits(spec)
     stale = spec.alerts.checkpoint_stale_after
     return [
@@ -65,8 +66,8 @@ def _over_time(spec: Spec) -> list[object]:
                       p.Query(q.badput_ratio(q.RATE_INTERVAL, _BLOCKING), "over rate window")],
                      p.RATIO, steps=((None, p.GREEN), (blocking_max, p.RED))),
         p.timeseries("Overlap ratio", f"background / (blocking + background) seconds of the job's saves over "
-                     f"{signals.period_text(spec)}. Dashed: the {overlap_min:.0%} objective.",
-                     [p.Query(q.job_record(signals.over_period(spec, signals.OVERLAP)), "job")],
+                     f"{q.period_text(plan)}. Dashed: the {overlap_min:.0%} objective.",
+                     [p.Query(q.job_record(over_period(Signal.OVERLAP, plan)), "job")],
                      p.RATIO, steps=((None, p.RED), (overlap_min, p.GREEN)), w=8),
         p.timeseries("Checkpoint age", "Seconds since the latest durable checkpoint finished writing, per pod: "
                      "the work a fault would throw away grows with it. Dashed: the stale-checkpoint alert's "
@@ -90,11 +91,11 @@ def _over_time(spec: Spec) -> list[object]:
     ]
 
 
-def dashboard(spec: Spec) -> g.Dashboard:
+def dashboard(spec: Spec, plan: Plan) -> g.Dashboard:
     blocking_max, overlap_min = _limits(spec)
     return p.dashboard(
         uid=UID, title="nvrx-slo / Checkpointing", module="checkpointing",
         description=f"Checkpoint cost and health for one job: blocking ≤ {blocking_max:.0%} of wall, "
                     f"overlap ≥ {overlap_min:.0%}.",
-        panels=[p.row("Since job start"), *_summary(spec), p.row("Over time"), *_over_time(spec)],
+        panels=[p.row("Since job start"), *_summary(spec, plan), p.row("Over time"), *_over_time(spec, plan)],
     )

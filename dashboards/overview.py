@@ -7,8 +7,8 @@ from grafanalib import core as g
 
 from nvrx_slo.alerts import duration
 from nvrx_slo.alerts.conventions import ERROR_BUDGET_REMAINING, Dashboard, burn_rate_record
+from nvrx_slo.alerts.plan import Plan, Severity
 from nvrx_slo.alerts.spec import Slo, Spec
-from nvrx_slo.alerts.windows import Severity
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import panels as p
 from nvrx_slo.dashboards import queries as q
@@ -24,11 +24,11 @@ _RECORDED = ("Reads {name}, recorded by the generated alert rules (the series th
              "Job-level, so the pod variable does not apply.")
 
 
-def _efficiency(spec: Spec) -> list[object]:
+def _efficiency(spec: Spec, plan: Plan) -> list[object]:
     objective = spec.objectives[Slo.EFFICIENCY]
     target = f"{objective.target:.0%}"
-    period = duration.format(spec.period)
-    pages = [w for w in spec.burn_windows if w.severity is Severity.PAGE]
+    period = duration.format(plan.period)
+    pages = [w for w in plan.burn_windows if w.severity is Severity.PAGE]
     fastest = max(pages, key=lambda w: w.factor)
     objective_steps = ((None, p.RED), (objective.target, p.GREEN))
     return [
@@ -91,10 +91,10 @@ def _time(spec: Spec) -> list[object]:
     ]
 
 
-def dashboard(spec: Spec) -> g.Dashboard:
+def dashboard(spec: Spec, plan: Plan) -> g.Dashboard:
     target = spec.objectives[Slo.EFFICIENCY].target
     return p.dashboard(
         uid=UID, title="nvrx-slo / SLO overview", module="overview",
         description=f"Training efficiency SLO ({target:.0%} of accelerator time trains the model) for one job.",
-        panels=[p.row("Efficiency SLO"), *_efficiency(spec), p.row("Time accounting and alerts"), *_time(spec)],
+        panels=[p.row("Efficiency SLO"), *_efficiency(spec, plan), p.row("Time accounting and alerts"), *_time(spec)],
     )

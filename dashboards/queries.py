@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from enum import Enum
 
+from nvrx_slo.alerts import duration
 from nvrx_slo.alerts.conventions import SEVERITY_LABEL, SLO_LABEL
+from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import Slo
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import Metric
@@ -184,6 +186,11 @@ def job_record(name: str) -> str:
     """A job-level series of a recording rule the generated alert rules define (``alerts/signals.py``),
     for the selected job; the pod variable does not apply."""
     return f"{name}{{{', '.join(JOB_MATCHERS)}}}"
+
+
+def period_text(plan: Plan) -> str:
+    """What a period-long signal (``conventions.over_period``) covers, in words, for panel descriptions."""
+    return f"the SLO period ({duration.format(plan.period)}, or as long as the rules have run)"
 
 
 def slo_record(name: str, slo: Slo) -> str:

@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 from grafanalib import core as g
 
-from nvrx_slo.alerts import duration, idle
-from nvrx_slo.alerts.conventions import STEP_SKEW, Dashboard
+from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.conventions import SIDECAR_IDLE_SOURCES, STEP_SKEW, Dashboard, accelerator_idle
+from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import panels as p
@@ -23,7 +24,7 @@ _STEP_TIME = q.mean_per_event(cat.STEP_DURATION, _RANK, window=q.RATE_INTERVAL)
 
 def _best_per_rank(idle_of: Callable[[cat.GpuIdleSource], str]) -> str:
     """Each rank's idle from the best source the sidecar has for it (DCGM is per GPU, not per rank)."""
-    return f" or on ({q.RANK_LABEL}) ".join(idle_of(s) for s in idle.SIDECAR_SOURCES)
+    return f" or on ({q.RANK_LABEL}) ".join(idle_of(s) for s in SIDECAR_IDLE_SOURCES)
 
 
 _IDLE_SINCE_START = _best_per_rank(
@@ -70,7 +71,7 @@ def _accelerators(spec: Spec) -> list[object]:
                      "else their utilisation), else nvml, else step_phases. The very value the accelerator-idle "
                      "alert compares, read from the recording rules the alerts install. Dashed: the alert's "
                      f"{ratio:.0%}.",
-                     [p.Query(idle.best(over, q.JOB_MATCHERS), "job ({{source}})")], p.RATIO, steps=idle_steps,
+                     [p.Query(accelerator_idle(over, q.JOB_MATCHERS), "job ({{source}})")], p.RATIO, steps=idle_steps,
                      w=9),
         p.timeseries("Accelerator idle per rank", "Idle accelerator seconds per second of wall over the rate window "
                      "(1 = idle all the time), per rank, from the best source the sidecar has for it (in the legend): "
@@ -83,7 +84,8 @@ def _accelerators(spec: Spec) -> list[object]:
     ]
 
 
-def dashboard(spec: Spec) -> g.Dashboard:
+def dashboard(spec: Spec, plan: Plan) -> g.Dashboard:
+    """Per-rank panels, none reading a window of the plan (the idle alert's own window is the spec's)."""
     return p.dashboard(
         uid=UID, title="nvrx-slo / Ranks & accelerators", module="ranks",
         description="Per-rank step time, stragglers, accelerator idle time and unprotected work for one job.",

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from nvrx_slo.alerts import signals
-from nvrx_slo.alerts.conventions import Dashboard
-from nvrx_slo.alerts.sli import le_regex
+from nvrx_slo.alerts.conventions import Dashboard, Signal, le_regex, over_period
+from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import panels as p
@@ -29,7 +28,7 @@ def _within(threshold_s: float) -> str:
     return f"1 - {slow} / ({q.busiest_pod(count)} > 0)"
 
 
-def _summary(spec: Spec) -> list[object]:
+def _summary(spec: Spec, plan: Plan) -> list[object]:
     recovery, efficiency = spec.objectives[Slo.RECOVERY], spec.objectives[Slo.EFFICIENCY]
     slo_s = f"{spec.recovery_threshold:g} s"
     return [
@@ -48,16 +47,16 @@ def _summary(spec: Spec) -> list[object]:
                f"{spec.alerts.restart_budget_remaining}.",
                [p.Query(q.series(cat.LAUNCHER_RESTARTS_REMAINING), "{{pod}}")], p.COUNT,
                steps=((None, p.RED), (spec.alerts.restart_budget_remaining + 1.0, p.GREEN)), w=4),
-        p.stat("MTBF", f"Mean wall time between the job's faults over {signals.period_text(spec)} (each fault once).",
-               [p.Query(q.job_record(signals.over_period(spec, signals.MTBF)))], p.SECONDS, w=4),
+        p.stat("MTBF", f"Mean wall time between the job's faults over {q.period_text(plan)} (each fault once).",
+               [p.Query(q.job_record(over_period(Signal.MTBF, plan)))], p.SECONDS, w=4),
         p.stat("Predicted efficiency", "Efficiency the ETTR model predicts from the job's measured MTBF, restart "
-               f"and checkpoint costs over {signals.period_text(spec)}. Compare with the measured efficiency below.",
-               [p.Query(q.job_record(signals.over_period(spec, signals.PREDICTED)))], p.RATIO,
+               f"and checkpoint costs over {q.period_text(plan)}. Compare with the measured efficiency below.",
+               [p.Query(q.job_record(over_period(Signal.PREDICTED, plan)))], p.RATIO,
                steps=((None, p.RED), (efficiency.target, p.GREEN)), decimals=2, w=4),
     ]
 
 
-def _detail(spec: Spec) -> list[object]:
+def _detail(spec: Spec, plan: Plan) -> list[object]:
     efficiency = spec.objectives[Slo.EFFICIENCY]
     slo_s = f"{spec.recovery_threshold:g} s"
     return [
@@ -75,18 +74,18 @@ def _detail(spec: Spec) -> list[object]:
         p.timeseries("Restarts over time", "Restarts per dashboard interval, by level.",
                      [p.Query(q.restarts_delta(), "{{level}}")], p.COUNT, bars=True, w=8),
         p.timeseries("Checkpoint interval: optimal vs actual", "The job's mean time between saves vs the "
-                     f"Young/Daly optimum √(2 · blocking cost · MTBF), over {signals.period_text(spec)}. Far above "
+                     f"Young/Daly optimum √(2 · blocking cost · MTBF), over {q.period_text(plan)}. Far above "
                      "the optimum: a fault loses more work than needed; far below: saves cost more than they protect.",
-                     [p.Query(q.job_record(signals.over_period(spec, signals.INTERVAL)), "actual"),
-                      p.Query(q.job_record(signals.over_period(spec, signals.OPTIMAL)), "optimal")], p.SECONDS, w=8),
+                     [p.Query(q.job_record(over_period(Signal.INTERVAL, plan)), "actual"),
+                      p.Query(q.job_record(over_period(Signal.OPTIMAL, plan)), "optimal")], p.SECONDS, w=8),
         p.timeseries("Efficiency: predicted vs measured", "ETTR-model prediction for the job against the measured "
                      f"productive / wall since job start. Dashed: the {efficiency.target:.0%} objective.",
-                     [p.Query(q.job_record(signals.over_period(spec, signals.PREDICTED)), "predicted"),
+                     [p.Query(q.job_record(over_period(Signal.PREDICTED, plan)), "predicted"),
                       p.Query(q.efficiency(None), "measured")],
                      p.RATIO, steps=((None, p.RED), (efficiency.target, p.GREEN)), w=8),
-        p.timeseries("MTBF", f"Mean wall time between the job's faults over {signals.period_text(spec)} "
+        p.timeseries("MTBF", f"Mean wall time between the job's faults over {q.period_text(plan)} "
                      "(each fault once).",
-                     [p.Query(q.job_record(signals.over_period(spec, signals.MTBF)), "job")], p.SECONDS, w=12),
+                     [p.Query(q.job_record(over_period(Signal.MTBF, plan)), "job")], p.SECONDS, w=12),
         p.timeseries("Restart and restore share of wall", "Rank-seconds spent restarting and restoring, and work "
                      "lost to rollbacks, as shares of wall over the rate window.",
                      [p.Query(q.category_share((cat.Category.RESTART, cat.Category.CHECKPOINT_RESTORE,
@@ -95,11 +94,11 @@ def _detail(spec: Spec) -> list[object]:
     ]
 
 
-def dashboard(spec: Spec) -> g.Dashboard:
+def dashboard(spec: Spec, plan: Plan) -> g.Dashboard:
     return p.dashboard(
         uid=UID, title="nvrx-slo / Recovery", module="recovery",
         description=f"Faults and restarts for one job: {spec.objectives[Slo.RECOVERY].target:.0%} of restarts back "
                     f"to training within {spec.recovery_threshold:g} s.",
-        panels=[p.row("Since job start"), *_summary(spec), p.row("Latency, frequency and the checkpoint interval"),
-                *_detail(spec)],
+        panels=[p.row("Since job start"), *_summary(spec, plan),
+                p.row("Latency, frequency and the checkpoint interval"), *_detail(spec, plan)],
     )

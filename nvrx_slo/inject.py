@@ -4,11 +4,12 @@ Reads YAML documents (files, or ``-`` for stdin) and writes them all to stdout, 
 ``kubectl apply -f -``. Into every pod template of the kinds in ``CONTROLLERS`` it adds what the sidecar
 needs, as written in ``sidecar_pod.yaml`` beside this module: the native sidecar, its volumes, the
 journal mount and the hooks' environment on the training container, and the PodMonitor's pod label.
-Every other document passes through unchanged.
+Every other document passes through unchanged. The repository's own overlays are made the same way
+(``overlays``, run by `nvrx-slo generate deploy`), from the bare workloads in deploy/workloads/.
 
 What it adds is kept where it already is when it is identical, so injecting twice changes nothing.
 A template injected before (its init container of the sidecar's name is a native sidecar running
-``sidecar``, as an earlier inject or the reference manifests in deploy/overlays/ wrote it) is
+``sidecar``, as an earlier inject wrote it) is
 upgraded in place: each of its parts that differs from this version's (the image ``--image`` names,
 the sidecar's arguments, a volume's size) is replaced where it is, and each replacement is said on
 stderr. In a template not injected before, a same-named container, volume, mount, env var, port or
@@ -33,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from nvrx_slo import generated
+
 Obj = dict[str, Any]
 
 
@@ -49,17 +52,6 @@ K8sLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:value"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-
-
-class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (a ``bash -c`` script) as literal blocks, as people write them."""
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
-
-
-_Dumper.add_representer(str, _str)
 
 
 # --- the controllers: where their pod templates are, and how a pod learns its job --------------------
@@ -139,8 +131,8 @@ def load_spec() -> Obj:
 
 
 def default_image() -> str:
-    """The image the deploy overlays run: the sidecar image tagged with this package's version."""
-    return f"nvrx-slo-sidecar:{importlib.metadata.version('nvrx-slo')}"
+    """The sidecar image tagged with this package's version."""
+    return f"{load_spec()['sidecar']['image']}:{importlib.metadata.version('nvrx-slo')}"
 
 
 def _downward(name: str, field_path: str) -> Obj:
@@ -298,7 +290,29 @@ def inject_stream(sources: list[tuple[str, str]], image: str, container: str | N
                 raise InjectError(f"{_describe(doc, source, number)}: {exc}") from None
             if upgraded is not None:
                 upgraded += [f"{_describe(doc, source, number)}: {change}" for change in changes]
-    return yaml.dump_all(out, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    return generated.yaml_documents(out)
+
+
+WORKLOADS = Path("deploy/workloads")  # the reference workloads as one writes them: no sidecar
+OVERLAYS = Path("deploy/overlays")
+
+
+def overlays(repo: Path) -> dict[Path, str]:
+    """``deploy/overlays/<name>/generated/workload.yaml`` for each ``deploy/workloads/<name>.yaml`` of
+    ``repo``: the workload injected, so the sidecar's pod parts are written in ``sidecar_pod.yaml``
+    alone. The sidecar's image keeps its bare name, which the overlay's kustomization tags."""
+    sources = sorted((repo / WORKLOADS).glob("*.yaml"))
+    if not sources:
+        raise InjectError(f"{repo / WORKLOADS}: no workload (*.yaml) to inject (the overlays are made in a "
+                          "source checkout; for your own manifests, `nvrx-slo inject`)")
+    image = load_spec()["sidecar"]["image"]
+    files = {}
+    for path in sources:
+        source = str(WORKLOADS / path.name)
+        text = inject_stream([(source, path.read_text())], image, None)
+        files[OVERLAYS / path.stem / "generated" / "workload.yaml"] = (
+            generated.header("nvrx-slo generate deploy", source) + text)
+    return files
 
 
 def parser() -> argparse.ArgumentParser:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from nvrx_slo.dashboards import generate
 
-ROOT = generate.REPO_ROOT
+ROOT = Path(__file__).resolve().parents[1]
 ROW = "row"
 
 

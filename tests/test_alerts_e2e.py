@@ -37,6 +37,7 @@ import yaml
 
 from nvrx_slo.alerts import duration, generate, spec
 from nvrx_slo.alerts.conventions import Alert
+from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.demo import run_demo
 from servers import free_port, stop, wait_for
 
@@ -130,7 +131,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("alerts-e2e")
     hook, server = _serve_webhook()
     spec_file = _e2e_spec(tmp, hook)
-    assert generate.main(["--spec", str(spec_file), "--root", str(tmp)]) == 0  # the real CLI entry point
+    assert generate_main(["alerts", "--spec", str(spec_file), "--root", str(tmp)]) == 0  # the real CLI entry point
     sidecar_ports = {job: free_port() for job in JOBS}
     am_port, prom_port = free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []
@@ -228,7 +229,7 @@ def _max_burn(stack: Stack, job_name: str, window: str) -> float:
 
 def _page_window(stack: Stack) -> str:
     """The page policy's 1h window, scaled to the period."""
-    return duration.format(stack.spec.burn_windows[0].long)
+    return duration.format(stack.spec.plan().burn_windows[0].long)
 
 
 def test_a_healthy_run_pages_nothing(stack: Stack) -> None:
@@ -246,7 +247,7 @@ def test_a_healthy_run_pages_nothing(stack: Stack) -> None:
         stop(sidecar)
     burn = _max_burn(stack, "healthy", _page_window(stack))
     print(f"healthy run: {ran:.0f}s, highest {_page_window(stack)} burn rate {burn:.1f}")
-    assert 0 < burn < stack.spec.burn_windows[0].factor, f"a healthy run burnt at {burn:.1f}×"
+    assert 0 < burn < stack.spec.plan().burn_windows[0].factor, f"a healthy run burnt at {burn:.1f}×"
     assert stack.webhook.notifications("/pager", "healthy") == []
 
 

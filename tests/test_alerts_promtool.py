@@ -34,7 +34,8 @@ def spec_for(folder: Path) -> spec.Spec:
 
 
 def _rules_for(folder: Path) -> str:
-    return generate.render(spec_for(folder), "test")[generate.RULES]
+    s = spec_for(folder)
+    return generate.render(s, s.plan(), "test")[generate.RULES]
 
 
 @pytest.fixture(scope="module")

@@ -46,10 +46,11 @@ from dashboard_model import Query, legend_labels, load_all, names, queries
 from nvrx_slo.alerts import conventions
 from nvrx_slo.alerts import generate as alerts_generate
 from nvrx_slo.alerts import spec as slo_spec
+from nvrx_slo.alerts.plan import Severity
 from nvrx_slo.alerts.spec import Slo
-from nvrx_slo.alerts.windows import Severity
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import queries as q
+from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.demo import run_demo
 from servers import free_port, stop, wait_for
 
@@ -88,7 +89,7 @@ def _alert_rules(tmp: Path) -> Path:
     spec_file = tmp / "slo.yaml"
     spec_file.write_text(yaml.safe_dump(data))
     # the real CLI entry point
-    assert alerts_generate.main(["--spec", str(spec_file), "--root", str(tmp / "alerts")]) == 0
+    assert generate_main(["alerts", "--spec", str(spec_file), "--root", str(tmp / "alerts")]) == 0
     return tmp / "alerts" / alerts_generate.RULES
 
 

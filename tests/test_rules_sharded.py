@@ -47,8 +47,15 @@ import pytest
 import yaml
 
 from nvrx_slo.alerts import generate, spec
-from nvrx_slo.alerts.conventions import ERROR_BUDGET_REMAINING, EVALUATIONS, Alert, error_ratio_record
-from nvrx_slo.alerts.signals import over_period
+from nvrx_slo.alerts.conventions import (
+    ERROR_BUDGET_REMAINING,
+    EVALUATIONS,
+    Alert,
+    Signal,
+    error_ratio_record,
+    over_period,
+)
+from nvrx_slo.generate import main as generate_main
 from servers import free_port, stop, wait_for
 
 # How a local Prometheus picks the records the global tier reads (docs/scaling.md): job-level ones.
@@ -73,7 +80,8 @@ def _reads(rule: dict[str, Any]) -> set[str]:
 
 @pytest.fixture(scope="module")
 def files() -> dict[str, dict[str, list[dict[str, Any]]]]:
-    rendered = generate.render(spec.load(), "test")
+    s = spec.load()
+    rendered = generate.render(s, s.plan(), "test")
     return {"single": _groups(rendered[generate.RULES]), "local": _groups(rendered[generate.LOCAL_RULES]),
             "global": _groups(rendered[generate.GLOBAL_RULES])}
 
@@ -162,7 +170,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("sharded")
     data = yaml.safe_load(spec.DEFAULT_PATH.read_text()) | SPEC
     (tmp / "slo.yaml").write_text(yaml.safe_dump(data))
-    assert generate.main(["--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
+    assert generate_main(["alerts", "--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
     local, global_ = (_groups((tmp / f).read_text()) for f in (generate.LOCAL_RULES, generate.GLOBAL_RULES))
     interface = _recorded(local) & {n for rules in global_.values() for r in rules for n in _reads(r)}
     every = {"scrape_interval": "1s", "evaluation_interval": "1s"}
@@ -207,8 +215,8 @@ def test_the_global_rulers_slis_over_the_period_equal_one_prometheuss(fleet):
     assert fleet["returncode"] == 0, fleet["stderr"][-3000:]
     s = fleet["spec"]
     names = [error_ratio_record(s.period), ERROR_BUDGET_REMAINING] + [
-        over_period(s, m) for m in ("checkpoint_overlap", "checkpoint_blocking_seconds_per_save", "mtbf_seconds",
-                                    "restart_seconds_per_restart", "checkpoint_interval_seconds")]
+        over_period(m, s.plan()) for m in (Signal.OVERLAP, Signal.COST, Signal.MTBF, Signal.RESTART_COST,
+                                           Signal.INTERVAL)]
     expr = f'{{__name__=~"{"|".join(re.escape(n) for n in names)}"}}'
     single, ruler = (_query(fleet[p], expr) for p in ("single", "global"))
     # the shard's label survives to the job's SLIs

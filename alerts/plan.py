@@ -1,11 +1,13 @@
-"""Multi-window, multi-burn-rate alerting windows: the policy as data, scaled to the SLO period.
+"""The SLO plan: the windows the spec's period, shortest window and evaluation interval make, computed
+once from the spec (``plan_for``, pure, as sloth computes its plan) and handed to every rule and
+dashboard builder, so no builder derives a window of its own.
 
-The policy (Google SRE Workbook, ch. 5; the same four pairs Sloth and kubernetes-mixin use) is
-written for a 30-day period. A pair fires when the error budget burns ``factor`` times faster
-than the period allows over *both* its long window (enough budget is gone to matter) and its
-short window (it is still burning, so the alert resolves soon after the burn stops).
-``factor × long / period`` is the share of the whole budget the long window has consumed when it
-fires: 2% (14.4 × 1h), 5% (6 × 6h), 10% (3 × 1d and 1 × 3d).
+Multi-window, multi-burn-rate alerting: the policy as data (Google SRE Workbook, ch. 5; the same
+four pairs Sloth and kubernetes-mixin use), written for a 30-day period. A pair fires when the error
+budget burns ``factor`` times faster than the period allows over *both* its long window (enough
+budget is gone to matter) and its short window (it is still burning, so the alert resolves soon
+after the burn stops). ``factor × long / period`` is the share of the whole budget the long window
+has consumed when it fires: 2% (14.4 × 1h), 5% (6 × 6h), 10% (3 × 1d and 1 × 3d).
 
 For another period every window scales by ``period / 30d`` and the factors stay, so the shares
 stay. That is what lets a test run the same alerts over an hour. Windows are rounded to whole
@@ -47,13 +49,33 @@ POLICY: tuple[BurnWindow, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What the rules and dashboards read their windows from; made by ``plan_for``."""
+
+    period: int  # seconds
+    evaluation_interval: int  # seconds; every generated group runs at it
+    burn_windows: tuple[BurnWindow, ...]  # ``POLICY`` for the period
+    windows: tuple[int, ...]  # each a ratio is recorded over: the pairs', shortest first, then the period
+
+    @property
+    def base(self) -> int:
+        """The shortest window: the only one whose rules read the pods' series; every longer one
+        averages the job-level rates recorded over it."""
+        return self.windows[0]
+
+    def evaluations(self, window: int) -> int:
+        """The evaluations a full ``window`` holds."""
+        return window // self.evaluation_interval
+
+
 def scale(seconds: int, period: int, min_window: int) -> int:
     """One window of the 30-day policy, for ``period``: proportional, whole seconds, ≥ ``min_window``."""
     return max(round(seconds * period / REFERENCE_PERIOD), min_window, 1)
 
 
-def scaled_policy(period: int, min_window: int) -> tuple[BurnWindow, ...]:
-    """``POLICY`` for ``period``. Raises ``ValueError`` if ``min_window`` swallows a long window."""
+def plan_for(period: int, min_window: int, evaluation_interval: int) -> Plan:
+    """The plan of a spec's numbers. Raises ``ValueError`` if ``min_window`` swallows a long window."""
     pairs = tuple(
         BurnWindow(w.severity, scale(w.long, period, min_window), scale(w.short, period, min_window), w.factor)
         for w in POLICY
@@ -65,10 +87,5 @@ def scaled_policy(period: int, min_window: int) -> tuple[BurnWindow, ...]:
                 f"{duration.format(pair.long)}, no longer than its short window {duration.format(pair.short)}: "
                 f"lower min_window ({duration.format(min_window)}) or lengthen the period"
             )
-    return pairs
-
-
-def all_windows(period: int, min_window: int) -> tuple[int, ...]:
-    """Every window a recording rule is needed for: the policy's, shortest first, then the period."""
-    pairs = scaled_policy(period, min_window)
-    return (*sorted({w for pair in pairs for w in (pair.long, pair.short)}), period)
+    spans = sorted({w for pair in pairs for w in (pair.long, pair.short)})
+    return Plan(period, evaluation_interval, pairs, (*spans, period))
