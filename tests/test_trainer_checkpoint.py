@@ -347,9 +347,11 @@ def test_sub_millisecond_polls_add_up_to_the_blocking_the_loop_measured_within_a
     assert journaled.keys() == truth.keys() and len(truth) == 12
     errors = {ckpt: journaled[ckpt] - seconds for ckpt, seconds in truth.items()}
     print("journal - loop's clock per save, ms:", " ".join(f"{1e3 * e:+.3f}" for e in errors.values()))
-    # the loop's clock also holds the hooks' own calls and the journal's writes of each save's records
-    # (a few hundred µs per save here; a busy machine can add ms to any one of them)
-    assert sum(abs(e) for e in errors.values()) / len(errors) < 0.001
+    # The loop's clock also holds the hooks' own calls and the journal's writes of each save's records
+    # (a few hundred µs per save here), and a busy machine can preempt any one of them for tens of ms
+    # (-20.4 ms once, under a full suite beside four others' tests): the median save is the measure.
+    # Polls dropped by a threshold would shift every save by its planted polls, the median too.
+    assert statistics.median(abs(e) for e in errors.values()) < 0.001
     assert not [r for r in _records(hooks) if r["type"] == "checkpoint_finalize"]  # no record per poll
     engine = Engine(reorder_window_s=0.0)
     for record in _records(hooks):
