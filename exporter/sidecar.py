@@ -44,9 +44,9 @@ from prometheus_client import CollectorRegistry
 
 from nvrx_slo.contracts.schema import JOURNAL_DIR_ENV
 from nvrx_slo.contracts.targets import Targets
+from nvrx_slo.exporter import identity as identity_mod
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S, Engine
-from nvrx_slo.exporter.ingest import identity as identity_mod
 from nvrx_slo.exporter.ingest import nvml, podwatch
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog

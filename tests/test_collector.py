@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvrx_slo.contracts import catalogue as cat
-from nvrx_slo.exporter.ingest.identity import Identity
+from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.live import View
 from nvrx_slo.exporter.views.collector import REJECT_REASONS, SnapshotCollector
 from nvrx_slo.exporter.views.exposition import TextRenderer

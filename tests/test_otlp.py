@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nvrx_slo.contracts import catalogue as cat
-from nvrx_slo.exporter.ingest.identity import Identity
+from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.live import View
 from nvrx_slo.exporter.views import otlp
 from nvrx_slo.exporter.views.collector import families

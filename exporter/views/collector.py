@@ -28,7 +28,7 @@ from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import ALL_RANKS, GpuIdleSource, Kind
 from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot
-from nvrx_slo.exporter.ingest.identity import Identity
+from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest.tail import FILE_TRUNCATED, UNREADABLE
 from nvrx_slo.exporter.live import DUPLICATE, ENGINE_ERROR, LATE, View
 

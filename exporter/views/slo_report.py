@@ -12,7 +12,7 @@ from __future__ import annotations
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine.snapshot import Histogram, Snapshot
-from nvrx_slo.exporter.ingest.printable import printable
+from nvrx_slo.exporter.printable import printable
 from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, RECENT_ROWS, breakdown, slo_results
 
 
