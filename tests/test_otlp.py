@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.exporter.identity import Identity
-from nvrx_slo.exporter.live import View
 from nvrx_slo.exporter.views import otlp
 from nvrx_slo.exporter.views.collector import families
+from nvrx_slo.exporter.views.view import View
 from otlp_receiver import Receiver, metrics_by_name, point_attributes, resource_attributes
 from snapshot_fixtures import snapshot
 

@@ -26,14 +26,10 @@ from prometheus_client.utils import INF, floatToGoString
 
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import ALL_RANKS, GpuIdleSource, Kind
-from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot
 from nvrx_slo.exporter.identity import Identity
-from nvrx_slo.exporter.ingest.tail import FILE_TRUNCATED, UNREADABLE
-from nvrx_slo.exporter.live import DUPLICATE, ENGINE_ERROR, LATE, View
-
-REJECT_REASONS: tuple[str, ...] = (*(r.value for r in RejectReason), UNREADABLE, FILE_TRUNCATED, DUPLICATE, LATE,
-                                    ENGINE_ERROR)
+from nvrx_slo.exporter.rejects import REASONS as REJECT_REASONS
+from nvrx_slo.exporter.views.view import View
 
 _ALL_RANKS_AGGREGATE: dict[str, Callable[[Sequence[float]], float]] = {
     cat.LAST_STEP_TIMESTAMP.name: max,

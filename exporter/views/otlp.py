@@ -42,8 +42,8 @@ from prometheus_client.metrics_core import Metric as PromFamily
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import Kind
 from nvrx_slo.exporter.identity import Identity
-from nvrx_slo.exporter.live import View
 from nvrx_slo.exporter.views.collector import LabelSets, families
+from nvrx_slo.exporter.views.view import View
 
 SCOPE = "nvrx-slo"
 SERVICE_NAME = "nvrx-slo-sidecar"

@@ -34,9 +34,9 @@ from nvrx_slo.exporter.engine.engine import Engine, History
 from nvrx_slo.exporter.engine.snapshot import RestartRecord, Snapshot
 from nvrx_slo.exporter.ingest.decode import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.live import DUPLICATE, IMPLAUSIBLE, LATE, View
 from nvrx_slo.exporter.views import slo_report, status_page, timeline
 from nvrx_slo.exporter.views.timeline import RestartBand, TimelineBuilder
+from nvrx_slo.exporter.views.view import View
 
 FORMATS = {"html": "report.html", "text": "-"}  # each format's default output (-: stdout)
 
@@ -123,7 +123,7 @@ def _replay(journal_dirs: Sequence[str | Path]) -> _Replayed:
             for p in pods]
     snap = full[0] if len(full) == 1 else job.job_snapshot(full, lost=job.lost_pods(full))
     rejected = dict(sum((Counter(p.rejected) for p in pods), Counter()))
-    view = View(snap, {**rejected, DUPLICATE: snap.duplicates, LATE: snap.late, IMPLAUSIBLE: snap.implausible}, {}, {})
+    view = View.of(snap, rejected)
     return _Replayed(pods, snap, view)
 
 

@@ -9,7 +9,7 @@ Key numbers carry stable ids and a ``data-value`` holding the raw number (second
 tests and scripts read them without parsing display text. Every string from the journal (job,
 pod, checkpoint ids, causes) goes through ``html.escape``.
 
-It renders the same ``nvrx_slo.exporter.live.View`` as /metrics and OTLP, so the numbers agree by
+It renders the same ``View`` (``nvrx_slo.exporter.views.view``) as /metrics and OTLP, so the numbers agree by
 construction. The offline report (``exporter/views/report.py``) reuses ``sections`` and ``page`` around a
 timeline.
 """
@@ -24,7 +24,7 @@ from importlib import resources
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot, RankState, Snapshot
-from nvrx_slo.exporter.live import View
+from nvrx_slo.exporter.views.view import View
 
 REFRESH_S = 5
 MAX_RANK_BARS = 16  # per-rank breakdown bars; beyond this only the job bar is drawn
