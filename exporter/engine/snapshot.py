@@ -15,7 +15,7 @@ one snapshot to the next; ``unprotected_s`` is the provisional gauge (see docs/a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
@@ -44,6 +44,25 @@ class Histogram:
     counts: tuple[int, ...]
     sum: float
     count: int
+
+    @classmethod
+    def merged(cls, hists: Sequence[Histogram]) -> Histogram:
+        """Every observation of ``hists`` (at least one, all with the same bounds) in one histogram."""
+        return cls(hists[0].bounds, tuple(map(sum, zip(*(h.counts for h in hists), strict=True))),
+                   sum(h.sum for h in hists), sum(h.count for h in hists))
+
+    def cumulative_at(self, bounds: Sequence[float]) -> list[int]:
+        """The observations ≤ each of ``bounds`` (some of this histogram's own), then all of them:
+        the buckets of an export with fewer bounds than the engine keeps."""
+        return [self.counts[self.bounds.index(b)] for b in bounds] + [self.counts[-1]]
+
+    def share_within(self, bound: float) -> float | None:
+        """The share of observations ≤ ``bound`` (one of the bounds); ``None`` with none."""
+        return self.counts[self.bounds.index(bound)] / self.count if self.count else None
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count else None
 
 
 class RankState(str, Enum):

@@ -103,18 +103,11 @@ def _add_histogram(family: Metric, labels: LabelSets, items: _Items, hist: Histo
     name, samples = family.name, family.samples
     if family.type == Kind.HISTOGRAM.value:
         bucket = name + "_bucket"
-        at = [hist.bounds.index(b) for b in bounds] + [len(hist.bounds)]
-        samples += [_sample(bucket, bucket_labels, hist.counts[i])
-                    for bucket_labels, i in zip(labels.buckets(items, bounds), at, strict=True)]
+        samples += [_sample(bucket, bucket_labels, n)
+                    for bucket_labels, n in zip(labels.buckets(items, bounds), hist.cumulative_at(bounds), strict=True)]
     own = labels.get(items)
     samples.append(_sample(name + "_sum", own, hist.sum))
     samples.append(_sample(name + "_count", own, hist.count))
-
-
-def _sum_histograms(hists: Sequence[Histogram]) -> Histogram:
-    first = hists[0]
-    counts = tuple(sum(h.counts[i] for h in hists) for i in range(len(first.counts)))
-    return Histogram(first.bounds, counts, sum(h.sum for h in hists), sum(h.count for h in hists))
 
 
 class SnapshotCollector:
@@ -188,7 +181,7 @@ def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
             for items, r in zip(rank_items, ranks, strict=True):
                 _add_histogram(step_family, lab, items, r.step_duration, cat.STEP_DURATION.buckets)
         else:
-            _add_histogram(step_family, lab, rank_items[0], _sum_histograms([r.step_duration for r in ranks]),
+            _add_histogram(step_family, lab, rank_items[0], Histogram.merged([r.step_duration for r in ranks]),
                            cat.STEP_DURATION.buckets)
     single(cat.JOB_START_TIMESTAMP, snap.job_start_wall)
     single(cat.JOB_WORLD_SIZE, snap.world_size)

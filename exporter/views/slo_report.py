@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter.engine.snapshot import Histogram, Snapshot
+from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.printable import printable
 from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, RECENT_ROWS, breakdown, slo_results
 
@@ -26,10 +26,6 @@ def _ratio(value: float | None) -> str:
 
 def _secs(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f} s"
-
-
-def _mean(hist: Histogram) -> float | None:
-    return hist.sum / hist.count if hist.count else None
 
 
 def _scope(pods: str) -> str:
@@ -81,11 +77,11 @@ def render(snap: Snapshot, targets: Targets) -> str:
         if not hist.count:
             lines.append(f"  {level.value:<9} none")
             continue
-        lines.append(f"  {level.value:<9} {hist.count} restart(s), mean {_secs(_mean(hist))}")
+        lines.append(f"  {level.value:<9} {hist.count} restart(s), mean {_secs(hist.mean)}")
         for phase in RestartPhase:
             ph = rs.phases[(level, phase)]
             if ph.count:
-                lines.append(f"    {phase.value:<{phases_width}}  mean {_secs(_mean(ph))} over {ph.count}")
+                lines.append(f"    {phase.value:<{phases_width}}  mean {_secs(ph.mean)} over {ph.count}")
     if rs.recent:
         lines.append("  most recent:")
         for r in rs.recent[-5:]:

@@ -115,19 +115,11 @@ class SloResult:
     ok: bool | None  # None: not measurable yet (no restarts, no saves)
 
 
-def _share_within(hist: Histogram, bound: float) -> float | None:
-    if hist.count == 0:
-        return None
-    return hist.counts[hist.bounds.index(bound)] / hist.count
-
-
 def slo_results(snap: Snapshot, targets: Targets) -> list[SloResult]:
     """The spec's SLOs judged on this snapshot (whole job so far, not a burn-rate window)."""
     eff = snap.efficiency
     durations = list(snap.restarts.duration.values())
-    merged = Histogram(durations[0].bounds, tuple(map(sum, zip(*(h.counts for h in durations), strict=True))),
-                       sum(h.sum for h in durations), sum(h.count for h in durations)) if durations else None
-    fast = _share_within(merged, targets.recovery_threshold_s) if merged else None
+    fast = Histogram.merged(durations).share_within(targets.recovery_threshold_s) if durations else None
     ck = snap.checkpoints
     return [
         SloResult("efficiency", "training efficiency", f"productive / wall ≥ {_pct(targets.efficiency, 0)}",
