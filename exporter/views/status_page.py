@@ -10,7 +10,7 @@ tests and scripts read them without parsing display text. Every string from the 
 pod, checkpoint ids, causes) goes through ``html.escape``.
 
 It renders the same ``View`` (``nvrx_slo.exporter.views.view``) as /metrics and OTLP, so the numbers agree by
-construction. The offline report (``exporter/views/report.py``) reuses ``sections`` and ``page`` around a
+construction. The offline report (``exporter/offline/report.py``) reuses ``sections`` and ``page`` around a
 timeline.
 """
 
