@@ -100,6 +100,11 @@ class RankSnapshot:
     first_step_wall: float | None  # Unix time the rank's first step (in this pod) began
     pod: str = ""  # in a job's snapshot: the pod that ran it (a lost pod's rank and its replacement's differ)
 
+    @property
+    def efficiency(self) -> float | None:
+        """The rank's productive seconds over its wall seconds."""
+        return self.seconds.get(Category.PRODUCTIVE, 0.0) / self.wall_s if self.wall_s > 0 else None
+
 
 @dataclass(frozen=True)
 class CheckpointRecord:
@@ -201,6 +206,20 @@ class Snapshot:
     @property
     def unprotected_s(self) -> float:
         return sum(r.unprotected_s for r in self.ranks)
+
+    @property
+    def latest_step(self) -> int | None:
+        """The training step the most advanced rank reached; ``None`` before any step."""
+        return max((r.step for r in self.ranks if r.step is not None), default=None)
+
+    @property
+    def restarts_total(self) -> int:
+        return sum(self.restarts.counts.values())
+
+    @property
+    def rank_count(self) -> int:
+        """Ranks accounted: in a job a lost pod's rank and its replacement's are one."""
+        return len({r.rank for r in self.ranks})
 
     @property
     def efficiency(self) -> float | None:

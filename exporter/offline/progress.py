@@ -37,9 +37,9 @@ PLAIN_EVERY_S = 10.0
 
 def summary(snap: Snapshot) -> str:
     """One line: where training is and what has happened to it so far."""
-    step = max((r.step for r in snap.ranks if r.step is not None), default=None)
+    step = snap.latest_step
     ck = snap.checkpoints
-    restarts = sum(snap.restarts.counts.values())
+    restarts = snap.restarts_total
     by_level = ", ".join(f"{snap.restarts.counts[lvl]} {lvl.value}" for lvl in RestartLevel
                          if snap.restarts.counts.get(lvl, 0))
     if not snap.ranks:
@@ -85,7 +85,7 @@ class Progress:
                 self._replay.poll()
             snap = self._replay.view(began).snapshot
             line = summary(snap)
-            events = (snap.checkpoints.saves, snap.checkpoints.failures, sum(snap.restarts.counts.values()))
+            events = (snap.checkpoints.saves, snap.checkpoints.failures, snap.restarts_total)
             if self._tty:
                 width = shutil.get_terminal_size().columns - 1
                 self._stream.write("\r" + line[:width] + "\x1b[K")

@@ -141,7 +141,7 @@ def series(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     if ranks:
         single(cat.WORK_AT_RISK, sum(r.at_risk_s for r in ranks))
     per_rank_values(cat.STEPS, of_ranks(lambda r: r.steps))
-    single(cat.TRAINING_STEP, max((r.step for r in ranks if r.step is not None), default=None))
+    single(cat.TRAINING_STEP, snap.latest_step)
     per_rank_values(cat.LAST_STEP_TIMESTAMP, of_ranks(lambda r: r.last_step_wall))
     if ranks:
         steps = out[cat.STEP_DURATION.name].histograms

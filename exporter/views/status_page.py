@@ -206,9 +206,7 @@ def _headline(snap: Snapshot, targets: Targets) -> str:
     ok = None if eff is None else eff >= targets.efficiency
     cls = "na" if ok is None else "pass" if ok else "fail"
     steps = sum(r.steps for r in snap.ranks)
-    step = max((r.step for r in snap.ranks if r.step is not None), default=None)
-    restarts = sum(snap.restarts.counts.values())
-    ranks = len({r.rank for r in snap.ranks})  # a lost pod's rank and its replacement's are one
+    step, restarts, ranks = snap.latest_step, snap.restarts_total, snap.rank_count
     return (f'<section class="card"><h2>Training efficiency</h2>'
             f'<div class="big {cls}">{_num("efficiency", eff, _pct(eff))}</div>'
             f'<div class="sub">SLO ≥ {_pct(targets.efficiency, 0)} {_verdict(ok)} · predicted (ETTR) '
@@ -301,7 +299,7 @@ def _ranks_section(snap: Snapshot) -> str:
     rows = []
     job = any(r.pod for r in snap.ranks)  # a job's ranks: each with the pod that ran it
     for r in snap.ranks[:MAX_RANK_ROWS]:
-        eff = r.seconds.get(Category.PRODUCTIVE, 0.0) / r.wall_s if r.wall_s > 0 else None
+        eff = r.efficiency
         worker = ("—" if r.worker_alive is None else "alive" if r.worker_alive
                   else "stopped" if r.state is RankState.ENDED else "lost" if r.state is RankState.LOST else "DEAD")
         pod = f"<td>{_e(r.pod)}</td>" if job else ""
