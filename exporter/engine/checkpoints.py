@@ -109,8 +109,10 @@ class Checkpoints:
         self.recent: list[tuple[float, str, CheckpointRecord]] = []  # (began, key, record), oldest first
         self.due = float("inf")  # no save can fold before the pod's newest record reaches this
 
-    def add(self, rec: Event, rank: int) -> None:
-        """One checkpoint_* event of rank ``rank`` (checkpoint_worker is the ledger's)."""
+    def add(self, rec: Event, rank: int) -> bool:
+        """One checkpoint_* event of rank ``rank`` (checkpoint_worker is the ledger's). Returns whether
+        it gave its start to a part read without one: that part leaves the earlier save ``_grouped``
+        had joined it to, which may be over now (``fold`` again)."""
         ckpt = f"{rec.restart}/{rec.iter}/{rec.ckpt}"
         parts = self.open.get(ckpt)
         if parts is None:
@@ -122,8 +124,10 @@ class Checkpoints:
         # Parts combine commutatively (``_merged``), so arrival order cannot matter; a process that
         # saves one id twice in one iteration (a retry) gets one part for both.
         part = _one(rec)
+        startless = key in parts and parts[key][START] is None
         parts[key] = _merged(parts[key], part) if key in parts else part
         self.due = min(self.due, parts[key][LAST] + self.window)
+        return startless and part[START] is not None
 
     def _grouped(self) -> tuple[dict[str, dict[tuple[int, int], list[Any]]], dict[str, list[tuple[str, Any]]]]:
         """The open saves as read: a process's part without a start joins the newest save of that id

@@ -290,8 +290,9 @@ class Engine:
                 if exited is not None:
                     self._lane_ingest(exited, record)
         else:
-            if kind in CHECKPOINT_EVENTS:
-                self._checkpoints.add(record, lane.ledger.rank)
+            if kind in CHECKPOINT_EVENTS and self._checkpoints.add(record, lane.ledger.rank):
+                lanes = self._lanes
+                self._checkpoints.fold(self._newest, self._live(), lambda r, at: lanes[r].pid_at(at))
             elif kind == "process_start" and record.world_size > (self._world_size or 0):
                 self._world_size = record.world_size
             self._lane_ingest(lane, record)
