@@ -22,16 +22,12 @@ from typing import Any
 from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
+from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
-from nvrx_slo.exporter.ingest.decode import Event
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 from nvrx_slo.exporter.ingest.tail import JournalTail
 
-DUPLICATE = "duplicate"  # the engine saw this (pid, seq) already: ignored
-LATE = "late"  # older than the engine's reorder window when it arrived: not accounted
-ENGINE_ERROR = "engine_error"  # a valid record the engine raised on: skipped (a bug; logged)
-IMPLAUSIBLE = RejectReason.IMPLAUSIBLE.value  # the engine's plausibility rules refused it
 # How far a record may lie in the future of the sidecar's monotonic clock: replays of a recorded
 # run stamp lines minutes ahead (tests/test_sidecar_demo.py); one 8000 s ahead stretches wall for good.
 FUTURE_SLACK_S = 600.0
@@ -108,8 +104,9 @@ class Live:
             now = self._horizon if self._horizon is not None else (self._mono(), self._wall())  # before any poll
             snap = self.engine.snapshot(*now)
             # the poll thread is the only writer of tail.rejected; {**…} copies it in one C call
-            rejected = {**self.tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late,
-                        IMPLAUSIBLE: snap.implausible, ENGINE_ERROR: self.engine_errors}
+            rejected = {**self.tail.rejected, RejectReason.DUPLICATE.value: snap.duplicates,
+                        RejectReason.LATE.value: snap.late, RejectReason.IMPLAUSIBLE.value: snap.implausible,
+                        RejectReason.ENGINE_ERROR.value: self.engine_errors}
             return View(snap, rejected, dict(self.gpu_idle_nvml), dict(self.pod_restarts))
 
     # --- persistence (state_store saves these parts in one file) ------------------------------

@@ -27,7 +27,7 @@ from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine import job as job_view
 from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S, Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
-from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.views import progress, report, slo_report
 from nvrx_slo.trainer import demo as job

@@ -18,7 +18,7 @@ from journal_builder import Pod, Proc
 from nvrx_slo.contracts.catalogue import RestartLevel
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
-from nvrx_slo.exporter.ingest.decode import as_event
+from nvrx_slo.exporter.events import as_event
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ACTIONS = ("steps", "steps", "steps", "save", "save_fails", "crash", "inprocess", "pod", "stall")

@@ -18,7 +18,7 @@ import engine_scenarios
 from journal_builder import Pod
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.ingest.decode import as_event
+from nvrx_slo.exporter.events import as_event
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.views import report
 from nvrx_slo.exporter.views.timeline import LOST, STEP, UNPROTECTED, TimelineBuilder

@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.ingest.decode import Event, decode
+from nvrx_slo.exporter.events import Event
+from nvrx_slo.exporter.ingest.decode import decode
 from nvrx_slo.exporter.ingest.tail import ROUND_BYTES, JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.views import report

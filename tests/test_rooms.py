@@ -62,7 +62,7 @@ def test_the_contracts_need_only_the_standard_library():
 _TOP = tuple(f"nvrx_slo.exporter.{m}" for m in ("live", "sidecar", "server", "state_store"))
 LAYERS = {  # inside the sidecar, one way: ingest -> engine -> views, and the process on top
     "ingest": ("nvrx_slo.exporter.engine", "nvrx_slo.exporter.views", *_TOP),
-    "engine": ("nvrx_slo.exporter.views", *_TOP),
+    "engine": ("nvrx_slo.exporter.ingest", "nvrx_slo.exporter.views", *_TOP),
     "views": ("nvrx_slo.exporter.sidecar", "nvrx_slo.exporter.server", "nvrx_slo.exporter.state_store"),
 }
 

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from nvrx_slo.contracts import schema
-from nvrx_slo.exporter.ingest.decode import Event, as_event
+from nvrx_slo.exporter.events import Event, as_event
 from nvrx_slo.exporter.ingest.identity import Identity
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 

@@ -21,7 +21,7 @@ byte offset that stays valid for the file's whole life. What this reader guarant
   changes nothing (``tests/test_rejected_records.py``).
 * A file deleted under the reader is still read to its end through the descriptor held open for
   it; only then is it forgotten. A file cut under its offset (``copytruncate``: writers never do)
-  is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after the
+  is counted as ``RejectReason.FILE_TRUNCATED`` and read again from its start, so the lines written after the
   cut are not lost (lines read twice are the engine's duplicates): one that shrank below the
   offset, and one written past it again between two polls, told by its first line (its seq and
   time) no longer being the one read first. Lines written between the last read and the cut are
@@ -30,9 +30,9 @@ byte offset that stays valid for the file's whole life. What this reader guarant
 * At most ``max_open`` descriptors are held: with more files holding new data, the rest wait
   (oldest generations first) until drained files are closed, within the same poll;
   ``complete`` says whether the last poll read every file to its end.
-* Bad lines are rejected by ``schema.RejectReason`` value, I/O trouble by this module's
-  ``UNREADABLE`` / ``FILE_TRUNCATED``; every rejection is counted once and logged at a bounded
-  rate, and nothing raises out of ``poll``.
+* Bad lines are rejected, and I/O trouble counted, by ``schema.RejectReason`` value (``UNREADABLE``,
+  ``FILE_TRUNCATED``); every rejection is counted once and logged at a bounded rate, and nothing
+  raises out of ``poll``.
 """
 
 from __future__ import annotations
@@ -53,14 +53,12 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_slo.contracts import schema
-from nvrx_slo.contracts.schema import SPAN_EVENTS, JournalError, RejectReason
-from nvrx_slo.exporter.ingest.decode import Event, decode_batch, self_consistent
+from nvrx_slo.contracts.schema import JournalError, RejectReason, Span
+from nvrx_slo.exporter.events import Event, begin, self_consistent
+from nvrx_slo.exporter.ingest.decode import decode_batch
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.tail")
-
-UNREADABLE = "unreadable"  # a journal file could not be opened or read (counted once per episode)
-FILE_TRUNCATED = "file_truncated"  # a file shrank under its read offset (writers never truncate)
 
 HEAD_BYTES = 256  # of a file's first line, remembered to tell a file cut and rewritten from one grown
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage: rejected, skipped to its newline
@@ -93,7 +91,7 @@ def _keeps_order(event: Event, limit: float) -> bool:
     """Whether a line of its file's writer may set the file's merge time or its process's start:
     not in the sidecar's future, and its own times agree (what the engine refuses alone)."""
     mono = event.mono
-    return mono <= limit and self_consistent(event, event.type, event.start if event.type in SPAN_EVENTS else mono)
+    return mono <= limit and self_consistent(event, begin(event))
 
 
 def _after(start: float) -> float:
@@ -107,7 +105,7 @@ def writer_pid(name: str) -> int | None:
     return int(last) if last.isdigit() else None
 
 
-def _decoded(lines: list[bytes]) -> list[Event | JournalError]:
+def _decoded(lines: list[bytes]) -> Sequence[Event | JournalError]:
     """``decode_batch``, and if it raises (a decoder bug on some hostile line), line by line, so
     that only the lines it raises on are lost — each counted as malformed — never the chunk."""
     try:
@@ -272,7 +270,8 @@ class JournalTail:
             if name in self._open:  # replaced or truncated under us: read again once the old one is drained
                 continue
             if size < offset:  # truncated while closed: whatever is there was written after the cut
-                self._reject(FILE_TRUNCATED, name, f"size {size} < offset {offset}; reading it again from the start")
+                self._reject(RejectReason.FILE_TRUNCATED, name,
+                             f"size {size} < offset {offset}; reading it again from the start")
                 offset = 0
             self.offsets[name] = (inode, offset)
             if size == offset:
@@ -292,7 +291,8 @@ class JournalTail:
                 os.close(fd)
                 continue
             if offset and not self._same_head(name, fd):  # cut and written past the offset while closed
-                self._reject(FILE_TRUNCATED, name, "its first line changed; reading it again from the start")
+                self._reject(RejectReason.FILE_TRUNCATED, name,
+                             "its first line changed; reading it again from the start")
                 offset = 0
                 self.offsets[name] = (inode, offset)
             self._open[name] = _Source(fd, inode, offset, last_growth=self._clock(), pid=writer_pid(name))
@@ -300,7 +300,7 @@ class JournalTail:
     def _truncated(self, name: str, src: _Source, why: str) -> None:
         """A file cut under its open descriptor (``copytruncate``): what it holds now was written
         after the cut, so it is read again from its start (once its lines read so far are handed on)."""
-        self._reject(FILE_TRUNCATED, name, f"{why}; reading it again from the start")
+        self._reject(RejectReason.FILE_TRUNCATED, name, f"{why}; reading it again from the start")
         if src.items:  # hand on what was read before the cut first
             src.vanished, src.more, src.pending, src.skipping = True, False, b"", False
             return
@@ -389,7 +389,7 @@ class JournalTail:
             mono = item.mono
             if item.pid == pid or pid is None:
                 if key < mono <= limit and item.seq > last and self_consistent(
-                        item, kind := item.type, item.start if kind in SPAN_EVENTS else mono):  # _keeps_order, inlined
+                        item, item.start if isinstance(item, Span) else mono):  # _keeps_order, inlined
                     key, last = mono, item.seq
                 order = mono if mono >= begun else _after(begun)
             else:  # another process's record in this file: never its merge time
@@ -420,7 +420,7 @@ class JournalTail:
         for _key, _order, _end, payload in batch:
             if isinstance(payload, tuple):
                 name, error = payload
-                self._reject(error.reason.value, name, str(error))
+                self._reject(error.reason, name, str(error))
             elif payload is not None:
                 events.append(payload)
         ingest(events)
@@ -431,7 +431,7 @@ class JournalTail:
         for name, src in list(self._open.items()):
             if src.vanished and not src.more and not src.items:
                 if src.pending and not src.skipping:
-                    self._reject(RejectReason.MALFORMED.value, name, "file deleted with a partial last line")
+                    self._reject(RejectReason.MALFORMED, name, "file deleted with a partial last line")
                 self._close(name)
                 if self.offsets.get(name, (src.inode,))[0] == src.inode:
                     del self.offsets[name]
@@ -445,14 +445,14 @@ class JournalTail:
             if i < excess or drained or now - src.last_growth > self._idle_close_s:
                 self._close(name)
 
-    def _reject(self, reason: str, name: str, detail: str) -> None:
-        self.rejected[reason] += 1
-        self._log.warning(reason, "journal %s: rejected (%s): %s", name, reason, detail)
+    def _reject(self, reason: RejectReason, name: str, detail: str) -> None:
+        self.rejected[reason.value] += 1
+        self._log.warning(reason.value, "journal %s: rejected (%s): %s", name, reason.value, detail)
 
     def _unreadable(self, name: str, inode: int, exc: OSError) -> None:
         if (name, inode) not in self._failing:
             self._failing.add((name, inode))
-            self._reject(UNREADABLE, name, f"{type(exc).__name__}: {exc}")
+            self._reject(RejectReason.UNREADABLE, name, f"{type(exc).__name__}: {exc}")
 
     def _close(self, name: str) -> None:
         src = self._open.pop(name)

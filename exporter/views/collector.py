@@ -29,11 +29,9 @@ from nvrx_slo.contracts.catalogue import ALL_RANKS, GpuIdleSource, Kind
 from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot
 from nvrx_slo.exporter.ingest.identity import Identity
-from nvrx_slo.exporter.ingest.tail import FILE_TRUNCATED, UNREADABLE
-from nvrx_slo.exporter.live import DUPLICATE, ENGINE_ERROR, LATE, View
+from nvrx_slo.exporter.live import View
 
-REJECT_REASONS: tuple[str, ...] = (*(r.value for r in RejectReason), UNREADABLE, FILE_TRUNCATED, DUPLICATE, LATE,
-                                    ENGINE_ERROR)
+REJECT_REASONS: tuple[str, ...] = tuple(r.value for r in RejectReason)
 
 _ALL_RANKS_AGGREGATE: dict[str, Callable[[Sequence[float]], float]] = {
     cat.LAST_STEP_TIMESTAMP.name: max,

@@ -28,13 +28,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nvrx_slo.contracts.catalogue import RestartPhase
+from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine import job
 from nvrx_slo.exporter.engine.engine import Engine, History
 from nvrx_slo.exporter.engine.snapshot import RestartRecord, Snapshot
-from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.live import DUPLICATE, IMPLAUSIBLE, LATE, View
+from nvrx_slo.exporter.live import View
 from nvrx_slo.exporter.views import slo_report, status_page, timeline
 from nvrx_slo.exporter.views.timeline import RestartBand, TimelineBuilder
 
@@ -123,7 +124,8 @@ def _replay(journal_dirs: Sequence[str | Path]) -> _Replayed:
             for p in pods]
     snap = full[0] if len(full) == 1 else job.job_snapshot(full, lost=job.lost_pods(full))
     rejected = dict(sum((Counter(p.rejected) for p in pods), Counter()))
-    view = View(snap, {**rejected, DUPLICATE: snap.duplicates, LATE: snap.late, IMPLAUSIBLE: snap.implausible}, {}, {})
+    view = View(snap, {**rejected, RejectReason.DUPLICATE.value: snap.duplicates, RejectReason.LATE.value: snap.late,
+                       RejectReason.IMPLAUSIBLE.value: snap.implausible}, {}, {})
     return _Replayed(pods, snap, view)
 
 
