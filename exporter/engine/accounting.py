@@ -27,6 +27,8 @@ state RESTART until the first step of the restarted loop starts. Each restart is
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Annotated, Protocol
 
 import msgspec
@@ -86,7 +88,8 @@ class RestartSink(Protocol):
         did and was not itself started again in that stretch; else None."""
 
 
-class Ledger(msgspec.Struct):
+@dataclass(slots=True)
+class Ledger:
     """The accounted state of one rank. ``apply`` events in (mono, pid, seq) order.
 
     A struct so that its saved state is typed: loading one checks every field, and a state file
@@ -111,17 +114,17 @@ class Ledger(msgspec.Struct):
     fact_reinit: bool = False  # the open in-process restart has re-initialised
     seconds: Annotated[list[float], msgspec.Meta(min_length=len(SETTLED_CATEGORIES),
                                                  max_length=len(SETTLED_CATEGORIES))] = \
-        msgspec.field(default_factory=lambda: [0.0] * len(SETTLED_CATEGORIES))
-    pool_steps: list[int] = msgspec.field(default_factory=list)  # undecided steps, oldest first
-    pool_work: list[float] = msgspec.field(default_factory=list)
-    pool_first: list[float] = msgspec.field(default_factory=list)  # end (mono) of each pool entry's first step ...
-    pool_last: list[float] = msgspec.field(default_factory=list)  # ... and of its last (they differ once merged)
+        field(default_factory=lambda: [0.0] * len(SETTLED_CATEGORIES))
+    pool_steps: list[int] = field(default_factory=list)  # undecided steps, oldest first
+    pool_work: list[float] = field(default_factory=list)
+    pool_first: list[float] = field(default_factory=list)  # end (mono) of each pool entry's first step ...
+    pool_last: list[float] = field(default_factory=list)  # ... and of its last (they differ once merged)
     pool_sum: float = 0.0
     last_wall: float = 0.0
     # (first, last, productive) per decided pool entry, in decision order: the steps of this
     # rank that ended in [first, last] (mono) and were undecided until then. None: not kept.
     verdicts: list[tuple[float, float, bool]] | None = None
-    user: dict[str, float] = msgspec.field(default_factory=dict)  # user_span seconds by name (USER_NAMES, OTHER_NAME)
+    user: dict[str, float] = field(default_factory=dict)  # user_span seconds by name (USER_NAMES, OTHER_NAME)
 
     # --- time ------------------------------------------------------------------------------
     def _advance(self, to: float) -> None:
@@ -346,7 +349,7 @@ class Ledger(msgspec.Struct):
             raise ValueError("ledger pool lists differ in length")
 
     def copy(self) -> Ledger:
-        return msgspec.structs.replace(
+        return dataclasses.replace(
             self, seconds=self.seconds[:], pool_steps=self.pool_steps[:], pool_work=self.pool_work[:],
             pool_first=self.pool_first[:], pool_last=self.pool_last[:],
             verdicts=None if self.verdicts is None else self.verdicts[:], user=dict(self.user))

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
-
-import msgspec
 
 from nvrx_slo.contracts.schema import CheckpointEnd, CheckpointFinalize, CheckpointScheduled, CheckpointStart
 from nvrx_slo.exporter.engine.histogram import Buckets, CheckpointBuckets
@@ -31,7 +29,8 @@ RECENT = 32
 MAX_OPEN = 64  # saves waiting for ranks that never report are closed, oldest first, beyond this
 
 
-class Part(msgspec.Struct, gc=False):
+@dataclass(slots=True)
+class Part:
     """One process's part of a save: what its records of it said, merged (``merged``)."""
 
     rank: int
@@ -89,7 +88,8 @@ class Part(msgspec.Struct, gc=False):
         return max(0.0, self.written - self.scheduled)
 
 
-class Save(msgspec.Struct):
+@dataclass(slots=True)
+class Save:
     """One save of a checkpoint id as stored: the id within one incarnation (a restarted job may
     save an id again after a rollback: the restart count and Wrapper iteration tell them apart)."""
 
@@ -98,7 +98,7 @@ class Save(msgspec.Struct):
     ckpt: str
     # its parts by pid: a process's records all go to one rank (``ProcessLanes``), and a process
     # that saves one id twice in one iteration (a retry) has one part for both
-    parts: dict[int, Part] = msgspec.field(default_factory=dict)
+    parts: dict[int, Part] = field(default_factory=dict)
 
 
 class _Group(NamedTuple):
@@ -141,14 +141,15 @@ class CheckpointsView:
     records: tuple[CheckpointRecord, ...]  # every one kept, oldest first
 
 
-class Checkpoints(msgspec.Struct):
+@dataclass(slots=True)
+class Checkpoints:
     """``keep``: folded saves kept as records (None: all, for an offline replay)."""
 
     window: float
     keep: int | None = RECENT
-    open: dict[str, list[Save]] = msgspec.field(default_factory=dict)  # by checkpoint id
-    blocking: CheckpointBuckets = msgspec.field(default_factory=CheckpointBuckets)
-    background: CheckpointBuckets = msgspec.field(default_factory=CheckpointBuckets)
+    open: dict[str, list[Save]] = field(default_factory=dict)  # by checkpoint id
+    blocking: CheckpointBuckets = field(default_factory=CheckpointBuckets)
+    background: CheckpointBuckets = field(default_factory=CheckpointBuckets)
     saves: int = 0
     failures: int = 0
     bytes_total: int = 0
@@ -156,7 +157,7 @@ class Checkpoints(msgspec.Struct):
     last_wall: float | None = None
     last_step: int | None = None
     first_written: float | None = None
-    recent: list[tuple[float, CheckpointRecord]] = msgspec.field(default_factory=list)  # (began, record), ``_order``
+    recent: list[tuple[float, CheckpointRecord]] = field(default_factory=list)  # (began, record), ``_order``
     due: float = AFTER_ALL  # no save can fold before the pod's newest record reaches this
 
     def add(self, rec: Event, ckpt: str, rank: int) -> bool:

@@ -19,25 +19,26 @@ they count as lost what they skipped (the journal claimed records that never cam
 
 from __future__ import annotations
 
-import msgspec
+from dataclasses import dataclass, field
 
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
 MAX_HOLES = 8  # skipped seq ranges remembered per pid; the highest is forgotten (its seqs count as seen)
 MAX_EXTRA = 1024  # second monos remembered per pid for seqs written twice
 
 
-class Seqs(msgspec.Struct, gc=False):
+@dataclass(slots=True)
+class Seqs:
     """The seqs of one process: ``seen(seq, mono)`` says whether a record is a duplicate."""
 
     floor: int = 0  # every seq below it was seen (or skipped: see holes)
-    ahead: dict[int, float] = msgspec.field(default_factory=dict)  # seq -> mono, seen above the floor
+    ahead: dict[int, float] = field(default_factory=dict)  # seq -> mono, seen above the floor
     gap_mono: float | None = None  # mono of the first record above the open gap (None: no gap open)
     declared: int = 0  # seqs below it were counted lost already
     # seq -> mono of the newest seqs the floor moved over from ahead
-    passed: dict[int, float] = msgspec.field(default_factory=dict)
-    holes: list[tuple[int, int]] = msgspec.field(default_factory=list)  # [lo, hi): seqs the floor jumped over, not seen
+    passed: dict[int, float] = field(default_factory=dict)
+    holes: list[tuple[int, int]] = field(default_factory=list)  # [lo, hi): seqs the floor jumped over, not seen
     # seq -> the other monos seen for it (records sharing a seq), MAX_EXTRA in all, oldest seq first
-    extra: dict[int, list[float]] = msgspec.field(default_factory=dict)
+    extra: dict[int, list[float]] = field(default_factory=dict)
     extras: int = 0  # monos in ``extra``
 
     def seen(self, seq: int, mono: float, window: float) -> tuple[bool, int]:

@@ -50,7 +50,7 @@ version is refused, and the sidecar then accounts the journal again from its sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -75,20 +75,21 @@ FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, 
 _DECIDING = (CheckpointEnd, Restore)  # the records that can make a rank's work productive
 
 
-class EngineState(msgspec.Struct, kw_only=True):
+@dataclass(slots=True, kw_only=True)
+class EngineState:
     """Everything an engine holds, as it is saved (``Engine.to_state``)."""
 
     version: int = STATE_VERSION
     window: float
     keep_history: bool = False
-    lanes: dict[int, Lane] = msgspec.field(default_factory=dict)  # by rank
-    lane_of: ProcessLanes = msgspec.field(default_factory=ProcessLanes)
+    lanes: dict[int, Lane] = field(default_factory=dict)  # by rank
+    lane_of: ProcessLanes = field(default_factory=ProcessLanes)
     restarts: Restarts
     checkpoints: Checkpoints
-    seen: dict[int, Seqs] = msgspec.field(default_factory=dict)  # by pid
-    lives: Lives = msgspec.field(default_factory=Lives)
-    launcher: Launcher = msgspec.field(default_factory=Launcher)
-    counts: Counts = msgspec.field(default_factory=Counts)
+    seen: dict[int, Seqs] = field(default_factory=dict)  # by pid
+    lives: Lives = field(default_factory=Lives)
+    launcher: Launcher = field(default_factory=Launcher)
+    counts: Counts = field(default_factory=Counts)
     origin: float | None = None  # the pod's first instant (mono) ...
     origin_wall: float | None = None  # ... and on the wall clock
     newest: float = BEFORE_ALL  # mono of the newest record
@@ -160,7 +161,9 @@ class Engine:
             s.lives.lived(record, begin)
         rank: int | None = record.rank
         if rank is not None:
-            rank = s.lane_of.of(pid, rank, record.local_rank)
+            lane_of = s.lane_of
+            known = lane_of.of_pid.get(pid)  # ProcessLanes.of, inlined: once per record
+            rank = known if known is not None else lane_of.of(pid, rank, record.local_rank)
         if s.origin is None or begin < s.origin:
             s.origin, s.origin_wall = begin, record.wall - (mono - begin)
             if not s.identity[1]:
@@ -224,8 +227,7 @@ class Engine:
         end = max(s.newest, s.shown) if finished else max(now_mono, s.newest, s.shown)
         if s.lanes:
             s.shown = end
-        skew = derived.skew_ratios({r: sum(lane.recent) / len(lane.recent)
-                                    for r, lane in s.lanes.items() if lane.recent})
+        skew = derived.skew_ratios({r: mean for r, lane in s.lanes.items() if (mean := lane.recent_mean()) is not None})
         ranks = tuple(assembly.rank(ledgers[r], previews[r], s.lanes[r], origin, end, finished, skew.get(r))
                       for r in ledgers)
         mtbf = derived.mtbf(end - origin, restarts.faults())

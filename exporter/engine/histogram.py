@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
-
-import msgspec
 
 from nvrx_slo.contracts.catalogue import CHECKPOINT_BUCKETS, RESTART_BUCKETS, STEP_BUCKETS
 from nvrx_slo.exporter.engine.snapshot import Histogram
@@ -14,12 +13,13 @@ from nvrx_slo.exporter.engine.snapshot import Histogram
 _B = TypeVar("_B", bound="Buckets")
 
 
-class Buckets(msgspec.Struct, gc=False):
+@dataclass(slots=True)
+class Buckets:
     """Per-bucket (not cumulative) counts; ``le`` semantics: a value equal to a bound falls in it.
     The bounds are the class's, never part of a saved state: a state's counts must fit them."""
 
     bounds: ClassVar[tuple[float, ...]] = ()
-    counts: list[int] = msgspec.field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
     sum: float = 0.0
     count: int = 0
 
@@ -45,13 +45,16 @@ class Buckets(msgspec.Struct, gc=False):
         return Histogram(self.bounds, tuple(cumulative), self.sum, self.count)
 
 
+@dataclass(slots=True)
 class StepBuckets(Buckets):
-    bounds = STEP_BUCKETS
+    bounds: ClassVar[tuple[float, ...]] = STEP_BUCKETS
 
 
+@dataclass(slots=True)
 class CheckpointBuckets(Buckets):
-    bounds = CHECKPOINT_BUCKETS
+    bounds: ClassVar[tuple[float, ...]] = CHECKPOINT_BUCKETS
 
 
+@dataclass(slots=True)
 class RestartBuckets(Buckets):
-    bounds = RESTART_BUCKETS
+    bounds: ClassVar[tuple[float, ...]] = RESTART_BUCKETS

@@ -17,7 +17,9 @@ the timeline both place records by this.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import Annotated
 
 import msgspec
 
@@ -31,11 +33,12 @@ RECENT_STEPS = 16  # step durations per rank for the skew ratio
 ORDER = attrgetter("mono", "pid", "seq")  # the order records are applied in; unique per record
 
 
-class ProcessLanes(msgspec.Struct):
+@dataclass(slots=True)
+class ProcessLanes:
     """pid -> the rank of the lane its records go to; local rank -> the lane of that accelerator."""
 
-    of_pid: dict[int, int] = msgspec.field(default_factory=dict)
-    of_local: dict[int, int] = msgspec.field(default_factory=dict)
+    of_pid: dict[int, int] = field(default_factory=dict)
+    of_local: dict[int, int] = field(default_factory=dict)
 
     def of(self, pid: int, rank: int, local_rank: int | None) -> int:
         """The lane of a record of process ``pid`` that journaled ``rank`` on ``local_rank``."""
@@ -45,7 +48,8 @@ class ProcessLanes(msgspec.Struct):
         return lane
 
 
-class Counts(msgspec.Struct, gc=False):
+@dataclass(slots=True)
+class Counts:
     """What the engine counted of the records it was handed (``Snapshot``'s fields of these names)."""
 
     accepted: int = 0
@@ -56,12 +60,13 @@ class Counts(msgspec.Struct, gc=False):
     records_lost: int = 0
 
 
-class Lane(msgspec.Struct):
+@dataclass(slots=True)
+class Lane:
     """One rank: its ledger, its buffer of records not yet applied (sorted by ``ORDER``), and the
     per-rank counts that need no ordering."""
 
     ledger: Ledger
-    pending: list[Event] = msgspec.field(default_factory=list)
+    pending: list[Event] = field(default_factory=list)
     applied: Event | None = None  # the last record applied
     newest: float = BEFORE_ALL  # mono of the newest record
     newest_pid: int = -1
@@ -72,29 +77,28 @@ class Lane(msgspec.Struct):
     step: int | None = None  # of the newest step record
     step_mono: float = BEFORE_ALL
     step_wall: float | None = None
-    hist: StepBuckets = msgspec.field(default_factory=StepBuckets)
-    recent: list[float] = msgspec.field(default_factory=list)  # the newest RECENT_STEPS step durations, a ring
+    hist: StepBuckets = field(default_factory=StepBuckets)
+    # the newest RECENT_STEPS step durations: a ring, the newest at (steps - 1) % RECENT_STEPS
+    recent: Annotated[list[float], msgspec.Meta(min_length=RECENT_STEPS, max_length=RECENT_STEPS)] = \
+        field(default_factory=lambda: [0.0] * RECENT_STEPS)
     worker: bool | None = None
     worker_mono: float = BEFORE_ALL
     worker_pid: int = -1
     local_world_size: int = 0  # the most workers its pod was said to run (0: not said)
     last_restore_wall: float | None = None  # Unix time of its newest restore
     first_step_wall: float | None = None  # Unix time its first step began
-    pids: dict[int, float] = msgspec.field(default_factory=dict)  # pid -> its oldest record's mono
+    pids: dict[int, float] = field(default_factory=dict)  # pid -> its oldest record's mono
 
     def count(self, record: Event, mono: float) -> None:
         """The order-free per-rank counts."""
         if isinstance(record, Step):
             duration = mono - record.start
+            self.recent[self.steps % RECENT_STEPS] = duration
             self.steps += 1
             hist = self.hist  # Buckets.observe, inlined: once per step
             hist.counts[bisect_left(STEP_BUCKETS, duration)] += 1
             hist.sum += duration
             hist.count += 1
-            if len(self.recent) < RECENT_STEPS:
-                self.recent.append(duration)
-            else:
-                self.recent[(self.steps - 1) % RECENT_STEPS] = duration
             if mono > self.step_mono:
                 self.step, self.step_mono, self.step_wall = record.step, mono, record.wall
             begun = record.wall - duration
@@ -145,6 +149,11 @@ class Lane(msgspec.Struct):
             n += 1
         self.applied = pending[n - 1]
         del pending[:n]
+
+    def recent_mean(self) -> float | None:
+        """The mean duration of its newest RECENT_STEPS steps (None: no step yet)."""
+        n = min(self.steps, RECENT_STEPS)
+        return sum(self.recent) / n if n else None
 
     def first(self) -> float:
         return min(self.pids.values())

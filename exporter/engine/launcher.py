@@ -4,8 +4,7 @@ runs, how many restarts it has left, and whether the pod finished."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-import msgspec
+from dataclasses import dataclass
 
 from nvrx_slo.contracts.schema import EventType, LauncherStart
 from nvrx_slo.exporter.engine.lanes import Lane
@@ -13,7 +12,8 @@ from nvrx_slo.exporter.engine.restarts import LauncherMark
 from nvrx_slo.exporter.events import Event
 
 
-class Launcher(msgspec.Struct):
+@dataclass(slots=True)
+class Launcher:
     start: float | None = None  # mono of the newest launcher_start
     exit: float | None = None  # mono of the newest launcher_exit
     max_restarts: int | None = None  # of the newest launcher_start

@@ -13,7 +13,7 @@ accepted records: a refused record changes nothing.
 
 from __future__ import annotations
 
-import msgspec
+from dataclasses import dataclass, field
 
 from nvrx_slo.contracts.schema import EventType, LauncherWorkerExit
 from nvrx_slo.exporter.events import Event, self_consistent
@@ -22,13 +22,14 @@ ENDS = frozenset((EventType.PROCESS_END, EventType.LAUNCHER_EXIT, EventType.LAUN
 _EPS = 1e-6  # float noise allowed where one instant must not lie past another
 
 
-class Lives(msgspec.Struct):
+@dataclass(slots=True)
+class Lives:
     """Per process (pid): when it began and when it ended."""
 
     # its start: its first record's (seq 0), else its earliest
-    first: dict[int, float] = msgspec.field(default_factory=dict)
-    started: set[int] = msgspec.field(default_factory=set)  # whose first record (seq 0) was read: their start is known
-    ended: dict[int, float] = msgspec.field(default_factory=dict)  # the instant it ended (its records end there)
+    first: dict[int, float] = field(default_factory=dict)
+    started: set[int] = field(default_factory=set)  # whose first record (seq 0) was read: their start is known
+    ended: dict[int, float] = field(default_factory=dict)  # the instant it ended (its records end there)
 
     def plausible(self, record: Event, mono: float, begin: float, window: float, not_after: float) -> bool:
         """Whether the record may be accounted (``begin``: ``events.begin(record)``); changes nothing."""

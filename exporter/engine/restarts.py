@@ -26,10 +26,10 @@ counters at once and the duration and phase histograms once nothing can join it 
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_left, insort
 from collections.abc import Mapping
-
-import msgspec
+from dataclasses import dataclass, field
 
 from nvrx_slo.contracts.catalogue import RestartLevel, RestartPhase
 from nvrx_slo.contracts.schema import EventType
@@ -50,7 +50,8 @@ _CHAIN = (RestartPhase.DETECT, RestartPhase.TEARDOWN, RestartPhase.RENDEZVOUS, R
 LauncherMark = tuple[float, EventType]  # (mono, type) of an ft_launcher record
 
 
-class Fault(msgspec.Struct, frozen=True, gc=False):
+@dataclass(frozen=True, slots=True)
+class Fault:
     """Where one rank's loop stopped: the journaled fault instant, or its last record (a bound)."""
 
     mono: float
@@ -58,14 +59,15 @@ class Fault(msgspec.Struct, frozen=True, gc=False):
     journaled: bool
 
 
-class OpenRestart(msgspec.Struct):
+@dataclass(slots=True)
+class OpenRestart:
     """One restart still gathering ranks: per-rank faults and ends, merged phase instants."""
 
     level: RestartLevel
-    faults: dict[int, Fault] = msgspec.field(default_factory=dict)
-    ends: dict[int, float] = msgspec.field(default_factory=dict)
-    marks: dict[RestartPhase, float] = msgspec.field(default_factory=dict)  # detect: earliest rank; the others: latest
-    causes: dict[int, str] = msgspec.field(default_factory=dict)
+    faults: dict[int, Fault] = field(default_factory=dict)
+    ends: dict[int, float] = field(default_factory=dict)
+    marks: dict[RestartPhase, float] = field(default_factory=dict)  # detect: earliest rank; the others: latest
+    causes: dict[int, str] = field(default_factory=dict)
 
     def copy(self) -> OpenRestart:
         return OpenRestart(self.level, dict(self.faults), dict(self.ends), dict(self.marks), dict(self.causes))
@@ -74,20 +76,21 @@ class OpenRestart(msgspec.Struct):
         return len(self.ends) == len(self.faults)
 
 
-class Restarts(msgspec.Struct):
+@dataclass(slots=True)
+class Restarts:
     """The ``RestartSink`` the ledgers report to, plus the folded history. ``keep``: finished
     restarts kept as records (None: all, for an offline replay)."""
 
     keep: int | None = RECENT
-    open: dict[str, OpenRestart] = msgspec.field(default_factory=dict)
-    folded: set[str] = msgspec.field(default_factory=set)
-    counts: dict[RestartLevel, int] = msgspec.field(default_factory=lambda: dict.fromkeys(RestartLevel, 0))
-    duration: dict[RestartLevel, RestartBuckets] = msgspec.field(
+    open: dict[str, OpenRestart] = field(default_factory=dict)
+    folded: set[str] = field(default_factory=set)
+    counts: dict[RestartLevel, int] = field(default_factory=lambda: dict.fromkeys(RestartLevel, 0))
+    duration: dict[RestartLevel, RestartBuckets] = field(
         default_factory=lambda: {level: RestartBuckets() for level in RestartLevel})
-    phases: dict[RestartLevel, dict[RestartPhase, RestartBuckets]] = msgspec.field(
+    phases: dict[RestartLevel, dict[RestartPhase, RestartBuckets]] = field(
         default_factory=lambda: {level: {phase: RestartBuckets() for phase in RestartPhase} for level in RestartLevel})
-    recent: list[RestartRecord] = msgspec.field(default_factory=list)  # oldest first, ``keep`` at most
-    launcher: list[LauncherMark] = msgspec.field(default_factory=list)  # sorted
+    recent: list[RestartRecord] = field(default_factory=list)  # oldest first, ``keep`` at most
+    launcher: list[LauncherMark] = field(default_factory=list)  # sorted
     ended_since_fold: bool = False
 
     # --- the sink ------------------------------------------------------------------------------
@@ -216,7 +219,7 @@ class Restarts(msgspec.Struct):
 
     def copy(self) -> Restarts:
         """A copy whose open restarts can take more events; the folded history is shared, read-only."""
-        return msgspec.structs.replace(self, open={k: rec.copy() for k, rec in self.open.items()})
+        return dataclasses.replace(self, open={k: rec.copy() for k, rec in self.open.items()})
 
     def stats(self, finished: bool, mtbf_s: float | None, launcher_remaining: int | None) -> RestartStats:
         counts = dict(self.counts)
