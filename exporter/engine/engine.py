@@ -59,10 +59,9 @@ from nvrx_slo.contracts.schema import CheckpointEnd, CheckpointPart, LauncherWor
 from nvrx_slo.exporter.engine import assembly, derived
 from nvrx_slo.exporter.engine.accounting import Ledger
 from nvrx_slo.exporter.engine.checkpoints import Checkpoints
-from nvrx_slo.exporter.engine.dedupe import Seqs
-from nvrx_slo.exporter.engine.lanes import Counts, Lane, ProcessLanes
+from nvrx_slo.exporter.engine.lanes import Counts, Lane, new_lane
 from nvrx_slo.exporter.engine.launcher import Launcher
-from nvrx_slo.exporter.engine.life import ENDS, Lives
+from nvrx_slo.exporter.engine.life import ENDS, Process, lived, plausible
 from nvrx_slo.exporter.engine.restarts import Restarts
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, RestartRecord, Snapshot
 from nvrx_slo.exporter.events import BEFORE_ALL, Event
@@ -83,11 +82,10 @@ class EngineState:
     window: float
     keep_history: bool = False
     lanes: dict[int, Lane] = field(default_factory=dict)  # by rank
-    lane_of: ProcessLanes = field(default_factory=ProcessLanes)
+    lane_of_local: dict[int, int] = field(default_factory=dict)  # local rank -> the lane of that accelerator
+    processes: dict[int, Process] = field(default_factory=dict)  # by pid
     restarts: Restarts
     checkpoints: Checkpoints
-    seen: dict[int, Seqs] = field(default_factory=dict)  # by pid
-    lives: Lives = field(default_factory=Lives)
     launcher: Launcher = field(default_factory=Launcher)
     counts: Counts = field(default_factory=Counts)
     origin: float | None = None  # the pod's first instant (mono) ...
@@ -142,12 +140,14 @@ class Engine:
         seq: int = record.seq
         mono: float = record.mono
         begin = record.start if isinstance(record, Span) else mono
-        if not s.lives.plausible(record, mono, begin, s.window, not_after):
+        processes = s.processes
+        process = processes.get(pid)
+        if not plausible(process, record, mono, begin, s.window, not_after):
             s.counts.implausible += 1
             return False
-        seqs = s.seen.get(pid)
-        if seqs is None:
-            seqs = s.seen[pid] = Seqs()
+        if process is None:
+            process = processes[pid] = Process()
+        seqs = process.seqs
         if seq == seqs.floor and not seqs.ahead:
             seqs.floor = seq + 1  # the common case: the next record of a file read in order
         else:
@@ -157,13 +157,12 @@ class Engine:
                 s.counts.duplicates += 1
                 return False
         kind = record.type
-        if pid not in s.lives.started or kind in ENDS:  # a started process's other records say nothing of its life
-            s.lives.lived(record, begin)
+        if not process.started or kind in ENDS:  # a started process's other records say nothing of its life
+            lived(processes, process, record, begin)
         rank: int | None = record.rank
         if rank is not None:
-            lane_of = s.lane_of
-            known = lane_of.of_pid.get(pid)  # ProcessLanes.of, inlined: once per record
-            rank = known if known is not None else lane_of.of(pid, rank, record.local_rank)
+            lane_rank = process.lane
+            rank = process.lane = new_lane(s.lane_of_local, rank, record.local_rank) if lane_rank is None else lane_rank
         if s.origin is None or begin < s.origin:
             s.origin, s.origin_wall = begin, record.wall - (mono - begin)
             if not s.identity[1]:

@@ -33,6 +33,12 @@ RECENT_STEPS = 16  # step durations per rank for the skew ratio
 ORDER = attrgetter("mono", "pid", "seq")  # the order records are applied in; unique per record
 
 
+def new_lane(of_local: dict[int, int], rank: int, local_rank: int | None) -> int:
+    """The lane of a process seen first journaling ``rank`` on ``local_rank``: its accelerator's
+    (``of_local``: local rank -> the lane of that accelerator, which the first such process names)."""
+    return rank if local_rank is None else of_local.setdefault(local_rank, rank)
+
+
 @dataclass(slots=True)
 class ProcessLanes:
     """pid -> the rank of the lane its records go to; local rank -> the lane of that accelerator."""
@@ -44,7 +50,7 @@ class ProcessLanes:
         """The lane of a record of process ``pid`` that journaled ``rank`` on ``local_rank``."""
         lane = self.of_pid.get(pid)
         if lane is None:
-            lane = self.of_pid[pid] = rank if local_rank is None else self.of_local.setdefault(local_rank, rank)
+            lane = self.of_pid[pid] = new_lane(self.of_local, rank, local_rank)
         return lane
 
 
