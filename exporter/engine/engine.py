@@ -55,7 +55,7 @@ from typing import Any
 
 import msgspec
 
-from nvrx_slo.contracts.schema import CheckpointEnd, CheckpointPart, LauncherWorkerExit, ProcessStart, Restore, Span
+from nvrx_slo.contracts.schema import CheckpointPart, EventType, LauncherWorkerExit, ProcessStart, Span
 from nvrx_slo.exporter.engine import assembly, derived
 from nvrx_slo.exporter.engine.accounting import Ledger
 from nvrx_slo.exporter.engine.checkpoints import Checkpoints
@@ -64,14 +64,15 @@ from nvrx_slo.exporter.engine.launcher import Launcher
 from nvrx_slo.exporter.engine.life import ENDS, Process, lived, plausible
 from nvrx_slo.exporter.engine.restarts import Restarts
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, RestartRecord, Snapshot
-from nvrx_slo.exporter.events import BEFORE_ALL, Event
+from nvrx_slo.exporter.events import BEFORE_ALL, STRUCTS, Event
 
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
 STATE_VERSION = 11
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
-_DECIDING = (CheckpointEnd, Restore)  # the records that can make a rank's work productive
+# the records that can make a rank's work productive, by struct class (a set of classes is read fastest)
+_DECIDING = frozenset(STRUCTS[kind] for kind in (EventType.CHECKPOINT_END, EventType.RESTORE))
 
 
 @dataclass(slots=True, kw_only=True)
@@ -253,7 +254,7 @@ class Engine:
         for rank in sorted(self._s.lanes):
             lane = self._s.lanes[rank]
             ledger = lane.ledger
-            if lane.pending and (finished or deciding and any(isinstance(r, _DECIDING) for r in lane.pending)):
+            if lane.pending and (finished or deciding and not _DECIDING.isdisjoint(map(type, lane.pending))):
                 ledger = ledger.copy()
                 for r in lane.pending:
                     ledger.apply(r, restarts)
