@@ -5,5 +5,6 @@ snapshots, pure) → ``views`` (a ``View`` of a snapshot to Prometheus, OTLP, pa
 the top, the sidecar process that runs them: ``live`` (the one state every view reads),
 ``sidecar`` (the loop and the command line), ``server`` (HTTP) and ``state_store``
 (persistence); beside it, ``offline`` (a journal read after the fact: the report, the demo's
-progress line). ``identity``, ``printable`` and ``rejects`` are plain helpers any layer may use.
+progress line). ``events`` (the journal's typed events), ``identity`` and ``printable`` are plain helpers any
+layer may use.
 """

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
-from nvrx_slo.exporter.ingest.decode import Event
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 from nvrx_slo.exporter.ingest.tail import JournalTail

@@ -19,7 +19,7 @@ from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import RankSnapshot
-from nvrx_slo.exporter.ingest.decode import as_event
+from nvrx_slo.exporter.events import as_event
 from nvrx_slo.trainer import cuda_timing, journal, saves
 from nvrx_slo.trainer import hooks as hooks_module
 

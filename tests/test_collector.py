@@ -10,8 +10,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.identity import Identity
-from nvrx_slo.exporter.rejects import REASONS as REJECT_REASONS
 from nvrx_slo.exporter.views.collector import SnapshotCollector
 from nvrx_slo.exporter.views.exposition import TextRenderer
 from nvrx_slo.exporter.views.view import View
@@ -73,7 +73,7 @@ def test_rank_all_sums_counters_and_takes_the_alerting_extreme_of_gauges(kw):
 
 def test_exporter_counters_have_every_reason_and_pod_restarts():
     _, fams = scrape(view())
-    for reason in REJECT_REASONS:
+    for reason in (r.value for r in RejectReason):
         expected = {"malformed": 4}.get(reason, 0)
         assert value(fams, cat.EXPORTER_REJECTED, reason=reason) == expected
     assert value(fams, cat.EXPORTER_EVENTS) == 1234

@@ -12,7 +12,7 @@ from journal_builder import Pod, Proc
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import RankState, Snapshot
-from nvrx_slo.exporter.ingest.decode import as_event
+from nvrx_slo.exporter.events import as_event
 
 P, L, B, R = Category.PRODUCTIVE, Category.LOST, Category.CHECKPOINT_BLOCKING, Category.CHECKPOINT_RESTORE
 RS, IN, D, U = Category.RESTART, Category.INIT, Category.DATA_WAIT, Category.UNATTRIBUTED
@@ -301,7 +301,8 @@ def test_a_ranks_buffer_keeps_only_the_records_its_reorder_window_still_holds():
     engine = Engine(reorder_window_s=10.0)
     for record in pod.records:
         engine.ingest(as_event(record))
-    assert len(engine._lanes[0].pending) == 21  # steps ending in (490, 500]; every older one applied and let go
+    pending = engine.to_state()["lanes"]["0"]["pending"]
+    assert len(pending) == 21  # steps ending in (490, 500]; every older one applied and let go
     assert run(pod, 500.0, window=10.0).ranks[0].steps == 1000
 
 

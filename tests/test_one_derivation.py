@@ -17,7 +17,7 @@ import pytest
 import engine_scenarios
 from journal_builder import Pod
 from nvrx_slo.contracts.catalogue import Category
-from nvrx_slo.exporter.ingest.decode import as_event
+from nvrx_slo.exporter.events import as_event
 from nvrx_slo.exporter.offline import report
 from nvrx_slo.exporter.offline.replay import Replay
 from nvrx_slo.exporter.offline.timeline import TimelineBuilder

@@ -10,8 +10,8 @@ from prometheus_client.utils import floatToGoString
 import engine_scenarios
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.events import as_event
 from nvrx_slo.exporter.identity import Identity
-from nvrx_slo.exporter.ingest.decode import as_event
 from nvrx_slo.exporter.views import otlp
 from nvrx_slo.exporter.views.collector import SnapshotCollector, families
 from nvrx_slo.exporter.views.exposition import TextRenderer

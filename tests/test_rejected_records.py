@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.ingest.decode import Event, decode
+from nvrx_slo.exporter.events import Event
+from nvrx_slo.exporter.ingest.decode import decode
 from nvrx_slo.exporter.ingest.tail import ROUND_BYTES, JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.offline import report
@@ -170,6 +171,18 @@ def test_a_forged_future_record_in_a_rank_file_no_longer_makes_its_process_late(
     inserted = [(json.dumps({**launcher, "mono": 650.0}).encode(), _name(FINISHED, rank0["pid"]), 0.0)]
     assert distinct(FINISHED, inserted)
     assert refused_leave_no_trace(FINISHED, inserted, ROUND_BYTES) == (True, [])
+
+
+def test_a_forged_future_record_claiming_its_writers_first_seq_no_longer_holds_its_file_back():
+    """Found by the backlog property above on main 136d642: rank 0's process_start copied 650 s
+    later, put first in its own file and read in rounds. It was refused (a duplicate of the real
+    seq 0) but set the file's merge time: every later line of the file waited for 650 s, behind
+    every other file, and the accounting changed (24 series, productive 2.25 s against 9.0)."""
+    first = next(r for r in FINISHED if r["type"] == "process_start" and r["rank"] == 0)
+    inserted = [(json.dumps({**first, "mono": 650.0}).encode(), _name(FINISHED, first["pid"]), 0.0)]
+    assert distinct(FINISHED, inserted)
+    for records in (FINISHED, RUNNING):
+        assert refused_leave_no_trace(records, inserted, 2048) == (True, [])
 
 
 def test_the_report_dates_a_running_journal_by_its_accepted_records():

@@ -17,7 +17,7 @@ import pytest
 
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.offline import report

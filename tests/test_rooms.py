@@ -67,14 +67,15 @@ _TOP = tuple(f"nvrx_slo.exporter.{m}" for m in ("live", "sidecar", "server", "st
 _OFFLINE = "nvrx_slo.exporter.offline"
 LAYERS = {  # inside the sidecar, one way: ingest -> engine -> views, and the process or the offline room on top
     "ingest": ("nvrx_slo.exporter.engine", "nvrx_slo.exporter.views", _OFFLINE, *_TOP),
-    "engine": ("nvrx_slo.exporter.views", _OFFLINE, *_TOP),
+    # the engine reads events (``exporter/events.py``), never the reader that makes them
+    "engine": ("nvrx_slo.exporter.ingest", "nvrx_slo.exporter.views", _OFFLINE, *_TOP),
     # a view renders a View: it reads no journal and knows no process
     "views": ("nvrx_slo.exporter.ingest", _OFFLINE, *_TOP),
     # a journal read after the fact: the reader, the engine and the views, never the sidecar process
     "offline": _TOP,
 }
 # Plain helpers every layer may use: they use none.
-NEUTRAL = ("identity", "printable", "rejects")
+NEUTRAL = ("events", "identity", "printable")
 
 
 @pytest.mark.parametrize("layer", sorted(LAYERS))

@@ -10,8 +10,8 @@ import pytest
 from journal_fixtures import file_name, record, step, write
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest import tail as tail_mod
-from nvrx_slo.exporter.ingest.decode import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail, order_key
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.trainer.journal import Identity, Journal

@@ -10,7 +10,8 @@ from msgspec import to_builtins as as_record  # an event back to the schema's re
 from journal_fixtures import record, step
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.schema import JournalError
-from nvrx_slo.exporter.ingest.decode import as_event, decode_batch
+from nvrx_slo.exporter.events import as_event
+from nvrx_slo.exporter.ingest.decode import decode_batch
 
 VALID = [step(1, 10.0, 1), record("process_start", 0, 5.0, world_size=2),
          record("process_start", 0, 5.0, world_size=2, local_world_size=2),

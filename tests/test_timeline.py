@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.ingest.decode import as_event
+from nvrx_slo.exporter.events import as_event
 from nvrx_slo.exporter.offline.timeline import TimelineBuilder
 from nvrx_slo.exporter.views import timeline
 from nvrx_slo.exporter.views.timeline import RestartBand

@@ -339,7 +339,7 @@ def test_sub_millisecond_polls_add_up_to_the_blocking_the_loop_measured_within_a
         reference_loop):
     from nvrx_slo.contracts.catalogue import Category
     from nvrx_slo.exporter.engine.engine import Engine
-    from nvrx_slo.exporter.ingest.decode import as_event
+    from nvrx_slo.exporter.events import as_event
 
     hooks, truth, _ = reference_loop
     assert SlowQueue.planted >= len(truth) * HOLD and max(PLANTED) < 0.001

@@ -27,14 +27,31 @@ state RESTART until the first step of the restarted loop starts. Each restart is
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Protocol
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Annotated, Protocol
 
 import msgspec
 
-from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, Category, RestartLevel
-from nvrx_slo.contracts.schema import SPAN_EVENTS
+from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.schema import (
+    Blocked,
+    Cause,
+    CheckpointEnd,
+    CheckpointFinalize,
+    CheckpointScheduled,
+    CheckpointStart,
+    EventType,
+    FaultInjected,
+    LauncherWorkerExit,
+    Restore,
+    Span,
+    Step,
+    StepFailed,
+    UserSpan,
+)
 from nvrx_slo.exporter.engine.snapshot import RankState
-from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.events import Event
 
 IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
 PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]
@@ -46,9 +63,12 @@ OTHER_NAME = "other"
 GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
         RankState.ENDED: SHUTDOWN}
 POOL_MAX = 4096  # undecided steps kept one by one before neighbours are merged
-_INPROCESS_FAULT = {"inprocess_abort", "inprocess_finalize", "inprocess_rank_assignment"}
-_MARKS = {"inprocess_abort": "detect", "inprocess_finalize": "teardown",
-          "inprocess_rank_assignment": "rendezvous"}
+_INPROCESS_FAULT = frozenset((EventType.INPROCESS_ABORT, EventType.INPROCESS_FINALIZE,
+                              EventType.INPROCESS_RANK_ASSIGNMENT))
+# the Wrapper's callbacks: the restart phase each one ends
+_MARKS = {EventType.INPROCESS_ABORT: RestartPhase.DETECT, EventType.INPROCESS_FINALIZE: RestartPhase.TEARDOWN,
+          EventType.INPROCESS_RANK_ASSIGNMENT: RestartPhase.RENDEZVOUS,
+          EventType.INPROCESS_INITIALIZE: RestartPhase.REINIT}
 
 
 class RestartSink(Protocol):
@@ -57,7 +77,7 @@ class RestartSink(Protocol):
     def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
               injected: bool, cause: str | None) -> None: ...
 
-    def mark(self, rank: int, key: str, phase: str, mono: float) -> None: ...
+    def mark(self, rank: int, key: str, phase: RestartPhase, mono: float) -> None: ...
 
     def cause(self, rank: int, key: str, cause: str) -> None: ...
 
@@ -68,11 +88,12 @@ class RestartSink(Protocol):
         did and was not itself started again in that stretch; else None."""
 
 
-class Ledger(msgspec.Struct):
+@dataclass(slots=True)
+class Ledger:
     """The accounted state of one rank. ``apply`` events in (mono, pid, seq) order.
 
-    A struct so that its saved state is typed: ``from_state`` checks every field, and a state
-    file edited by hand or by another version fails there instead of in a later scrape."""
+    A struct so that its saved state is typed: loading one checks every field, and a state file
+    edited by hand or by another version fails there instead of in a later scrape."""
 
     rank: int
     first: float | None = None  # start of the rank's first event
@@ -93,17 +114,17 @@ class Ledger(msgspec.Struct):
     fact_reinit: bool = False  # the open in-process restart has re-initialised
     seconds: Annotated[list[float], msgspec.Meta(min_length=len(SETTLED_CATEGORIES),
                                                  max_length=len(SETTLED_CATEGORIES))] = \
-        msgspec.field(default_factory=lambda: [0.0] * len(SETTLED_CATEGORIES))
-    pool_steps: list[int] = msgspec.field(default_factory=list)  # undecided steps, oldest first
-    pool_work: list[float] = msgspec.field(default_factory=list)
-    pool_first: list[float] = msgspec.field(default_factory=list)  # end (mono) of each pool entry's first step ...
-    pool_last: list[float] = msgspec.field(default_factory=list)  # ... and of its last (they differ once merged)
+        field(default_factory=lambda: [0.0] * len(SETTLED_CATEGORIES))
+    pool_steps: list[int] = field(default_factory=list)  # undecided steps, oldest first
+    pool_work: list[float] = field(default_factory=list)
+    pool_first: list[float] = field(default_factory=list)  # end (mono) of each pool entry's first step ...
+    pool_last: list[float] = field(default_factory=list)  # ... and of its last (they differ once merged)
     pool_sum: float = 0.0
     last_wall: float = 0.0
     # (first, last, productive) per decided pool entry, in decision order: the steps of this
     # rank that ended in [first, last] (mono) and were undecided until then. None: not kept.
     verdicts: list[tuple[float, float, bool]] | None = None
-    user: dict[str, float] = msgspec.field(default_factory=dict)  # user_span seconds by name (USER_NAMES, OTHER_NAME)
+    user: dict[str, float] = field(default_factory=dict)  # user_span seconds by name (USER_NAMES, OTHER_NAME)
 
     # --- time ------------------------------------------------------------------------------
     def _advance(self, to: float) -> None:
@@ -187,18 +208,17 @@ class Ledger(msgspec.Struct):
 
     # --- events ------------------------------------------------------------------------------
     def apply(self, ev: Event, sink: RestartSink) -> None:
-        kind = ev.type
-        if kind == "step" and ev.pid == self.pid and ev.iter <= self.iter:  # the hot path
+        if isinstance(ev, Step) and ev.pid == self.pid and ev.iter <= self.iter:  # the hot path
             self._step(ev, sink)
             self.last_wall = ev.wall
             return
-        if kind == "launcher_worker_exit":  # written by the launcher (its pid), about this rank's process
+        if isinstance(ev, LauncherWorkerExit):  # written by the launcher (its pid), about this rank's process
             if ev.worker_pid == self.pid and self.first is not None:
                 self._died(ev.mono, ev.wall, "worker process exited")
             return
-        mono = ev.mono
+        kind, mono = ev.type, ev.mono
         if self.first is None:
-            self.first = self.t = min(mono, ev.start) if kind in SPAN_EVENTS else mono
+            self.first = self.t = min(mono, ev.start) if isinstance(ev, Span) else mono
             self.pid, self.restart, self.iter, self.last_wall = ev.pid, ev.restart, ev.iter, ev.wall
             self.launch = str(ev.restart)
         elif ev.pid != self.pid:
@@ -209,53 +229,54 @@ class Ledger(msgspec.Struct):
         if ev.iter > self.iter:
             self.iter = ev.iter
 
-        if kind != "step" and (blocked := getattr(ev, "blocked_s", None)):
-            self._blocked(ev.start if kind in SPAN_EVENTS else mono, blocked)
-        if kind == "step":
+        if isinstance(ev, Step):
             self._step(ev, sink)
-        elif kind == "checkpoint_start":
+            self.last_wall = ev.wall
+            return
+        if isinstance(ev, Blocked) and ev.blocked_s:
+            self._blocked(ev.start if isinstance(ev, Span) else mono, ev.blocked_s)
+        if isinstance(ev, CheckpointStart):
             self._advance(mono)
             if self.state is not RankState.RESTART:
                 self.blocking = ev.ckpt
-        elif kind == "checkpoint_scheduled" or (kind == "checkpoint_end" and self.blocking == ev.ckpt):
+        elif isinstance(ev, CheckpointScheduled) or (isinstance(ev, CheckpointEnd) and self.blocking == ev.ckpt):
             if self.blocking == ev.ckpt:
                 self._advance(mono)
                 self.blocking = None
-        elif kind == "checkpoint_finalize":
+        elif isinstance(ev, CheckpointFinalize):
             self._span(ev.start, mono, BLOCKING)
-        elif kind == "user_span":
+        elif isinstance(ev, UserSpan):
             name = ev.name[:64] if ev.name[:64] in self.user or len(self.user) < USER_NAMES else OTHER_NAME
             self.user[name] = self.user.get(name, 0.0) + self._span(ev.start, mono, USER)
-        elif kind == "restore":
+        elif isinstance(ev, Restore):
             self._span(ev.start, mono, RESTORE)
             self._decide(ev.step, drop_rest=True)
-        elif kind == "fault_injected":
+        elif isinstance(ev, FaultInjected):
             self._advance(mono)
             self.fault, self.fault_wall, self.cause = mono, ev.wall, f"fault_injected: {ev.kind}"
-        elif kind == "step_failed":
+        elif isinstance(ev, StepFailed):
             self._advance(ev.start)
             self._died(mono, ev.wall, ev.error)
-        elif kind == "process_start":
+        elif kind is EventType.PROCESS_START:
             self._advance(mono)
             if self.fact is not None:
-                sink.mark(self.rank, self.fact, "reinit", mono)
-        elif kind in ("process_end", "inprocess_completion"):
+                sink.mark(self.rank, self.fact, RestartPhase.REINIT, mono)
+        elif kind is EventType.PROCESS_END or kind is EventType.INPROCESS_COMPLETION:
             # the loop is over: from its last step or save to the process's (and the job's) end is
             # shutdown (writer stop, completion barrier, process-group teardown)
             if self.state is RankState.TRAINING:
                 self.state = RankState.ENDED
             self._advance(mono)
-            if kind == "process_end":
+            if kind is EventType.PROCESS_END:
                 self.state = RankState.ENDED
-        elif kind in _MARKS or kind == "inprocess_initialize":
+        elif kind in _MARKS:
             self._advance(mono)
-            cause = getattr(ev, "cause", None)  # inprocess_abort and _initialize carry none
-            if cause and self.fact is not None:
-                sink.cause(self.rank, self.fact, cause)
+            if isinstance(ev, Cause) and ev.cause and self.fact is not None:
+                sink.cause(self.rank, self.fact, ev.cause)
             if self.fact is not None and self.state is RankState.RESTART:
-                sink.mark(self.rank, self.fact, _MARKS.get(kind, "reinit"), mono)
-                self.fact_reinit = self.fact_reinit or kind == "inprocess_initialize"
-        if kind == "checkpoint_end" and ev.ok:
+                sink.mark(self.rank, self.fact, _MARKS[kind], mono)
+                self.fact_reinit = self.fact_reinit or kind is EventType.INPROCESS_INITIALIZE
+        if isinstance(ev, CheckpointEnd) and ev.ok:
             self._decide(ev.step, drop_rest=False)
         self.last_wall = ev.wall
 
@@ -271,7 +292,7 @@ class Ledger(msgspec.Struct):
         self.t = mono
         self.fault, self.fault_wall, self.cause = mono, wall, cause
 
-    def _step(self, ev: Event, sink: RestartSink) -> None:
+    def _step(self, ev: Step, sink: RestartSink) -> None:
         start: float = ev.start
         mono = ev.mono
         t = self.t
@@ -323,20 +344,12 @@ class Ledger(msgspec.Struct):
         self.pool_first = self.pool_first[0:len(steps) - odd:2] + self.pool_first[len(steps) - odd:]
         self.pool_last = self.pool_last[1:len(steps):2] + self.pool_last[len(steps) - odd:]
 
-    # --- copies and state ----------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        if not len(self.pool_steps) == len(self.pool_work) == len(self.pool_first) == len(self.pool_last):
+            raise ValueError("ledger pool lists differ in length")
+
     def copy(self) -> Ledger:
-        return msgspec.structs.replace(
+        return dataclasses.replace(
             self, seconds=self.seconds[:], pool_steps=self.pool_steps[:], pool_work=self.pool_work[:],
             pool_first=self.pool_first[:], pool_last=self.pool_last[:],
             verdicts=None if self.verdicts is None else self.verdicts[:], user=dict(self.user))
-
-    def to_state(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
-
-    @classmethod
-    def from_state(cls, state: Any) -> Ledger:
-        """The ledger ``to_state`` saved; ``ValueError`` (msgspec's ValidationError) if it is not one."""
-        out = msgspec.convert(state, cls)
-        if not len(out.pool_steps) == len(out.pool_work) == len(out.pool_first) == len(out.pool_last):
-            raise ValueError("ledger pool lists differ in length")
-        return out

@@ -16,188 +16,236 @@ nothing can join it any more (see ``Checkpoints.fold``) or the job finished.
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from nvrx_slo.contracts.catalogue import CHECKPOINT_BUCKETS
-from nvrx_slo.exporter.engine.histogram import Buckets
+from nvrx_slo.contracts.schema import CheckpointEnd, CheckpointFinalize, CheckpointScheduled, CheckpointStart
+from nvrx_slo.exporter.engine.histogram import Buckets, CheckpointBuckets
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord
-from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.events import AFTER_ALL, Event
 
 RECENT = 32
 MAX_OPEN = 64  # saves waiting for ranks that never report are closed, oldest first, beyond this
 
-# one process's part of a save, keyed (rank, pid):
-# [pid, start, step, mode, scheduled, bytes, finalize_s (finalize spans and waits), end, written, written_wall, ok,
-#  newest record's mono, start_wall]
-PID, START, STEP, MODE, SCHED, BYTES, FINALIZE, END, WRITTEN, WRITTEN_WALL, OK, LAST, START_WALL = range(13)
+
+@dataclass(slots=True)
+class Part:
+    """One process's part of a save: what its records of it said, merged (``merged``)."""
+
+    rank: int
+    pid: int
+    last: float  # mono of its newest record
+    start: float | None = None  # checkpoint_start's mono: the loop blocked from here
+    start_wall: float | None = None
+    step: int | None = None
+    mode: str = ""
+    scheduled: float | None = None  # checkpoint_scheduled's mono: the loop resumed
+    bytes: int = 0
+    finalize_s: float = 0.0  # its finalize spans and the loop's later waits on it
+    end: float | None = None  # checkpoint_end's mono
+    written: float | None = None  # the instant the write finished
+    written_wall: float | None = None
+    ok: bool | None = None
+
+    @classmethod
+    def of(cls, rec: Event, rank: int) -> Part:
+        """The part one checkpoint_* record of rank ``rank`` makes on its own."""
+        part = cls(rank, rec.pid, rec.mono)
+        if isinstance(rec, CheckpointStart):
+            part.start, part.start_wall, part.step, part.mode = rec.mono, rec.wall, rec.step, rec.mode
+        elif isinstance(rec, CheckpointScheduled):
+            part.scheduled, part.bytes = rec.mono, rec.bytes
+        elif isinstance(rec, CheckpointFinalize):
+            part.finalize_s = max(0.0, rec.mono - rec.start)
+        elif isinstance(rec, CheckpointEnd):
+            part.ok, part.step, part.end, part.written = rec.ok, rec.step, rec.mono, rec.written
+            part.finalize_s = rec.waited_s or 0.0
+            part.written_wall = rec.wall - (rec.mono - rec.written)
+        return part
+
+    def merged(self, b: Part) -> Part:
+        """This part and another of the same process's save as one (a new part): earliest start,
+        latest end, one failure fails the part, finalize spans summed."""
+        start, start_wall = (b.start, b.start_wall) if b.start is not None and (
+            self.start is None or b.start < self.start) else (self.start, self.start_wall)
+        end, written, written_wall = (b.end, b.written, b.written_wall) if b.end is not None and (
+            self.end is None or b.end > self.end) else (self.end, self.written, self.written_wall)
+        return Part(self.rank, self.pid, max(self.last, b.last), start, start_wall,
+                    max((s for s in (self.step, b.step) if s is not None), default=None), self.mode or b.mode,
+                    max((s for s in (self.scheduled, b.scheduled) if s is not None), default=None),
+                    max(self.bytes, b.bytes), self.finalize_s + b.finalize_s, end, written, written_wall,
+                    b.ok if self.ok is None else (self.ok if b.ok is None else self.ok and b.ok))
+
+    def blocking(self) -> float | None:
+        if self.start is None or self.scheduled is None:
+            return None
+        return max(0.0, self.scheduled - self.start) + self.finalize_s
+
+    def background(self) -> float | None:
+        if not self.ok or self.scheduled is None or self.written is None:
+            return None
+        return max(0.0, self.written - self.scheduled)
 
 
-def _part() -> list[Any]:
-    return [None, None, None, "", None, 0, 0.0, None, None, None, None, float("-inf"), None]
+@dataclass(slots=True)
+class Save:
+    """One save of a checkpoint id as stored: the id within one incarnation (a restarted job may
+    save an id again after a rollback: the restart count and Wrapper iteration tell them apart)."""
+
+    restart: int
+    iter: int
+    ckpt: str
+    # its parts by pid: a process's records all go to one rank (``ProcessLanes``), and a process
+    # that saves one id twice in one iteration (a retry) has one part for both
+    parts: dict[int, Part] = field(default_factory=dict)
 
 
-def _began(parts: dict[tuple[int, int], list[Any]]) -> float:
-    return min(p[START] if p[START] is not None else p[LAST] for p in parts.values())
+class _Group(NamedTuple):
+    """A save as read (``_grouped``): the stored save it is, its parts merged by pid, and the
+    stored (save, pid) parts it is made of."""
+
+    save: Save
+    parts: dict[int, Part]
+    members: list[tuple[Save, int]]
 
 
-def _one(rec: Event) -> list[Any]:
-    """The part one checkpoint_* record makes on its own."""
-    part = _part()
-    part[PID], part[LAST] = rec.pid, rec.mono
-    kind, mono = rec.type, rec.mono
-    if kind == "checkpoint_start":
-        part[START], part[START_WALL], part[STEP], part[MODE] = mono, rec.wall, rec.step, rec.mode
-    elif kind == "checkpoint_scheduled":
-        part[SCHED], part[BYTES] = mono, rec.bytes
-    elif kind == "checkpoint_finalize":
-        part[FINALIZE] = max(0.0, mono - rec.start)
-    else:  # checkpoint_end
-        part[OK], part[STEP], part[END], part[WRITTEN] = rec.ok, rec.step, mono, rec.written
-        part[FINALIZE] = rec.waited_s or 0.0
-        part[WRITTEN_WALL] = rec.wall - (mono - rec.written)
-    return part
+def _began(parts: Iterable[Part]) -> float:
+    return min(p.start if p.start is not None else p.last for p in parts)
 
 
-def _merged(a: list[Any], b: list[Any]) -> list[Any]:
-    """Two parts of one process's save as one (a new list): earliest start, latest end, one failure
-    fails the part, finalize spans summed."""
-    out = list(a)
-    if b[START] is not None and (out[START] is None or b[START] < out[START]):
-        out[START], out[START_WALL] = b[START], b[START_WALL]
-    out[STEP] = max((p[STEP] for p in (a, b) if p[STEP] is not None), default=None)
-    out[MODE] = a[MODE] or b[MODE]
-    out[SCHED] = max((p[SCHED] for p in (a, b) if p[SCHED] is not None), default=None)
-    out[BYTES] = max(a[BYTES], b[BYTES])
-    out[FINALIZE] = a[FINALIZE] + b[FINALIZE]
-    if b[END] is not None and (out[END] is None or b[END] > out[END]):
-        out[END], out[WRITTEN], out[WRITTEN_WALL] = b[END], b[WRITTEN], b[WRITTEN_WALL]
-    out[OK] = b[OK] if a[OK] is None else (a[OK] if b[OK] is None else a[OK] and b[OK])
-    out[LAST] = max(a[LAST], b[LAST])
-    return out
+def _order(folded: tuple[float, CheckpointRecord]) -> tuple[float, tuple[int, int], str]:
+    began, record = folded
+    return began, record.incarnation, record.ckpt
 
 
-def _record(fields: list[Any]) -> CheckpointRecord:
-    """A ``CheckpointRecord`` from its state (a JSON list: the incarnation is a list there)."""
-    ckpt, step, mode, blocking_s, background_s, ok, nbytes, written_wall, ranks, (restart, iter_), began = fields
-    return CheckpointRecord(ckpt, step, mode, blocking_s, background_s, ok, nbytes, written_wall, ranks,
-                            (restart, iter_), began)
+def _done(parts: dict[int, Part], live: dict[int, int]) -> bool:
+    return all(p.end is not None or live.get(p.rank) != p.pid for p in parts.values())
 
 
-def _key(text: str) -> tuple[int, int]:
-    rank, pid = text.split("/")
-    return int(rank), int(pid)
+@dataclass(frozen=True)
+class CheckpointsView:
+    """The aggregates as of an instant: folded history plus the saves still open."""
+
+    blocking: Buckets
+    background: Buckets
+    saves: int
+    failures: int
+    bytes_total: int
+    in_flight: int
+    last_written: float | None  # mono of the newest durable save
+    last_wall: float | None
+    last_step: int | None
+    first_written: float | None
+    recent: tuple[CheckpointRecord, ...]  # the newest ``RECENT``, oldest first
+    records: tuple[CheckpointRecord, ...]  # every one kept, oldest first
 
 
+@dataclass(slots=True)
 class Checkpoints:
-    def __init__(self, window: float, keep: int | None = RECENT) -> None:
-        """``keep``: folded saves kept as records (None: all, for an offline replay)."""
-        self.window = window
-        self.keep = keep
-        # "<restart>/<iter>/<ckpt id>" -> (rank, pid) -> part. A restarted job may save an id
-        # again after a rollback: the restart count and Wrapper iteration tell the saves apart.
-        self.open: dict[str, dict[tuple[int, int], list[Any]]] = {}
-        self.blocking = Buckets(CHECKPOINT_BUCKETS)
-        self.background = Buckets(CHECKPOINT_BUCKETS)
-        self.saves = 0
-        self.failures = 0
-        self.bytes_total = 0
-        self.last_written: float | None = None  # mono of the newest durable save
-        self.last_wall: float | None = None
-        self.last_step: int | None = None
-        self.first_written: float | None = None
-        self.recent: list[tuple[float, str, CheckpointRecord]] = []  # (began, key, record), oldest first
-        self.due = float("inf")  # no save can fold before the pod's newest record reaches this
+    """``keep``: folded saves kept as records (None: all, for an offline replay)."""
 
-    def add(self, rec: Event, rank: int) -> None:
-        """One checkpoint_* event of rank ``rank`` (checkpoint_worker is the ledger's)."""
-        ckpt = f"{rec.restart}/{rec.iter}/{rec.ckpt}"
-        parts = self.open.get(ckpt)
-        if parts is None:
-            parts = self.open[ckpt] = {}
-            if len(self.open) > MAX_OPEN:
-                oldest = min(self.open, key=lambda k: (_began(self.open[k]) if self.open[k] else float("inf"), k))
-                self._close(oldest, self.open.pop(oldest), {})
-        key = (rank, rec.pid)  # a restarted process may save the same id again
-        # Parts combine commutatively (``_merged``), so arrival order cannot matter; a process that
-        # saves one id twice in one iteration (a retry) gets one part for both.
-        part = _one(rec)
-        parts[key] = _merged(parts[key], part) if key in parts else part
-        self.due = min(self.due, parts[key][LAST] + self.window)
+    window: float
+    keep: int | None = RECENT
+    open: dict[str, list[Save]] = field(default_factory=dict)  # by checkpoint id
+    blocking: CheckpointBuckets = field(default_factory=CheckpointBuckets)
+    background: CheckpointBuckets = field(default_factory=CheckpointBuckets)
+    saves: int = 0
+    failures: int = 0
+    bytes_total: int = 0
+    last_written: float | None = None  # mono of the newest durable save
+    last_wall: float | None = None
+    last_step: int | None = None
+    first_written: float | None = None
+    recent: list[tuple[float, CheckpointRecord]] = field(default_factory=list)  # (began, record), ``_order``
+    due: float = AFTER_ALL  # no save can fold before the pod's newest record reaches this
 
-    def _grouped(self) -> tuple[dict[str, dict[tuple[int, int], list[Any]]], dict[str, list[tuple[str, Any]]]]:
+    def add(self, rec: Event, ckpt: str, rank: int) -> bool:
+        """One checkpoint_* event (a ``schema.CheckpointPart``: checkpoint_worker is the ledger's) of
+        save ``ckpt`` and rank ``rank``. Returns whether it gave its start to a part read without
+        one: that part leaves the earlier save ``_grouped`` had joined it to, which may be over now
+        (``fold`` again)."""
+        saves = self.open.setdefault(ckpt, [])
+        save = next((s for s in saves if s.restart == rec.restart and s.iter == rec.iter), None)
+        if save is None:
+            save = Save(rec.restart, rec.iter, ckpt)
+            saves.append(save)
+            if sum(map(len, self.open.values())) > MAX_OPEN:
+                oldest = min((s for ss in self.open.values() for s in ss),
+                             key=lambda s: (_began(s.parts.values()) if s.parts else float("inf"), s.restart, s.iter,
+                                            s.ckpt))
+                self._remove(oldest)
+                self._close(oldest, oldest.parts, {})
+        # Parts combine commutatively (``Part.merged``), so arrival order cannot matter.
+        part = Part.of(rec, rank)
+        old = save.parts.get(rec.pid)
+        save.parts[rec.pid] = part if old is None else old.merged(part)
+        self.due = min(self.due, save.parts[rec.pid].last + self.window)
+        return old is not None and old.start is None and part.start is not None
+
+    def _remove(self, save: Save) -> None:
+        saves = self.open[save.ckpt]
+        saves[:] = [s for s in saves if s is not save]
+        if not saves:
+            del self.open[save.ckpt]
+
+    def _grouped(self) -> list[_Group]:
         """The open saves as read: a process's part without a start joins the newest save of that id
         the process started at or before the part's iteration (the same restart), in whatever order
-        the records came. Also, per save read, the stored (key, part key) pairs it is made of.
-        Nearly always every part has its start, and the stored saves are the saves read."""
-        homes: dict[tuple[str, str, int, int], list[int]] = {}  # (restart, ckpt, rank, pid) -> started iters
+        the records came. Nearly always every part has its start, and the stored saves are the saves read."""
+        stored = [save for saves in self.open.values() for save in saves]
+        started: dict[tuple[int, str, int], list[Save]] = {}  # (restart, ckpt, pid) -> the saves it started
         startless = False
-        for key, parts in self.open.items():
-            restart, iter_, ckpt = key.split("/", 2)
-            for (rank, pid), part in parts.items():
-                if part[START] is None:
+        for save in stored:
+            for pid, part in save.parts.items():
+                if part.start is None:
                     startless = True
                 else:
-                    homes.setdefault((restart, ckpt, rank, pid), []).append(int(iter_))
+                    started.setdefault((save.restart, save.ckpt, pid), []).append(save)
         if not startless:
-            return self.open, {key: [(key, k) for k in parts] for key, parts in self.open.items()}
-        grouped: dict[str, dict[tuple[int, int], list[Any]]] = {}
-        members: dict[str, list[tuple[str, Any]]] = {}
-        for key, parts in self.open.items():
-            restart, iter_, ckpt = key.split("/", 2)
-            for (rank, pid), part in parts.items():
-                home = key
-                if part[START] is None:
-                    earlier = [i for i in homes.get((restart, ckpt, rank, pid), ()) if i <= int(iter_)]
+            return [_Group(save, save.parts, [(save, pid) for pid in save.parts]) for save in stored]
+        groups: dict[int, _Group] = {}  # by id() of the save read
+        for save in stored:
+            for pid, part in save.parts.items():
+                home = save
+                if part.start is None:
+                    earlier = [s for s in started.get((save.restart, save.ckpt, pid), ()) if s.iter <= save.iter]
                     if earlier:
-                        home = f"{restart}/{max(earlier)}/{ckpt}"
-                group = grouped.setdefault(home, {})
-                group[(rank, pid)] = _merged(group[(rank, pid)], part) if (rank, pid) in group else part
-                members.setdefault(home, []).append((key, (rank, pid)))
-        return grouped, members
+                        home = max(earlier, key=lambda s: s.iter)
+                group = groups.get(id(home))
+                if group is None:
+                    group = groups[id(home)] = _Group(home, {}, [])
+                group.parts[pid] = group.parts[pid].merged(part) if pid in group.parts else part
+                group.members.append((save, pid))
+        return list(groups.values())
 
     @staticmethod
-    def _blocking(part: list[Any]) -> float | None:
-        if part[START] is None or part[SCHED] is None:
-            return None
-        return max(0.0, part[SCHED] - part[START]) + part[FINALIZE]
-
-    @staticmethod
-    def _background(part: list[Any]) -> float | None:
-        if not part[OK] or part[SCHED] is None or part[WRITTEN] is None:
-            return None
-        return max(0.0, part[WRITTEN] - part[SCHED])
-
-    def record(self, key: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int]) -> CheckpointRecord:
-        ends = [p for p in parts.values() if p[END] is not None]
-        failed = any(p[OK] is False for p in ends)
-        pending = any(p[END] is None and live.get(r) == pid for (r, pid), p in parts.items())
-        blocking = [b for b in map(self._blocking, parts.values()) if b is not None]
-        background = [b for b in map(self._background, parts.values()) if b is not None]
-        walls = [p[WRITTEN_WALL] for p in ends if p[OK]]
-        steps = [p[STEP] for p in parts.values() if p[STEP] is not None]
-        modes = [p[MODE] for p in parts.values() if p[MODE]]
-        began = [p[START_WALL] for p in parts.values() if p[START_WALL] is not None]
-        restart, iter_, ckpt = key.split("/", 2)
+    def record(save: Save, parts: dict[int, Part], live: dict[int, int]) -> CheckpointRecord:
+        ends = [p for p in parts.values() if p.end is not None]
+        failed = any(p.ok is False for p in ends)
+        pending = any(p.end is None and live.get(p.rank) == p.pid for p in parts.values())
+        blocking = [b for b in (p.blocking() for p in parts.values()) if b is not None]
+        background = [b for b in (p.background() for p in parts.values()) if b is not None]
+        walls = [p.written_wall for p in ends if p.ok and p.written_wall is not None]
+        steps = [p.step for p in parts.values() if p.step is not None]
+        modes = [p.mode for p in parts.values() if p.mode]
+        began = [p.start_wall for p in parts.values() if p.start_wall is not None]
         return CheckpointRecord(
-            ckpt=ckpt, incarnation=(int(restart), int(iter_)), began_wall=min(began) if began else None,
+            ckpt=save.ckpt, incarnation=(save.restart, save.iter), began_wall=min(began) if began else None,
             step=max(steps) if steps else -1, mode=modes[0] if modes else "",
             blocking_s=max(blocking) if blocking else None, background_s=max(background) if background else None,
             ok=False if failed else (None if pending or not ends else True),
-            bytes=sum(p[BYTES] for p in parts.values()), written_wall=max(walls) if walls else None,
-            ranks=sum(1 for p in parts.values() if p[START] is not None))
+            bytes=sum(p.bytes for p in parts.values()), written_wall=max(walls) if walls else None,
+            ranks=sum(1 for p in parts.values() if p.start is not None))
 
-    def _done(self, parts: dict[tuple[int, int], list[Any]], live: dict[int, int]) -> bool:
-        return all(p[END] is not None or live.get(r) != pid for (r, pid), p in parts.items())
-
-    def _fold_one(self, key: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int],
+    def _fold_one(self, save: Save, parts: dict[int, Part], live: dict[int, int],
                   blocking: Buckets, background: Buckets) -> tuple[CheckpointRecord, bool]:
-        record = self.record(key, parts, live)
+        record = self.record(save, parts, live)
         for part in parts.values():
-            b = self._blocking(part)
+            b = part.blocking()
             if b is not None:
                 blocking.observe(b)
-            g = self._background(part)
+            g = part.background()
             if g is not None:
                 background.observe(g)
         return record, record.ok is True
@@ -210,43 +258,42 @@ class Checkpoints:
 
         Call it before adding a record whenever ``newest >= due`` (and after a rank's process
         changed), so that a later save of the same id never joins one that is over."""
-        due = float("inf")
-        grouped, members = self._grouped()
-        for ckpt, parts in list(grouped.items()):
-            last = max(p[LAST] for p in parts.values()) + self.window
+        due = AFTER_ALL
+        for save, parts, members in self._grouped():
+            last = max(p.last for p in parts.values()) + self.window
             if last > newest:
                 due = min(due, last)
                 continue
-            if not self._done(parts, live):
+            if not _done(parts, live):
                 continue  # re-armed by its next record or a process change
-            ranks = {rank for rank, _ in parts}
-            begun = _began(parts)
+            ranks = {p.rank for p in parts.values()}
+            begun = _began(parts.values())
             if any(rank not in ranks and pid_at(rank, begun) == pid for rank, pid in live.items()):
                 continue
             parts = dict(parts)  # the stored dict itself when nothing was regrouped
-            for key, part_key in members[ckpt]:
-                del self.open[key][part_key]
-                if not self.open[key]:
-                    del self.open[key]
-            self._close(ckpt, parts, live)
+            for stored, pid in members:
+                del stored.parts[pid]
+                if not stored.parts:
+                    self._remove(stored)
+            self._close(save, parts, live)
         self.due = due
 
-    def _close(self, ckpt: str, parts: dict[tuple[int, int], list[Any]], live: dict[int, int]) -> None:
-        record, durable = self._fold_one(ckpt, parts, live, self.blocking, self.background)
+    def _close(self, save: Save, parts: dict[int, Part], live: dict[int, int]) -> None:
+        record, durable = self._fold_one(save, parts, live, self.blocking, self.background)
         if record.ok is False:
             self.failures += 1
         if durable:
-            written = max(p[WRITTEN] for p in parts.values() if p[OK])
+            written = max(p.written for p in parts.values() if p.ok and p.written is not None)
             self.saves += 1
             self.bytes_total += record.bytes
             self.first_written = written if self.first_written is None else min(self.first_written, written)
             if self.last_written is None or written > self.last_written:
                 self.last_written, self.last_wall, self.last_step = written, record.written_wall, record.step
-        insort(self.recent, (_began(parts), ckpt, record), key=lambda x: x[:2])
+        insort(self.recent, (_began(parts.values()), record), key=_order)
         if self.keep is not None:
             del self.recent[:-self.keep]
 
-    def view(self, finished: bool, live: dict[int, int]) -> dict[str, Any]:
+    def view(self, finished: bool, live: dict[int, int]) -> CheckpointsView:
         """The aggregates as of now: folded history plus open saves (histograms only if ``finished``)."""
         blocking, background = self.blocking, self.background
         saves, bytes_total, failures = self.saves, self.bytes_total, self.failures
@@ -256,59 +303,29 @@ class Checkpoints:
         open_records = []
         if finished:
             blocking, background = blocking.copy(), background.copy()
-        grouped, members = self._grouped()
-        for key, parts in grouped.items():
-            done = self._done(parts, live)
+        for save, parts, members in self._grouped():
+            done = _done(parts, live)
             if finished and done:
-                record, durable = self._fold_one(key, parts, live, blocking, background)
+                record, durable = self._fold_one(save, parts, live, blocking, background)
                 if durable:
                     saves += 1
                     bytes_total += record.bytes
             else:
-                record, durable = self.record(key, parts, live), False
-            open_records.append((_began(parts), key, record))
+                record, durable = self.record(save, parts, live), False
+            open_records.append((_began(parts.values()), record))
             # a part read without its start may yet move to another save (``_grouped``): an open
             # save's failure counts once a stored part that has its start failed, which stays put,
             # so the counter never goes down when a part moves
-            failures += any(self.open[k][part][START] is not None and self.open[k][part][OK] is False
-                            for k, part in members[key])
-            in_flight += record.ok is None and any(p[END] is None and live.get(r) == pid for (r, pid),
-                                                   p in parts.items())
+            failures += any(stored.parts[pid].start is not None and stored.parts[pid].ok is False
+                            for stored, pid in members)
+            in_flight += record.ok is None and any(p.end is None and live.get(p.rank) == p.pid
+                                                   for p in parts.values())
             if record.ok is True:
-                written = max(p[WRITTEN] for p in parts.values() if p[OK])
+                written = max(p.written for p in parts.values() if p.ok and p.written is not None)
                 if durable:
                     first = written if first is None else min(first, written)
                 if last[0] is None or written > last[0]:
                     last = (written, record.written_wall, record.step)
-        recent = [r for _, _, r in sorted(self.recent + open_records, key=lambda x: x[:2])]
-        return {"blocking": blocking, "background": background, "saves": saves, "failures": failures,
-                "bytes_total": bytes_total, "in_flight": in_flight, "last_written": last[0],
-                "last_wall": last[1], "last_step": last[2], "first_written": first,
-                "recent": tuple(recent[-RECENT:]), "records": tuple(recent)}
-
-    # --- state ---------------------------------------------------------------------------------
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "open": {ckpt: {f"{r}/{pid}": p for (r, pid), p in parts.items()} for ckpt, parts in self.open.items()},
-            "blocking": self.blocking.to_state(), "background": self.background.to_state(),
-            "saves": self.saves, "failures": self.failures, "bytes_total": self.bytes_total,
-            "last": [self.last_written, self.last_wall, self.last_step], "first_written": self.first_written,
-            "due": None if self.due == float("inf") else self.due,
-            "recent": [[began, key, [r.ckpt, r.step, r.mode, r.blocking_s, r.background_s, r.ok, r.bytes,
-                                     r.written_wall, r.ranks, list(r.incarnation), r.began_wall]]
-                       for began, key, r in self.recent],
-        }
-
-    @classmethod
-    def from_state(cls, window: float, state: dict[str, Any]) -> Checkpoints:
-        out = cls(window)
-        out.open = {ckpt: {_key(k): list(p) for k, p in parts.items()} for ckpt, parts in state["open"].items()}
-        out.blocking = Buckets.from_state(CHECKPOINT_BUCKETS, state["blocking"])
-        out.background = Buckets.from_state(CHECKPOINT_BUCKETS, state["background"])
-        out.saves, out.failures = int(state["saves"]), int(state["failures"])
-        out.bytes_total = int(state["bytes_total"])
-        out.last_written, out.last_wall, out.last_step = state["last"]
-        out.first_written = state["first_written"]
-        out.due = float("inf") if state["due"] is None else float(state["due"])
-        out.recent = [(float(began), str(key), _record(r)) for began, key, r in state["recent"]]
-        return out
+        recent = [r for _, r in sorted(self.recent + open_records, key=_order)]
+        return CheckpointsView(blocking, background, saves, failures, bytes_total, in_flight, last[0], last[1],
+                               last[2], first, tuple(recent[-RECENT:]), tuple(recent))

@@ -19,31 +19,32 @@ they count as lost what they skipped (the journal claimed records that never cam
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
 
 DEDUPE_AHEAD = 1024  # out-of-order seqs remembered per pid before a gap is taken as rotated away
 MAX_HOLES = 8  # skipped seq ranges remembered per pid; the highest is forgotten (its seqs count as seen)
 MAX_EXTRA = 1024  # second monos remembered per pid for seqs written twice
 
 
+@dataclass(slots=True)
 class Seqs:
     """The seqs of one process: ``seen(seq, mono)`` says whether a record is a duplicate."""
 
-    __slots__ = ("floor", "ahead", "gap_mono", "declared", "passed", "holes", "extra")
-
-    def __init__(self) -> None:
-        self.floor = 0  # every seq below it was seen (or skipped: see holes)
-        self.ahead: dict[int, float] = {}  # seq -> mono, seen above the floor
-        self.gap_mono = float("inf")  # mono of the first record above the open gap
-        self.declared = 0  # seqs below it were counted lost already
-        self.passed: dict[int, float] = {}  # seq -> mono of the newest seqs the floor moved over from ahead
-        self.holes: list[tuple[int, int]] = []  # [lo, hi): seqs the floor jumped over, not seen
-        self.extra: dict[tuple[int, float], None] = {}  # (seq, mono) of records sharing a seq, oldest first
+    floor: int = 0  # every seq below it was seen (or skipped: see holes)
+    ahead: dict[int, float] = field(default_factory=dict)  # seq -> mono, seen above the floor
+    gap_mono: float | None = None  # mono of the first record above the open gap (None: no gap open)
+    declared: int = 0  # seqs below it were counted lost already
+    # seq -> mono of the newest seqs the floor moved over from ahead
+    passed: dict[int, float] = field(default_factory=dict)
+    holes: list[tuple[int, int]] = field(default_factory=list)  # [lo, hi): seqs the floor jumped over, not seen
+    # seq -> the other monos seen for it (records sharing a seq), MAX_EXTRA in all, oldest seq first
+    extra: dict[int, list[float]] = field(default_factory=dict)
+    extras: int = 0  # monos in ``extra``
 
     def seen(self, seq: int, mono: float, window: float) -> tuple[bool, int]:
         """Whether ``(seq, mono)`` was seen already (remembering it if not), and how many seqs
         became known lost with it."""
-        if (seq, mono) in self.extra:
+        if self.extras and mono in self.extra.get(seq, ()):
             return True, 0
         if seq < self.floor:
             known = self.passed.get(seq)
@@ -56,10 +57,10 @@ class Seqs:
         if seq == self.floor:
             self._raise(seq + 1)
             if not self.ahead:
-                self.gap_mono = float("inf")
+                self.gap_mono = None
             return False, 0
         ahead = self.ahead
-        if not ahead:
+        if not ahead or self.gap_mono is None:
             self.gap_mono = mono
         ahead[seq] = mono
         lost = 0
@@ -72,16 +73,22 @@ class Seqs:
                 if low > self.floor:
                     self._hole(self.floor, low)
                 self._raise(low)
-                self.gap_mono = mono if ahead else float("inf")
+                self.gap_mono = mono if ahead else None
         return False, lost
 
     def _same(self, seq: int, mono: float, known: float) -> bool:
         """A record of a seq seen before: the same record if its mono is; else remembered as another."""
         if known == mono:
             return True
-        self.extra[(seq, mono)] = None
-        if len(self.extra) > MAX_EXTRA:
-            del self.extra[next(iter(self.extra))]
+        self.extra.setdefault(seq, []).append(mono)
+        self.extras += 1
+        if self.extras > MAX_EXTRA:
+            oldest = next(iter(self.extra))
+            monos = self.extra[oldest]
+            del monos[0]
+            if not monos:
+                del self.extra[oldest]
+            self.extras -= 1
         return False
 
     def _raise(self, floor: int) -> None:
@@ -112,21 +119,3 @@ class Seqs:
                 self._bound()
                 return True
         return False
-
-    # --- state ---------------------------------------------------------------------------------
-    def to_state(self) -> list[Any]:
-        return [self.floor, sorted(self.ahead.items()), None if self.gap_mono == float("inf") else self.gap_mono,
-                self.declared, list(self.passed.items()), [list(h) for h in self.holes],
-                [list(e) for e in self.extra]]
-
-    @classmethod
-    def from_state(cls, state: list[Any]) -> Seqs:
-        floor, ahead, gap, declared, passed, holes, extra = state
-        seqs = cls()
-        seqs.floor, seqs.declared = int(floor), int(declared)
-        seqs.ahead = {int(q): float(m) for q, m in ahead}
-        seqs.gap_mono = float("inf") if gap is None else float(gap)
-        seqs.passed = {int(q): float(m) for q, m in passed}
-        seqs.holes = [(int(lo), int(hi)) for lo, hi in holes]
-        seqs.extra = {(int(q), float(m)): None for q, m in extra}
-        return seqs

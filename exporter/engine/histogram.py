@@ -1,34 +1,41 @@
-"""A mutable histogram the engine fills; ``Buckets.frozen()`` gives the snapshot's ``Histogram``."""
+"""Mutable histograms the engine fills, one class per bucket layout of the catalogue;
+``Buckets.frozen()`` gives the snapshot's ``Histogram``."""
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeVar
 
+from nvrx_slo.contracts.catalogue import CHECKPOINT_BUCKETS, RESTART_BUCKETS, STEP_BUCKETS
 from nvrx_slo.exporter.engine.snapshot import Histogram
 
+_B = TypeVar("_B", bound="Buckets")
 
+
+@dataclass(slots=True)
 class Buckets:
-    """Per-bucket (not cumulative) counts; ``le`` semantics: a value equal to a bound falls in it."""
+    """Per-bucket (not cumulative) counts; ``le`` semantics: a value equal to a bound falls in it.
+    The bounds are the class's, never part of a saved state: a state's counts must fit them."""
 
-    __slots__ = ("bounds", "counts", "sum", "count")
+    bounds: ClassVar[tuple[float, ...]] = ()
+    counts: list[int] = field(default_factory=list)
+    sum: float = 0.0
+    count: int = 0
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-        self.count = 0
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+        elif len(self.counts) != len(self.bounds) + 1:
+            raise ValueError("histogram state does not match its buckets")
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
         self.count += 1
 
-    def copy(self) -> Buckets:
-        out = Buckets(self.bounds)
-        out.counts = self.counts[:]
-        out.sum, out.count = self.sum, self.count
-        return out
+    def copy(self: _B) -> _B:
+        return type(self)(self.counts[:], self.sum, self.count)
 
     def frozen(self) -> Histogram:
         cumulative, running = [], 0
@@ -37,15 +44,17 @@ class Buckets:
             cumulative.append(running)
         return Histogram(self.bounds, tuple(cumulative), self.sum, self.count)
 
-    def to_state(self) -> list[object]:
-        return [self.counts, self.sum, self.count]
 
-    @classmethod
-    def from_state(cls, bounds: tuple[float, ...], state: list[Any]) -> Buckets:
-        out = cls(bounds)
-        counts, total, count = state
-        if not isinstance(counts, list) or len(counts) != len(bounds) + 1:
-            raise ValueError("histogram state does not match its buckets")
-        out.counts = [int(n) for n in counts]
-        out.sum, out.count = float(total), int(count)
-        return out
+@dataclass(slots=True)
+class StepBuckets(Buckets):
+    bounds: ClassVar[tuple[float, ...]] = STEP_BUCKETS
+
+
+@dataclass(slots=True)
+class CheckpointBuckets(Buckets):
+    bounds: ClassVar[tuple[float, ...]] = CHECKPOINT_BUCKETS
+
+
+@dataclass(slots=True)
+class RestartBuckets(Buckets):
+    bounds: ClassVar[tuple[float, ...]] = RESTART_BUCKETS

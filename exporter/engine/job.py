@@ -23,9 +23,9 @@ import bisect
 import dataclasses
 from collections.abc import Collection, Sequence
 
-from nvrx_slo.contracts.catalogue import RESTART_BUCKETS, Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine import derived
-from nvrx_slo.exporter.engine.histogram import Buckets
+from nvrx_slo.exporter.engine.histogram import RestartBuckets
 from nvrx_slo.exporter.engine.snapshot import (
     CheckpointRecord,
     CheckpointStats,
@@ -156,8 +156,8 @@ def _one_save(shares: list[CheckpointRecord]) -> CheckpointRecord:
 
 
 def _restart_stats(restarts: list[JobRestart], elapsed: float) -> RestartStats:
-    duration = {level: Buckets(RESTART_BUCKETS) for level in RestartLevel}
-    phases = {(lv, ph): Buckets(RESTART_BUCKETS) for lv in RestartLevel for ph in RestartPhase}
+    duration = {level: RestartBuckets() for level in RestartLevel}
+    phases = {(lv, ph): RestartBuckets() for lv in RestartLevel for ph in RestartPhase}
     counts = {level: 0 for level in RestartLevel}
     for job_restart in restarts:
         r = job_restart.record

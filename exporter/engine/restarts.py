@@ -26,61 +26,72 @@ counters at once and the duration and phase histograms once nothing can join it 
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_left, insort
-from collections import deque
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from nvrx_slo.contracts.catalogue import RESTART_BUCKETS, RestartLevel, RestartPhase
-from nvrx_slo.exporter.engine.histogram import Buckets
+from nvrx_slo.contracts.catalogue import RestartLevel, RestartPhase
+from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.exporter.engine.histogram import Buckets, RestartBuckets
 from nvrx_slo.exporter.engine.snapshot import RestartRecord, RestartStats
 
 RECENT = 32  # finished restarts kept for the status page
 LAUNCHER_KEPT = 4096  # ft_launcher events kept for phase boundaries
 _LAUNCHER_MARKS = {
-    RestartLevel.INJOB: {RestartPhase.DETECT: "launcher_failure_detected",
-                         RestartPhase.TEARDOWN: "launcher_workers_terminated",
-                         RestartPhase.RENDEZVOUS: "launcher_rendezvous_done"},
-    RestartLevel.POD: {RestartPhase.DETECT: "launcher_start",
-                       RestartPhase.RENDEZVOUS: "launcher_rendezvous_done"},
+    RestartLevel.INJOB: {RestartPhase.DETECT: EventType.LAUNCHER_FAILURE_DETECTED,
+                         RestartPhase.TEARDOWN: EventType.LAUNCHER_WORKERS_TERMINATED,
+                         RestartPhase.RENDEZVOUS: EventType.LAUNCHER_RENDEZVOUS_DONE},
+    RestartLevel.POD: {RestartPhase.DETECT: EventType.LAUNCHER_START,
+                       RestartPhase.RENDEZVOUS: EventType.LAUNCHER_RENDEZVOUS_DONE},
 }
 _CHAIN = (RestartPhase.DETECT, RestartPhase.TEARDOWN, RestartPhase.RENDEZVOUS, RestartPhase.REINIT)
 
+LauncherMark = tuple[float, EventType]  # (mono, type) of an ft_launcher record
 
-class _Open:
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """Where one rank's loop stopped: the journaled fault instant, or its last record (a bound)."""
+
+    mono: float
+    wall: float
+    journaled: bool
+
+
+@dataclass(slots=True)
+class OpenRestart:
     """One restart still gathering ranks: per-rank faults and ends, merged phase instants."""
 
-    __slots__ = ("level", "faults", "ends", "marks", "causes")
+    level: RestartLevel
+    faults: dict[int, Fault] = field(default_factory=dict)
+    ends: dict[int, float] = field(default_factory=dict)
+    marks: dict[RestartPhase, float] = field(default_factory=dict)  # detect: earliest rank; the others: latest
+    causes: dict[int, str] = field(default_factory=dict)
 
-    def __init__(self, level: RestartLevel) -> None:
-        self.level = level
-        self.faults: dict[int, tuple[float, float, bool]] = {}  # rank -> (mono, wall, injected)
-        self.ends: dict[int, float] = {}
-        self.marks: dict[str, float] = {}  # detect: earliest rank; the others: latest rank
-        self.causes: dict[int, str] = {}
-
-    def copy(self) -> _Open:
-        out = _Open(self.level)
-        out.faults, out.ends = dict(self.faults), dict(self.ends)
-        out.marks, out.causes = dict(self.marks), dict(self.causes)
-        return out
+    def copy(self) -> OpenRestart:
+        return OpenRestart(self.level, dict(self.faults), dict(self.ends), dict(self.marks), dict(self.causes))
 
     def done(self) -> bool:
         return len(self.ends) == len(self.faults)
 
 
+@dataclass(slots=True)
 class Restarts:
-    """The ``RestartSink`` the ledgers report to, plus the folded history."""
+    """The ``RestartSink`` the ledgers report to, plus the folded history. ``keep``: finished
+    restarts kept as records (None: all, for an offline replay)."""
 
-    def __init__(self, keep: int | None = RECENT) -> None:
-        """``keep``: finished restarts kept as records (None: all, for an offline replay)."""
-        self.open: dict[str, _Open] = {}
-        self.folded: set[str] = set()
-        self.counts = {level: 0 for level in RestartLevel}
-        self.duration = {level: Buckets(RESTART_BUCKETS) for level in RestartLevel}
-        self.phases = {(lv, ph): Buckets(RESTART_BUCKETS) for lv in RestartLevel for ph in RestartPhase}
-        self.recent: deque[RestartRecord] = deque(maxlen=keep)
-        self.launcher: list[tuple[float, str]] = []
-        self.ended_since_fold = False
+    keep: int | None = RECENT
+    open: dict[str, OpenRestart] = field(default_factory=dict)
+    folded: set[str] = field(default_factory=set)
+    counts: dict[RestartLevel, int] = field(default_factory=lambda: dict.fromkeys(RestartLevel, 0))
+    duration: dict[RestartLevel, RestartBuckets] = field(
+        default_factory=lambda: {level: RestartBuckets() for level in RestartLevel})
+    phases: dict[RestartLevel, dict[RestartPhase, RestartBuckets]] = field(
+        default_factory=lambda: {level: {phase: RestartBuckets() for phase in RestartPhase} for level in RestartLevel})
+    recent: list[RestartRecord] = field(default_factory=list)  # oldest first, ``keep`` at most
+    launcher: list[LauncherMark] = field(default_factory=list)  # sorted
+    ended_since_fold: bool = False
 
     # --- the sink ------------------------------------------------------------------------------
     def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
@@ -89,16 +100,16 @@ class Restarts:
             return
         rec = self.open.get(key)
         if rec is None:
-            rec = self.open[key] = _Open(level)
-        rec.faults[rank] = (fault, fault_wall, injected)
+            rec = self.open[key] = OpenRestart(level)
+        rec.faults[rank] = Fault(fault, fault_wall, injected)
         if cause:
             rec.causes[rank] = cause
 
-    def mark(self, rank: int, key: str, phase: str, mono: float) -> None:
+    def mark(self, rank: int, key: str, phase: RestartPhase, mono: float) -> None:
         rec = self.open.get(key)
         if rec is not None:
             old = rec.marks.get(phase)
-            if old is None or (mono < old if phase == RestartPhase.DETECT.value else mono > old):
+            if old is None or (mono < old if phase is RestartPhase.DETECT else mono > old):
                 rec.marks[phase] = mono
 
     def cause(self, rank: int, key: str, cause: str) -> None:
@@ -112,7 +123,7 @@ class Restarts:
             rec.ends[rank] = end
             self.ended_since_fold = True
 
-    def launcher_event(self, kind: str, mono: float) -> None:
+    def launcher_event(self, kind: EventType, mono: float) -> None:
         insort(self.launcher, (mono, kind))
         if len(self.launcher) > LAUNCHER_KEPT:
             del self.launcher[0]
@@ -122,32 +133,41 @@ class Restarts:
         for mono, kind in self.launcher[bisect_left(self.launcher, (since, "\uffff")):]:
             if mono > until:
                 break
-            if kind == "launcher_start":
+            if kind is EventType.LAUNCHER_START:
                 return None
-            if kind == "launcher_worker_start":
+            if kind is EventType.LAUNCHER_WORKER_START:
                 started = mono
         return started
 
+    def tearing_down(self, mono: float) -> bool:
+        """Whether the launcher had detected a failure at ``mono`` and not started workers since:
+        the workers that end then are the ones it stops, not faults (they stay in ``restart``)."""
+        for at, kind in reversed(self.launcher):
+            if at <= mono and kind in (EventType.LAUNCHER_FAILURE_DETECTED, EventType.LAUNCHER_WORKER_START):
+                return kind is EventType.LAUNCHER_FAILURE_DETECTED
+        return False
+
     # --- records -------------------------------------------------------------------------------
-    def _first_launcher(self, kind: str, after: float, until: float | None) -> float | None:
+    def _first_launcher(self, kind: EventType, after: float, until: float | None) -> float | None:
         for mono, k in self.launcher[bisect_left(self.launcher, (after, "")):]:
             if until is not None and mono > until:
                 return None
-            if k == kind:
+            if k is kind:
                 return mono
         return None
 
-    def record(self, rec: _Open) -> RestartRecord:
+    def record(self, rec: OpenRestart) -> RestartRecord:
         # a journaled fault instant (injected, a step that raised, a worker's exit) is the true one;
         # a rank's last event only bounds it from below
-        order = sorted(rec.faults, key=lambda r: (not rec.faults[r][2], rec.faults[r][0], r))
-        fault, fault_wall, journaled = rec.faults[order[0]]
+        order = sorted(rec.faults, key=lambda r: (not rec.faults[r].journaled, rec.faults[r].mono, r))
+        first = rec.faults[order[0]]
+        fault = first.mono
         end = max(rec.ends.values()) if rec.done() else None
         instants: dict[RestartPhase, float | None] = {}
         launcher = _LAUNCHER_MARKS.get(rec.level)
         for phase in _CHAIN:
             if launcher is None or phase is RestartPhase.REINIT:
-                instants[phase] = rec.marks.get(phase.value)
+                instants[phase] = rec.marks.get(phase)
             else:
                 kind = launcher.get(phase)
                 instants[phase] = None if kind is None else self._first_launcher(kind, fault, end)
@@ -161,15 +181,16 @@ class Restarts:
             phases[phase] = at - prev
             prev = at
         cause = next((rec.causes[r] for r in order if r in rec.causes), None)  # the faulting rank's first
-        return RestartRecord(rec.level, cause, fault_wall, None if end is None else end - fault, phases,
-                             len(rec.faults), journaled)
+        return RestartRecord(rec.level, cause, first.wall, None if end is None else end - fault, phases,
+                             len(rec.faults), first.journaled)
 
-    def _observe(self, record: RestartRecord, duration: dict[RestartLevel, Buckets],
-                 phases: dict[tuple[RestartLevel, RestartPhase], Buckets]) -> None:
+    @staticmethod
+    def _observe(record: RestartRecord, duration: Mapping[RestartLevel, Buckets],
+                 phases: Mapping[RestartLevel, Mapping[RestartPhase, Buckets]]) -> None:
         if record.duration_s is not None:
             duration[record.level].observe(record.duration_s)
         for phase, seconds in record.phases.items():
-            phases[(record.level, phase)].observe(seconds)
+            phases[record.level][phase].observe(seconds)
 
     def fold(self, newest: float, window: float, applied: dict[int, float], first: dict[int, float]) -> None:
         """Move finished restarts into the histograms once nothing can join them any more.
@@ -192,14 +213,13 @@ class Restarts:
             self.counts[rec.level] += 1
             self._observe(record, self.duration, self.phases)
             self.recent.append(record)
+            if self.keep is not None and len(self.recent) > self.keep:
+                del self.recent[0]
             self.folded.add(key)
 
     def copy(self) -> Restarts:
         """A copy whose open restarts can take more events; the folded history is shared, read-only."""
-        out = Restarts.__new__(Restarts)
-        out.__dict__.update(self.__dict__)
-        out.open = {k: rec.copy() for k, rec in self.open.items()}
-        return out
+        return dataclasses.replace(self, open={k: rec.copy() for k, rec in self.open.items()})
 
     def stats(self, finished: bool, mtbf_s: float | None, launcher_remaining: int | None) -> RestartStats:
         counts = dict(self.counts)
@@ -207,7 +227,7 @@ class Restarts:
         open_records = [(rec, self.record(rec)) for rec in self.open.values()]
         if finished and any(rec.done() for rec, _ in open_records):
             duration = {k: b.copy() for k, b in duration.items()}
-            phases = {k: b.copy() for k, b in phases.items()}
+            phases = {level: {k: b.copy() for k, b in by.items()} for level, by in phases.items()}
             for rec, record in open_records:
                 if rec.done():
                     self._observe(record, duration, phases)
@@ -215,8 +235,8 @@ class Restarts:
             counts[rec.level] += 1
         recent = self.records()
         return RestartStats(counts, {k: b.frozen() for k, b in duration.items()},
-                            {k: b.frozen() for k, b in phases.items()}, mtbf_s, tuple(recent[-RECENT:]),
-                            launcher_remaining)
+                            {(level, k): b.frozen() for level, by in phases.items() for k, b in by.items()}, mtbf_s,
+                            tuple(recent[-RECENT:]), launcher_remaining)
 
     def records(self) -> list[RestartRecord]:
         """The kept finished restarts, then the open ones, each oldest first."""
@@ -228,41 +248,3 @@ class Restarts:
     def mean_duration(self) -> float | None:
         n = sum(b.count for b in self.duration.values())
         return sum(b.sum for b in self.duration.values()) / n if n else None
-
-    # --- state ---------------------------------------------------------------------------------
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "open": {k: [r.level.value, {str(rank): list(v) for rank, v in r.faults.items()},
-                         {str(rank): v for rank, v in r.ends.items()}, r.marks,
-                         {str(rank): v for rank, v in r.causes.items()}] for k, r in self.open.items()},
-            "folded": sorted(self.folded),
-            "counts": {lv.value: n for lv, n in self.counts.items()},
-            "duration": {lv.value: b.to_state() for lv, b in self.duration.items()},
-            "phases": {f"{lv.value}/{ph.value}": b.to_state() for (lv, ph), b in self.phases.items()},
-            "recent": [[r.level.value, r.cause, r.fault_wall, r.duration_s,
-                        {ph.value: s for ph, s in r.phases.items()}, r.ranks, r.fault_journaled] for r in self.recent],
-            "launcher": [list(x) for x in self.launcher],
-            "ended_since_fold": self.ended_since_fold,
-        }
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Restarts:
-        out = cls()
-        for key, (level, faults, ends, marks, causes) in state["open"].items():
-            rec = out.open[key] = _Open(RestartLevel(level))
-            rec.faults = {int(r): (float(v[0]), float(v[1]), bool(v[2])) for r, v in faults.items()}
-            rec.ends = {int(r): v for r, v in ends.items()}
-            rec.marks = dict(marks)
-            rec.causes = {int(r): v for r, v in causes.items()}
-        out.folded = set(state["folded"])
-        out.counts = {RestartLevel(k): int(n) for k, n in state["counts"].items()}
-        out.duration = {RestartLevel(k): Buckets.from_state(RESTART_BUCKETS, v) for k, v in state["duration"].items()}
-        for key, value in state["phases"].items():
-            level, phase = key.split("/")
-            out.phases[(RestartLevel(level), RestartPhase(phase))] = Buckets.from_state(RESTART_BUCKETS, value)
-        out.recent = deque((RestartRecord(RestartLevel(lv), cause, fw, d, {RestartPhase(p): s for p, s in ph.items()},
-                                          n, bool(journaled))
-                            for lv, cause, fw, d, ph, n, journaled in state["recent"]), maxlen=RECENT)
-        out.launcher = [(float(m), str(k)) for m, k in state["launcher"]]
-        out.ended_since_fold = bool(state["ended_since_fold"])
-        return out

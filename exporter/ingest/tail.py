@@ -15,13 +15,14 @@ byte offset that stays valid for the file's whole life. What this reader guarant
   every buffered record up to the lowest "read so far" time of the files that still have more,
   in order of each record's own time, none before its process's first record (seq 0) as read
   (a record dated long before its process began is refused, not taken for its start). A file's
-  "read so far" time moves only with the lines of its own writer (the pid in its name), in seq
-  order, whose times are self-consistent and not in the sidecar's future: a line the engine would
-  refuse cannot hold its file's later lines back (they would arrive late). So a refused record
-  changes nothing (``tests/test_rejected_records.py``).
+  "read so far" time moves only to a line of its own writer (the pid in its name), not in the
+  sidecar's future, once a later line of that writer confirms it (a greater seq, no earlier time,
+  as its writer writes them): one line the engine would refuse, even claiming a seq its writer
+  wrote too, cannot hold its file's later lines back (they would arrive late), and the time lags
+  one line. So a refused record changes nothing (``tests/test_rejected_records.py``).
 * A file deleted under the reader is still read to its end through the descriptor held open for
   it; only then is it forgotten. A file cut under its offset (``copytruncate``: writers never do)
-  is counted as ``FILE_TRUNCATED`` and read again from its start, so the lines written after the
+  is counted as ``RejectReason.FILE_TRUNCATED`` and read again from its start, so the lines written after the
   cut are not lost (lines read twice are the engine's duplicates): one that shrank below the
   offset, and one written past it again between two polls, told by its first line (its seq and
   time) no longer being the one read first. Lines written between the last read and the cut are
@@ -30,9 +31,9 @@ byte offset that stays valid for the file's whole life. What this reader guarant
 * At most ``max_open`` descriptors are held: with more files holding new data, the rest wait
   (oldest generations first) until drained files are closed, within the same poll;
   ``complete`` says whether the last poll read every file to its end.
-* Bad lines are rejected by ``schema.RejectReason`` value, I/O trouble by
-  ``rejects.UNREADABLE`` / ``FILE_TRUNCATED``; every rejection is counted once and logged at a bounded
-  rate, and nothing raises out of ``poll``.
+* Bad lines are rejected, and I/O trouble counted, by ``schema.RejectReason`` value (``UNREADABLE``,
+  ``FILE_TRUNCATED``); every rejection is counted once and logged at a bounded rate, and nothing
+  raises out of ``poll``.
 """
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_slo.contracts import schema
-from nvrx_slo.contracts.schema import SPAN_EVENTS, JournalError, RejectReason
-from nvrx_slo.exporter.ingest.decode import Event, decode_batch, self_consistent
+from nvrx_slo.contracts.schema import JournalError, RejectReason
+from nvrx_slo.exporter.events import Event, begin, self_consistent
+from nvrx_slo.exporter.ingest.decode import decode_batch
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
-from nvrx_slo.exporter.rejects import FILE_TRUNCATED, UNREADABLE
 
 log = logging.getLogger("nvrx_slo.tail")
 
@@ -71,8 +72,9 @@ Ingest = Callable[[list[Event]], None]
 """Takes accepted events, in merged order."""
 
 # One line read and not yet handed on: (merge key, order, offset just past the line, event | (file, rejection) |
-# None). The key is the running maximum of ``mono`` in its file (of the lines that may move it: see ``_split``);
-# the order is the record's own time, never before its process's first record (see ``_split``).
+# None). The key is the time it waits for before it is handed on: its own (or the newest before it) among its
+# writer's lines in order (see ``_split``); the order is the record's own time, never before its process's first
+# record (see ``_split``).
 _Item = tuple[float, float, int, Event | tuple[str, JournalError] | None]
 
 
@@ -88,10 +90,18 @@ def order_key(name: str) -> tuple[str, int, str]:
 
 
 def _keeps_order(event: Event, limit: float) -> bool:
-    """Whether a line of its file's writer may set the file's merge time or its process's start:
-    not in the sidecar's future, and its own times agree (what the engine refuses alone)."""
+    """Whether a line of its file's writer may set its process's start: not in the sidecar's
+    future, and its own times agree (what the engine refuses alone)."""
     mono = event.mono
-    return mono <= limit and self_consistent(event, event.type, event.start if event.type in SPAN_EVENTS else mono)
+    return mono <= limit and self_consistent(event, begin(event))
+
+
+def _lower(items: list[_Item], key: float) -> None:
+    """Buffered items wait for no later time than ``key`` (their keys stay non-decreasing)."""
+    i = len(items) - 1
+    while i >= 0 and items[i][0] > key:
+        items[i] = (key, *items[i][1:])
+        i -= 1
 
 
 def _after(start: float) -> float:
@@ -105,7 +115,7 @@ def writer_pid(name: str) -> int | None:
     return int(last) if last.isdigit() else None
 
 
-def _decoded(lines: list[bytes]) -> list[Event | JournalError]:
+def _decoded(lines: list[bytes]) -> Sequence[Event | JournalError]:
     """``decode_batch``, and if it raises (a decoder bug on some hostile line), line by line, so
     that only the lines it raises on are lost — each counted as malformed — never the chunk."""
     try:
@@ -130,12 +140,17 @@ class _Source:
     pending: bytes = b""  # after the last newline: a partial line waiting for its end
     skipping: bool = False  # inside an over-long line: drop bytes up to the next newline
     items: list[_Item] = field(default_factory=list)
-    key: float = float("-inf")  # running max of mono read so far
+    key: float = float("-inf")  # mono of the newest confirmed line read so far (see _split)
     more: bool = True  # the last read filled its chunk: more may be waiting
     vanished: bool = False  # deleted or replaced: read to the end, then forget
     last_growth: float = 0.0
     pid: int | None = None  # the writer its name gives (None: not a journal file name)
-    seq: int = -1  # seq of the newest line that moved ``key``
+    seq: int = -1  # seq of the line that set ``key``
+    candidate: tuple[float, int] | None = None  # (mono, seq) of the newest line that may set it once confirmed
+
+    def waits(self) -> float:
+        """The time a line read now waits for before it is handed on (``_split``)."""
+        return self.key if self.candidate is None else self.candidate[0]
 
 
 class JournalTail:
@@ -270,7 +285,8 @@ class JournalTail:
             if name in self._open:  # replaced or truncated under us: read again once the old one is drained
                 continue
             if size < offset:  # truncated while closed: whatever is there was written after the cut
-                self._reject(FILE_TRUNCATED, name, f"size {size} < offset {offset}; reading it again from the start")
+                self._reject(RejectReason.FILE_TRUNCATED, name,
+                             f"size {size} < offset {offset}; reading it again from the start")
                 offset = 0
             self.offsets[name] = (inode, offset)
             if size == offset:
@@ -290,7 +306,8 @@ class JournalTail:
                 os.close(fd)
                 continue
             if offset and not self._same_head(name, fd):  # cut and written past the offset while closed
-                self._reject(FILE_TRUNCATED, name, "its first line changed; reading it again from the start")
+                self._reject(RejectReason.FILE_TRUNCATED, name,
+                             "its first line changed; reading it again from the start")
                 offset = 0
                 self.offsets[name] = (inode, offset)
             self._open[name] = _Source(fd, inode, offset, last_growth=self._clock(), pid=writer_pid(name))
@@ -298,7 +315,7 @@ class JournalTail:
     def _truncated(self, name: str, src: _Source, why: str) -> None:
         """A file cut under its open descriptor (``copytruncate``): what it holds now was written
         after the cut, so it is read again from its start (once its lines read so far are handed on)."""
-        self._reject(FILE_TRUNCATED, name, f"{why}; reading it again from the start")
+        self._reject(RejectReason.FILE_TRUNCATED, name, f"{why}; reading it again from the start")
         if src.items:  # hand on what was read before the cut first
             src.vanished, src.more, src.pending, src.skipping = True, False, b"", False
             return
@@ -320,8 +337,9 @@ class JournalTail:
             return True  # unreadable: the read that follows counts it
 
     def _read_round(self) -> None:
-        """Read the next chunk of every file whose buffer ran dry and that may have more."""
-        hungry = [(n, s) for n, s in self._open.items() if s.more and not s.items]
+        """Read the next chunk of every file that may have more and whose buffer ran dry, or holds
+        only lines waiting for their writer's next line to confirm its time (``_split``)."""
+        hungry = [(n, s) for n, s in self._open.items() if s.more and (not s.items or s.items[0][0] > s.key)]
         if not hungry:
             return
         chunk = max(MIN_CHUNK, self._round_bytes // len(hungry))
@@ -350,17 +368,17 @@ class JournalTail:
             newline = data.find(b"\n")
             if newline < 0:
                 src.pending = b""
-                src.items.append((src.key, src.key, src.read_pos, None))
+                src.items.append((src.waits(), src.waits(), src.read_pos, None))
                 return
             src.skipping = False
-            src.items.append((src.key, src.key, start + newline + 1, None))
+            src.items.append((src.waits(), src.waits(), start + newline + 1, None))
             start, data = start + newline + 1, data[newline + 1:]
         end = data.rfind(b"\n")
         if end < 0:
             src.pending = data
             if len(data) > MAX_LINE_BYTES:
                 src.pending, src.skipping = b"", True
-                src.items.append((src.key, src.key, src.read_pos, (name, JournalError(
+                src.items.append((src.waits(), src.waits(), src.read_pos, (name, JournalError(
                     RejectReason.MALFORMED, f"line longer than {MAX_LINE_BYTES} bytes"))))
             return
         src.pending = data[end + 1:]
@@ -378,25 +396,31 @@ class JournalTail:
                 if (not isinstance(item, JournalError) and item.seq == 0 and item.pid == pid
                         and item.mono < starts.get(pid, _NEVER) and _keeps_order(item, limit)):
                     starts[pid] = item.mono
-        key, items, last = src.key, src.items, src.seq
+        key, items, last, candidate = src.key, src.items, src.seq, src.candidate
         begun = starts.get(pid, -_NEVER) if pid is not None else -_NEVER
         for i, item in zip(nonempty, decoded, strict=True):
+            held = key if candidate is None else candidate[0]  # what this line waits for, unless it moves it
             if isinstance(item, JournalError):
-                items.append((key, key, start + ends[i] + i + 1, (name, item)))
+                items.append((held, held, start + ends[i] + i + 1, (name, item)))
                 continue
             mono = item.mono
             if item.pid == pid or pid is None:
-                if key < mono <= limit and item.seq > last and self_consistent(
-                        item, kind := item.type, item.start if kind in SPAN_EVENTS else mono):  # _keeps_order, inlined
-                    key, last = mono, item.seq
+                if mono <= limit:  # the merge key: see the docstring
+                    seq = item.seq
+                    if candidate is not None and seq > candidate[1] and mono >= candidate[0]:
+                        key, last = candidate  # confirmed by a later line of its writer
+                        candidate, held = (mono, seq), mono
+                    elif seq > last and mono >= key:  # the first, or one that contradicts the candidate
+                        candidate, held = (mono, seq), mono
+                        _lower(items, mono)  # the lines read since no longer wait for the candidate's time
                 order = mono if mono >= begun else _after(begun)
             else:  # another process's record in this file: never its merge time
                 theirs = starts.get(item.pid, -_NEVER)
                 order = mono if mono >= theirs else _after(theirs)
-            items.append((key, order, start + ends[i] + i + 1, item))
-        if not nonempty or nonempty[-1] != len(ends) - 1:
-            items.append((key, key, start + ends[-1] + len(ends), None))  # trailing empty lines: move past them too
-        src.key, src.seq = key, last
+            items.append((held, order, start + ends[i] + i + 1, item))
+        src.key, src.seq, src.candidate = key, last, candidate
+        if not nonempty or nonempty[-1] != len(ends) - 1:  # trailing empty lines: move past them too
+            items.append((src.waits(), src.waits(), start + ends[-1] + len(ends), None))
 
     def _hand_on(self, ingest: Ingest) -> int:
         """Ingest every buffered item up to the merge watermark, in key order; advance offsets."""
@@ -418,7 +442,7 @@ class JournalTail:
         for _key, _order, _end, payload in batch:
             if isinstance(payload, tuple):
                 name, error = payload
-                self._reject(error.reason.value, name, str(error))
+                self._reject(error.reason, name, str(error))
             elif payload is not None:
                 events.append(payload)
         ingest(events)
@@ -429,7 +453,7 @@ class JournalTail:
         for name, src in list(self._open.items()):
             if src.vanished and not src.more and not src.items:
                 if src.pending and not src.skipping:
-                    self._reject(RejectReason.MALFORMED.value, name, "file deleted with a partial last line")
+                    self._reject(RejectReason.MALFORMED, name, "file deleted with a partial last line")
                 self._close(name)
                 if self.offsets.get(name, (src.inode,))[0] == src.inode:
                     del self.offsets[name]
@@ -443,14 +467,14 @@ class JournalTail:
             if i < excess or drained or now - src.last_growth > self._idle_close_s:
                 self._close(name)
 
-    def _reject(self, reason: str, name: str, detail: str) -> None:
-        self.rejected[reason] += 1
-        self._log.warning(reason, "journal %s: rejected (%s): %s", name, reason, detail)
+    def _reject(self, reason: RejectReason, name: str, detail: str) -> None:
+        self.rejected[reason.value] += 1
+        self._log.warning(reason.value, "journal %s: rejected (%s): %s", name, reason.value, detail)
 
     def _unreadable(self, name: str, inode: int, exc: OSError) -> None:
         if (name, inode) not in self._failing:
             self._failing.add((name, inode))
-            self._reject(UNREADABLE, name, f"{type(exc).__name__}: {exc}")
+            self._reject(RejectReason.UNREADABLE, name, f"{type(exc).__name__}: {exc}")
 
     def _close(self, name: str) -> None:
         src = self._open.pop(name)

@@ -23,10 +23,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.contracts.schema import (
+    CheckpointEnd,
+    CheckpointFinalize,
+    CheckpointScheduled,
+    CheckpointStart,
+    EventType,
+    Restore,
+    Step,
+    StepFailed,
+)
 from nvrx_slo.exporter.engine.lanes import ProcessLanes
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord
-from nvrx_slo.exporter.ingest.decode import Event
+from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.views.timeline import (
     BACKGROUND,
     BLOCKING,
@@ -82,7 +91,7 @@ class TimelineBuilder:
         self._hi = float("-inf")
 
     def add(self, rec: Event) -> None:
-        """Take one journal event (``nvrx_slo.exporter.ingest.decode``)."""
+        """Take one journal event (``nvrx_slo.exporter.events``)."""
         key = (rec.pod, rec.pid)
         off = self._offsets.setdefault(key, rec.wall - rec.mono)
         t = rec.mono + off
@@ -92,33 +101,32 @@ class TimelineBuilder:
         if rank is None:
             return  # launcher records only matter through the engine's restarts
         rank = self._lane_of.of(rec.pid, rank, rec.local_rank)
-        kind = rec.type
         data = self._ranks[rank]
-        if kind in (EventType.STEP, EventType.RESTORE) and key in self._started:
+        if isinstance(rec, (Step, Restore)) and key in self._started:
             begun = self._started.pop(key)
             data.spans.append((INIT, begun, rec.start + off, f"process {rec.pid} start to first work"))
-        if kind == EventType.PROCESS_START:
+        if rec.type is EventType.PROCESS_START:
             self._started[key] = t
-        elif kind in (EventType.STEP, EventType.STEP_FAILED):
+        elif isinstance(rec, (Step, StepFailed)):
             data.step_start.append(rec.start + off)
             data.step_end.append(t)
             data.step_mono.append(rec.mono)
             data.step_no.append(rec.step)
-            data.step_partial.append(kind == EventType.STEP_FAILED)
+            data.step_partial.append(isinstance(rec, StepFailed))
             self._lo = min(self._lo, rec.start + off)
-        elif kind == EventType.RESTORE:
+        elif isinstance(rec, Restore):
             data.spans.append((RESTORE, rec.start + off, t, f"restore from step {rec.step}"))
-        elif kind == EventType.CHECKPOINT_START:
+        elif isinstance(rec, CheckpointStart):
             self._ckpt_started[(rank, rec.ckpt)] = t
-        elif kind == EventType.CHECKPOINT_SCHEDULED:
+        elif isinstance(rec, CheckpointScheduled):
             ckpt = rec.ckpt
             start = self._ckpt_started.pop((rank, ckpt), None)
             if start is not None:
                 data.spans.append((BLOCKING, start, t, f"{ckpt}: save blocked {t - start:.3f} s"))
             self._ckpt_scheduled[(rank, ckpt)] = t
-        elif kind == EventType.CHECKPOINT_FINALIZE:
+        elif isinstance(rec, CheckpointFinalize):
             data.spans.append((BLOCKING, rec.start + off, t, f"{rec.ckpt}: finalize {t - rec.start - off:.3f} s"))
-        elif kind == EventType.CHECKPOINT_END:
+        elif isinstance(rec, CheckpointEnd):
             ckpt = rec.ckpt
             written = rec.written + off
             start = self._ckpt_scheduled.pop((rank, ckpt), None)

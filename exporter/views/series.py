@@ -27,9 +27,9 @@ from prometheus_client.utils import INF, floatToGoString
 
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import ALL_RANKS, GpuIdleSource, Kind
+from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot
 from nvrx_slo.exporter.identity import Identity
-from nvrx_slo.exporter.rejects import REASONS
 from nvrx_slo.exporter.views.view import View
 
 _ALL_RANKS_AGGREGATE: dict[str, Callable[[Sequence[float]], float]] = {
@@ -181,7 +181,7 @@ def series(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
         per_rank_values(cat.GPU_IDLE, [by_rank.get(r.rank) for r in ranks], (("source", GpuIdleSource.NVML.value),))
 
     single(cat.EXPORTER_EVENTS, snap.events_accepted)
-    for reason in sorted(set(REASONS) | set(view.rejected)):
+    for reason in sorted({r.value for r in RejectReason} | set(view.rejected)):
         single(cat.EXPORTER_REJECTED, view.rejected.get(reason, 0), (("reason", reason),))
     single(cat.EXPORTER_RECORDS_LOST, snap.records_lost)
     single(cat.EXPORTER_LAG, snap.journal_lag_s)

@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.engine.snapshot import Snapshot
-from nvrx_slo.exporter.rejects import DUPLICATE, ENGINE_ERROR, IMPLAUSIBLE, LATE
 
 
 @dataclass(frozen=True)
 class View:
     snapshot: Snapshot
-    rejected: Mapping[str, int]  # journal lines not accounted, by reason (``nvrx_slo.exporter.rejects``)
+    rejected: Mapping[str, int]  # journal lines not accounted, by reason (``schema.RejectReason`` values)
     gpu_idle_nvml: Mapping[int, float]  # idle seconds by NVML device index; empty when NVML is off
     pod_restarts: Mapping[tuple[str, str], int]  # (container, reason) -> restarts seen by the pod watcher
 
@@ -29,6 +29,7 @@ class View:
            pod_restarts: Mapping[tuple[str, str], int] | None = None) -> View:
         """``snapshot`` with the lines the reader rejected (``read_rejected``, by reason) and those
         the engine refused (its snapshot counts them) or raised on (``engine_errors``)."""
-        rejected = {**read_rejected, DUPLICATE: snapshot.duplicates, LATE: snapshot.late,
-                    IMPLAUSIBLE: snapshot.implausible, ENGINE_ERROR: engine_errors}
+        rejected = {**read_rejected, RejectReason.DUPLICATE.value: snapshot.duplicates,
+                    RejectReason.LATE.value: snapshot.late, RejectReason.IMPLAUSIBLE.value: snapshot.implausible,
+                    RejectReason.ENGINE_ERROR.value: engine_errors}
         return cls(snapshot, rejected, dict(gpu_idle_nvml or {}), dict(pod_restarts or {}))

@@ -39,8 +39,10 @@ restart, never as double-counted).
 from __future__ import annotations
 
 import json
+import typing
+from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 SCHEMA_VERSION = 1
 
@@ -49,26 +51,28 @@ JOURNAL_SUFFIX = ".jsonl"
 
 
 class EventType(str, Enum):
+    """The ``type`` of a record; each has its declaration below (its fields and what they mean)."""
+
     # --- rank processes --------------------------------------------------------------------
-    PROCESS_START = "process_start"  # hooks initialised in a rank process
-    PROCESS_END = "process_end"  # clean exit of a rank process
-    STEP = "step"  # one training step, written at its end
-    STEP_FAILED = "step_failed"  # an exception left a step: written when it left (the fault instant)
-    USER_SPAN = "user_span"  # planned work that is not training (evaluation, SDC checks), named by the user
-    CHECKPOINT_START = "checkpoint_start"  # the save call began: training is now blocked
-    CHECKPOINT_SCHEDULED = "checkpoint_scheduled"  # blocking part over, training resumes
-    CHECKPOINT_FINALIZE = "checkpoint_finalize"  # a finalize span in the training thread
-    CHECKPOINT_END = "checkpoint_end"  # save durable (ok) or failed; written when observed
-    CHECKPOINT_WORKER = "checkpoint_worker"  # liveness of NVRx's persistent async worker
-    RESTORE = "restore"  # state loaded after a (re)start, written at its end
-    FAULT_INJECTED = "fault_injected"  # the reference job injected a fault (test/demo only)
-    INPROCESS_ABORT = "inprocess_abort"  # Wrapper monitor thread: fault detected
-    INPROCESS_FINALIZE = "inprocess_finalize"  # Wrapper main thread: teardown done
-    INPROCESS_RANK_ASSIGNMENT = "inprocess_rank_assignment"  # ranks re-assigned (rendezvous done)
-    INPROCESS_INITIALIZE = "inprocess_initialize"  # Wrapper initialize; iter > 0 = restart done
-    INPROCESS_COMPLETION = "inprocess_completion"  # wrapped function finished
-    INPROCESS_TERMINATE = "inprocess_terminate"  # Wrapper gave up on this rank
-    WARNING = "warning"  # something the operator should know (fallback restore, …)
+    PROCESS_START = "process_start"
+    PROCESS_END = "process_end"
+    STEP = "step"
+    STEP_FAILED = "step_failed"
+    USER_SPAN = "user_span"
+    CHECKPOINT_START = "checkpoint_start"
+    CHECKPOINT_SCHEDULED = "checkpoint_scheduled"
+    CHECKPOINT_FINALIZE = "checkpoint_finalize"
+    CHECKPOINT_END = "checkpoint_end"
+    CHECKPOINT_WORKER = "checkpoint_worker"
+    RESTORE = "restore"
+    FAULT_INJECTED = "fault_injected"
+    INPROCESS_ABORT = "inprocess_abort"
+    INPROCESS_FINALIZE = "inprocess_finalize"
+    INPROCESS_RANK_ASSIGNMENT = "inprocess_rank_assignment"
+    INPROCESS_INITIALIZE = "inprocess_initialize"
+    INPROCESS_COMPLETION = "inprocess_completion"
+    INPROCESS_TERMINATE = "inprocess_terminate"
+    WARNING = "warning"
     # --- the ft_launcher process (rank and local_rank null) --------------------------------
     LAUNCHER_START = "launcher_start"
     LAUNCHER_FAILURE_DETECTED = "launcher_failure_detected"
@@ -76,101 +80,342 @@ class EventType(str, Enum):
     LAUNCHER_RENDEZVOUS_START = "launcher_rendezvous_start"
     LAUNCHER_RENDEZVOUS_DONE = "launcher_rendezvous_done"
     LAUNCHER_WORKER_START = "launcher_worker_start"
-    LAUNCHER_WORKER_EXIT = "launcher_worker_exit"  # a worker process ended (the kernel's instant, via pidfd)
-    LAUNCHER_METRIC = "launcher_metric"  # a torchelastic metric (name, value)
+    LAUNCHER_WORKER_EXIT = "launcher_worker_exit"
+    LAUNCHER_METRIC = "launcher_metric"
     LAUNCHER_EXIT = "launcher_exit"
 
 
-# Events that cover a stretch of time: besides ``mono`` (their end) they carry ``start``.
-SPAN_EVENTS = frozenset(t.value for t in (EventType.STEP, EventType.STEP_FAILED, EventType.USER_SPAN, EventType.RESTORE,
-                                          EventType.CHECKPOINT_FINALIZE))
-# The parts of one save, as each rank journals them (checkpoint_worker is liveness, no save's part).
-CHECKPOINT_EVENTS = frozenset(t.value for t in (EventType.CHECKPOINT_START, EventType.CHECKPOINT_SCHEDULED,
-                                                EventType.CHECKPOINT_FINALIZE, EventType.CHECKPOINT_END))
+# --- the events, each declared once --------------------------------------------------------
+# A class per event type: its annotations are its fields, a field with a default (``None``) is
+# optional (a writer may leave it out: a reader built later than its writer still reads it), and
+# ``float`` is any JSON number. The field tables below are derived from these classes, and the
+# sidecar's decoder builds its structs from them (``nvrx_slo.exporter.events``): they subclass
+# these classes, which is why each holds no instance data of its own (``__slots__ = ()``).
+
+class Record:
+    """The common fields (see the module docstring): every record is one of the events below."""
+
+    __slots__ = ()
+    v: int
+    type: EventType
+    seq: int
+    mono: float
+    wall: float
+    job: str
+    pod: str
+    node: str
+    rank: int | None
+    local_rank: int | None
+    pid: int
+    restart: int
+    iter: int
 
 
-# Python types accepted per field; ``None`` in a tuple means the field may be null.
-_NUM = (int, float)
-_OPT_STR = (str, type(None))
-_OPT_INT = (int, type(None))
-_OPT_NUM = (int, float, type(None))
+class Span:
+    """An event that covers the stretch ``[start, mono]`` (see "Spans" above)."""
 
-COMMON_FIELDS: dict[str, tuple[type, ...]] = {
-    "v": (int,),
-    "type": (str,),
-    "seq": (int,),
-    "mono": _NUM,
-    "wall": _NUM,
-    "job": (str,),
-    "pod": (str,),
-    "node": (str,),
-    "rank": _OPT_INT,
-    "local_rank": _OPT_INT,
-    "pid": (int,),
-    "restart": (int,),
-    "iter": (int,),
-}
+    __slots__ = ()
+    start: float
 
+
+class Blocked:
+    """An event the training loop writes, carrying its waits on saves since the rank's previous record."""
+
+    __slots__ = ()
+    # seconds the loop waited on saves outside any span of its own (polls of an async writer:
+    # ``Hooks.checkpoint_wait``) since the rank's previous record: checkpoint blocking within the
+    # stretch before this record (for a step, also within its span), so a wait needs no record.
+    blocked_s: float | None = None
+
+
+class CheckpointPart:
+    """A record of one save, as each rank journals it; ``ckpt`` is an id unique within the job for
+    one save (e.g. "step-000120"); after a rollback it may recur, in another (restart, iter)."""
+
+    __slots__ = ()
+    ckpt: str
+
+
+class Cause:
+    """An ``inprocess.Wrapper`` callback that knows why it runs (the exception, if any)."""
+
+    __slots__ = ()
+    cause: str | None
+
+
+EVENTS: dict[EventType, type[Record]] = {}
+_R = TypeVar("_R", bound=type[Record])
+
+
+def _event(kind: EventType) -> Callable[[_R], _R]:
+    def declare(cls: _R) -> _R:
+        cls.type = kind  # the class's own type: every record of it has it
+        EVENTS[kind] = cls
+        return cls
+    return declare
+
+
+@_event(EventType.PROCESS_START)
+class ProcessStart(Record):
+    """Hooks initialised in a rank process."""
+
+    __slots__ = ()
+    world_size: int
+    # the worker processes of this rank's pod (``LOCAL_WORLD_SIZE``), so a pod knows of ranks whose
+    # records it has not read yet
+    local_world_size: int | None = None
+
+
+@_event(EventType.PROCESS_END)
+class ProcessEnd(Record, Blocked):
+    """Clean exit of a rank process."""
+
+    __slots__ = ()
+
+
+@_event(EventType.STEP)
+class Step(Record, Span, Blocked):
+    """One training step, written at its end; data_s/compute_s/optimizer_s are the measured phases
+    inside its span (the rest of the span is loop overhead and counts with compute)."""
+
+    __slots__ = ()
+    step: int
+    data_s: float
+    compute_s: float
+    optimizer_s: float
+
+
+@_event(EventType.STEP_FAILED)
+class StepFailed(Record, Span, Blocked):
+    """An exception left a step, written when it left (the fault instant): the step that never
+    completed, and the exception that left it."""
+
+    __slots__ = ()
+    step: int
+    error: str
+
+
+@_event(EventType.USER_SPAN)
+class UserSpan(Record, Span, Blocked):
+    """Planned work that is not training (evaluation, SDC checks), named by the user (``Hooks.span(name)``)."""
+
+    __slots__ = ()
+    name: str
+
+
+@_event(EventType.CHECKPOINT_START)
+class CheckpointStart(Record, CheckpointPart, Blocked):
+    """The save call began: training is now blocked. ``step``: the training step it holds."""
+
+    __slots__ = ()
+    step: int
+    mode: str  # "async" | "sync"
+
+
+@_event(EventType.CHECKPOINT_SCHEDULED)
+class CheckpointScheduled(Record, CheckpointPart):
+    """Blocking part over, training resumes."""
+
+    __slots__ = ()
+    plan_s: float
+    stage_s: float
+    bytes: int
+
+
+@_event(EventType.CHECKPOINT_FINALIZE)
+class CheckpointFinalize(Record, CheckpointPart, Span):
+    """A finalize span in the training thread."""
+
+    __slots__ = ()
+
+
+@_event(EventType.CHECKPOINT_END)
+class CheckpointEnd(Record, CheckpointPart):
+    """Save durable (ok) or failed, written when observed. ``written``: the monotonic instant the
+    write actually finished (<= mono); background = written - scheduled."""
+
+    __slots__ = ()
+    step: int
+    ok: bool
+    written: float
+    error: str | None
+    waited_s: float | None = None  # the loop's waits charged to this save after its block (its share of blocked_s)
+
+
+@_event(EventType.CHECKPOINT_WORKER)
+class CheckpointWorker(Record):
+    """Liveness of NVRx's persistent async worker (no save's part)."""
+
+    __slots__ = ()
+    alive: bool
+    worker_pid: int | None
+
+
+@_event(EventType.RESTORE)
+class Restore(Record, Span):
+    """State loaded after a (re)start, written at its end. ``step``: the step resumed from (its work
+    is kept), null for a fresh start; ``fallback``: why an older checkpoint (or a fresh start) was
+    used instead of the newest, else null."""
+
+    __slots__ = ()
+    step: int | None
+    path: str | None
+    fallback: str | None
+
+
+@_event(EventType.FAULT_INJECTED)
+class FaultInjected(Record, Blocked):
+    """The reference job injected a fault (test/demo only)."""
+
+    __slots__ = ()
+    kind: str
+    step: int
+
+
+@_event(EventType.INPROCESS_ABORT)
+class InprocessAbort(Record):
+    """Wrapper monitor thread: fault detected."""
+
+    __slots__ = ()
+
+
+@_event(EventType.INPROCESS_FINALIZE)
+class InprocessFinalize(Record, Cause):
+    """Wrapper main thread: teardown done."""
+
+    __slots__ = ()
+
+
+@_event(EventType.INPROCESS_RANK_ASSIGNMENT)
+class InprocessRankAssignment(Record, Cause):
+    """Ranks re-assigned (rendezvous done)."""
+
+    __slots__ = ()
+
+
+@_event(EventType.INPROCESS_INITIALIZE)
+class InprocessInitialize(Record):
+    """Wrapper initialize; iter > 0: the restart is done."""
+
+    __slots__ = ()
+
+
+@_event(EventType.INPROCESS_COMPLETION)
+class InprocessCompletion(Record):
+    """The wrapped function finished."""
+
+    __slots__ = ()
+
+
+@_event(EventType.INPROCESS_TERMINATE)
+class InprocessTerminate(Record, Cause):
+    """The Wrapper gave up on this rank."""
+
+    __slots__ = ()
+
+
+@_event(EventType.WARNING)
+class OperatorWarning(Record):
+    """Something the operator should know (fallback restore, …)."""
+
+    __slots__ = ()
+    message: str
+
+
+@_event(EventType.LAUNCHER_START)
+class LauncherStart(Record):
+    """The launcher started. ``local_world_size``: the workers it starts (``--nproc-per-node``);
+    ``world_size``: the job's ranks when its size is fixed (``--nnodes N`` or ``N:N``, times that):
+    so a pod counts its ranks, and the job its world, from the launcher's start."""
+
+    __slots__ = ()
+    max_restarts: int | None
+    local_world_size: int | None = None
+    world_size: int | None = None
+
+
+@_event(EventType.LAUNCHER_FAILURE_DETECTED)
+class LauncherFailureDetected(Record):
+    __slots__ = ()
+
+
+@_event(EventType.LAUNCHER_WORKERS_TERMINATED)
+class LauncherWorkersTerminated(Record):
+    __slots__ = ()
+
+
+@_event(EventType.LAUNCHER_RENDEZVOUS_START)
+class LauncherRendezvousStart(Record):
+    __slots__ = ()
+
+
+@_event(EventType.LAUNCHER_RENDEZVOUS_DONE)
+class LauncherRendezvousDone(Record):
+    __slots__ = ()
+
+
+@_event(EventType.LAUNCHER_WORKER_START)
+class LauncherWorkerStart(Record):
+    __slots__ = ()
+
+
+@_event(EventType.LAUNCHER_WORKER_EXIT)
+class LauncherWorkerExit(Record):
+    """A worker process ended (the kernel's instant, via pidfd)."""
+
+    __slots__ = ()
+    worker_pid: int
+
+
+@_event(EventType.LAUNCHER_METRIC)
+class LauncherMetric(Record):
+    """A torchelastic metric."""
+
+    __slots__ = ()
+    name: str
+    value: float
+
+
+@_event(EventType.LAUNCHER_EXIT)
+class LauncherExit(Record):
+    __slots__ = ()
+    code: int
+
+
+# --- the field tables, derived from the declarations ---------------------------------------
+# Python types accepted per field (``schema.validate``); ``None`` in a tuple means null is allowed.
+
+def _accepted(hint: Any) -> tuple[type, ...]:
+    """The JSON values a field's annotation admits: ``float`` is any number, ``X | None`` adds null."""
+    out: list[type] = []
+    for part in typing.get_args(hint) or (hint,):
+        part = type(None) if part is None else part
+        out += [int, float] if part is float else [str] if part is EventType else [part]
+    return tuple(out)
+
+
+def _fields(cls: type, below: type | None) -> tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]]]:
+    """The required and the optional fields ``cls`` declares (less those of ``below``)."""
+    skip = typing.get_type_hints(below) if below is not None else {}
+    required: dict[str, tuple[type, ...]] = {}
+    optional: dict[str, tuple[type, ...]] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        if name not in skip:
+            (optional if hasattr(cls, name) and name != "type" else required)[name] = _accepted(hint)
+    return required, optional
+
+
+COMMON_FIELDS: dict[str, tuple[type, ...]] = _fields(Record, None)[0]
 # Required payload fields per event type. Writers may add extra fields; readers ignore them.
-PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
-    EventType.PROCESS_START: {"world_size": (int,)},
-    EventType.PROCESS_END: {},
-    # step: the span [start, mono]; data_s/compute_s/optimizer_s are the measured phases inside it
-    # (the rest of the span is loop overhead and counts with compute).
-    EventType.STEP: {"step": (int,), "start": _NUM, "data_s": _NUM, "compute_s": _NUM, "optimizer_s": _NUM},
-    # step_failed: the step that never completed, [start, mono]; error: the exception that left it.
-    EventType.STEP_FAILED: {"step": (int,), "start": _NUM, "error": (str,)},
-    # user_span: the span [start, mono] of work the user named (``Hooks.span(name)``).
-    EventType.USER_SPAN: {"name": (str,), "start": _NUM},
-    # ckpt: an id unique within the job for one save (e.g. "step-000120"); step: the training step it holds.
-    EventType.CHECKPOINT_START: {"ckpt": (str,), "step": (int,), "mode": (str,)},  # mode: "async" | "sync"
-    EventType.CHECKPOINT_SCHEDULED: {"ckpt": (str,), "plan_s": _NUM, "stage_s": _NUM, "bytes": (int,)},
-    EventType.CHECKPOINT_FINALIZE: {"ckpt": (str,), "start": _NUM},
-    # written: monotonic instant the write actually finished (<= mono); background = written - scheduled.
-    EventType.CHECKPOINT_END: {"ckpt": (str,), "step": (int,), "ok": (bool,), "written": _NUM, "error": _OPT_STR},
-    EventType.CHECKPOINT_WORKER: {"alive": (bool,), "worker_pid": _OPT_INT},
-    # step: the step resumed from (its work is kept); null = fresh start. fallback: why an older
-    # checkpoint (or a fresh start) was used instead of the newest, else null.
-    EventType.RESTORE: {"start": _NUM, "step": _OPT_INT, "path": _OPT_STR, "fallback": _OPT_STR},
-    EventType.FAULT_INJECTED: {"kind": (str,), "step": (int,)},
-    EventType.INPROCESS_ABORT: {},
-    EventType.INPROCESS_FINALIZE: {"cause": _OPT_STR},
-    EventType.INPROCESS_RANK_ASSIGNMENT: {"cause": _OPT_STR},
-    EventType.INPROCESS_INITIALIZE: {},
-    EventType.INPROCESS_COMPLETION: {},
-    EventType.INPROCESS_TERMINATE: {"cause": _OPT_STR},
-    EventType.WARNING: {"message": (str,)},
-    EventType.LAUNCHER_START: {"max_restarts": _OPT_INT},
-    EventType.LAUNCHER_FAILURE_DETECTED: {},
-    EventType.LAUNCHER_WORKERS_TERMINATED: {},
-    EventType.LAUNCHER_RENDEZVOUS_START: {},
-    EventType.LAUNCHER_RENDEZVOUS_DONE: {},
-    EventType.LAUNCHER_WORKER_START: {},
-    EventType.LAUNCHER_WORKER_EXIT: {"worker_pid": (int,)},
-    EventType.LAUNCHER_METRIC: {"name": (str,), "value": _NUM},
-    EventType.LAUNCHER_EXIT: {"code": (int,)},
-}
-
-# Payload fields a writer may leave out (a reader built later than its writer still reads it);
-# checked like the required ones when present (so they are nullable), ``None`` to a reader when absent.
+PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {kind: _fields(cls, Record)[0]
+                                                                 for kind, cls in EVENTS.items()}
+# Payload fields a writer may leave out: checked like the required ones when present (so they are
+# nullable), ``None`` to a reader when absent.
 OPTIONAL_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
-    # local_world_size: the worker processes of this rank's pod (``LOCAL_WORLD_SIZE``), so a pod
-    # knows of ranks whose records it has not read yet.
-    EventType.PROCESS_START: {"local_world_size": _OPT_INT},
-    # local_world_size: the workers this launcher starts (``--nproc-per-node``), and world_size the
-    # job's ranks when its size is fixed (``--nnodes N`` or ``N:N``, times that): so a pod counts
-    # its ranks, and the job its world, from the launcher's start, before any worker journaled.
-    EventType.LAUNCHER_START: {"local_world_size": _OPT_INT, "world_size": _OPT_INT},
-    # blocked_s: seconds the loop waited on saves between steps, outside any span of its own (polls
-    # of an async writer: ``Hooks.checkpoint_wait``) since the rank's previous record: checkpoint
-    # blocking within the stretch before this record (for a step, also within its span). Written by
-    # the next record the loop writes, so a wait needs no record of its own.
-    **{event: {"blocked_s": _OPT_NUM} for event in (
-        EventType.STEP, EventType.STEP_FAILED, EventType.CHECKPOINT_START, EventType.USER_SPAN,
-        EventType.FAULT_INJECTED, EventType.PROCESS_END)},
-    # waited_s: the loop's waits charged to this save after its block (its share of blocked_s).
-    EventType.CHECKPOINT_END: {"waited_s": _OPT_NUM},
-}
+    kind: optional for kind, cls in EVENTS.items() if (optional := _fields(cls, Record)[1])}
+# Events that cover a stretch of time (``Span``), and the parts of one save (``CheckpointPart``).
+SPAN_EVENTS = frozenset(kind.value for kind, cls in EVENTS.items() if issubclass(cls, Span))
+CHECKPOINT_EVENTS = frozenset(kind.value for kind, cls in EVENTS.items() if issubclass(cls, CheckpointPart))
 
 _TYPES = {t.value: t for t in EventType}
 
@@ -181,8 +426,10 @@ MAX_NUMBER = 2**53
 
 
 class RejectReason(str, Enum):
-    """Why a journal line was rejected; the exporter counts rejections by this value."""
+    """Why a journal line was not accounted: every reason the sidecar counts (the ``reason`` label
+    of ``nvrx_exporter_rejected_events_total``), whichever part of it refused the line."""
 
+    # the schema's (``validate``): the line is no record of this schema
     MALFORMED = "malformed"  # not valid UTF-8 JSON, or truncated
     NOT_AN_OBJECT = "not_an_object"
     UNKNOWN_VERSION = "unknown_version"
@@ -190,11 +437,18 @@ class RejectReason(str, Enum):
     MISSING_FIELD = "missing_field"
     BAD_FIELD = "bad_field"  # a field of the wrong type
     OUT_OF_RANGE = "out_of_range"  # a number beyond ±MAX_NUMBER, or not finite (1e400, NaN)
-    # Rejected by the reader's plausibility rules, not by ``validate``: a record whose times
-    # contradict themselves (a span ending before it starts, a phase longer than its span), its
-    # process's other records (far before the process's first record), or the sidecar's clock
-    # (in its future). One such record would skew every rank's wall for good.
+    # the reader's: a journal file it could not read, or found cut under its read offset
+    UNREADABLE = "unreadable"  # could not be opened or read (counted once per episode)
+    FILE_TRUNCATED = "file_truncated"  # shrank under, or was rewritten past, its read offset (writers never truncate)
+    # the engine's: a valid record it did not account
+    # Rejected by its plausibility rules: a record whose times contradict themselves (a span ending
+    # before it starts, a phase longer than its span), its process's other records (far before the
+    # process's first record), or the sidecar's clock (in its future). One such record would skew
+    # every rank's wall for good.
     IMPLAUSIBLE = "implausible"
+    DUPLICATE = "duplicate"  # this (pid, seq, mono) was accounted already
+    LATE = "late"  # older than the reorder window when it arrived
+    ENGINE_ERROR = "engine_error"  # the engine raised on it: skipped (a bug; logged)
 
 
 class JournalError(ValueError):
