@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
-from nvrx_slo.trainer.hooks import CheckpointSave, Hooks
+from nvrx_slo import CheckpointSave, Hooks
 from nvrx_slo.trainer.reference import cpu_shims, nvrx_async
 
 log = logging.getLogger("nvrx_slo.checkpoint")

@@ -29,9 +29,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
+from nvrx_slo import Hooks, inprocess_wrapper
 from nvrx_slo.trainer import nvrx_compat
-from nvrx_slo.trainer.hooks import Hooks
-from nvrx_slo.trainer.inprocess_callbacks import inprocess_wrapper
 from nvrx_slo.trainer.reference.checkpoint import Checkpointer
 from nvrx_slo.trainer.reference.faults import Fault, FaultInjector
 from nvrx_slo.trainer.reference.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
