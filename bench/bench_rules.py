@@ -51,7 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import synthetic_journal
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.ingest.identity import Identity
+from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.views.collector import SnapshotCollector

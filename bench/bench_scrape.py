@@ -28,11 +28,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from bench import synthetic_journal
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.ingest.identity import Identity
+from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.views.collector import LabelSets, SnapshotCollector, families
+from nvrx_slo.exporter.views.collector import SnapshotCollector, families
 from nvrx_slo.exporter.views.exposition import TextRenderer
+from nvrx_slo.exporter.views.series import LabelSets
 from sidecar_process import SidecarProcess
 
 TARGET_MS = 100.0

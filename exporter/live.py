@@ -1,8 +1,8 @@
-"""The sidecar's one state, and the ``View`` every output renders from it.
+"""The sidecar's one state, and the ``View`` (``nvrx_slo.exporter.views.view``) every output renders from it.
 
 The engine, the journal reader's counters and the two side inputs (NVML idle time, pod-watcher
 restarts) change under one lock, and ``view()`` copies all of them at one instant. /metrics, OTLP
-and the status page each render a ``View``: there is no second instrumentation path to drift.
+and the status page each render that ``View``: there is no second instrumentation path to drift.
 
 The clock a view is taken at is the *read horizon*: the instant the last complete journal poll
 began. Every record written before it has been read, so a job's end read later lies after every
@@ -16,35 +16,21 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.ingest.decode import Event
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 from nvrx_slo.exporter.ingest.tail import JournalTail
+from nvrx_slo.exporter.views.view import View
 
-DUPLICATE = "duplicate"  # the engine saw this (pid, seq) already: ignored
-LATE = "late"  # older than the engine's reorder window when it arrived: not accounted
-ENGINE_ERROR = "engine_error"  # a valid record the engine raised on: skipped (a bug; logged)
-IMPLAUSIBLE = RejectReason.IMPLAUSIBLE.value  # the engine's plausibility rules refused it
 # How far a record may lie in the future of the sidecar's monotonic clock: replays of a recorded
 # run stamp lines minutes ahead (tests/test_sidecar_demo.py); one 8000 s ahead stretches wall for good.
 FUTURE_SLACK_S = 600.0
 
 log = logging.getLogger("nvrx_slo.live")
-
-
-@dataclass(frozen=True)
-class View:
-    snapshot: Snapshot
-    rejected: Mapping[str, int]  # by reason: the reader's (schema, I/O) and the engine's (duplicate, late)
-    gpu_idle_nvml: Mapping[int, float]  # idle seconds by NVML device index; empty when NVML is off
-    pod_restarts: Mapping[tuple[str, str], int]  # (container, reason) -> restarts seen by the pod watcher
 
 
 class Live:
@@ -106,11 +92,9 @@ class Live:
     def view(self) -> View:
         with self.lock:
             now = self._horizon if self._horizon is not None else (self._mono(), self._wall())  # before any poll
-            snap = self.engine.snapshot(*now)
-            # the poll thread is the only writer of tail.rejected; {**…} copies it in one C call
-            rejected = {**self.tail.rejected, DUPLICATE: snap.duplicates, LATE: snap.late,
-                        IMPLAUSIBLE: snap.implausible, ENGINE_ERROR: self.engine_errors}
-            return View(snap, rejected, dict(self.gpu_idle_nvml), dict(self.pod_restarts))
+            # the poll thread is the only writer of tail.rejected; View.of copies it in one C call
+            return View.of(self.engine.snapshot(*now), self.tail.rejected, engine_errors=self.engine_errors,
+                           gpu_idle_nvml=self.gpu_idle_nvml, pod_restarts=self.pod_restarts)
 
     # --- persistence (state_store saves these parts in one file) ------------------------------
 

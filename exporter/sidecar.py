@@ -44,9 +44,9 @@ from prometheus_client import CollectorRegistry
 
 from nvrx_slo.contracts.schema import JOURNAL_DIR_ENV
 from nvrx_slo.contracts.targets import Targets
+from nvrx_slo.exporter import identity as identity_mod
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S, Engine
-from nvrx_slo.exporter.ingest import identity as identity_mod
 from nvrx_slo.exporter.ingest import nvml, podwatch
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
@@ -299,11 +299,11 @@ class Sidecar:
                  self.config.journal_dir)
         sampler = nvml.Sampler.create()
         watcher = podwatch.start(self.identity, self.live.observe_containers)
-        provider = None
+        otlp_export = None
         if self.config.otlp_endpoint:
             from nvrx_slo.exporter.views import otlp  # only then: opentelemetry costs ~9 MB and 0.2 s to import
 
-            provider = otlp.start(self.view, self.identity, endpoint=self.config.otlp_endpoint,
+            otlp_export = otlp.start(self.view, self.identity, endpoint=self.config.otlp_endpoint,
                                   interval_s=self.config.otlp_interval_s, per_rank=self.config.per_rank,
                                   max_ranks=self.config.max_ranks)
         try:
@@ -313,8 +313,8 @@ class Sidecar:
             self._save_state()
             if self.config.report_file and self._caught_up:
                 self._write_report()
-            if provider is not None:
-                provider.shutdown()
+            if otlp_export is not None:
+                otlp_export.shutdown()
             if watcher is not None:
                 watcher.stop()
             if sampler is not None:

@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                     "NVRx ft_launcher, unchanged, with its own events journaled"),
     "sidecar": ("nvrx_slo.exporter.sidecar:main", "sidecar",
                 "follow a journal directory and serve /metrics, OTLP and a status page"),
-    "report": ("nvrx_slo.exporter.views.report:main", "sidecar",
+    "report": ("nvrx_slo.exporter.offline.report:main", "sidecar",
                "offline HTML report with a timeline from a journal directory"),
     "generate": ("nvrx_slo.generate:main", "generate", "write alert rules, dashboards and Kubernetes manifests"),
     "inject": ("nvrx_slo.inject:main", "generate",

@@ -28,9 +28,9 @@ from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine import job as job_view
 from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S, Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
-from nvrx_slo.exporter.ingest.decode import Event
-from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.views import progress, report, slo_report
+from nvrx_slo.exporter.offline import progress, report
+from nvrx_slo.exporter.offline.replay import Replay
+from nvrx_slo.exporter.views import slo_report
 from nvrx_slo.trainer.reference import demo as job
 
 _SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")
@@ -111,18 +111,9 @@ class _Sidecar:
 def _replayed(journal_dir: Path, at: tuple[float, float], reorder_window_s: float) -> Snapshot:
     """A lost pod as its sidecar would have accounted it had it read every record before its node
     went (it was killed with the node): its journal, which outlives it here, replayed as of ``at``."""
-    engine = Engine(reorder_window_s)
-
-    def ingest(events: list[Event]) -> None:
-        for event in events:
-            engine.ingest(event)
-
-    tail = JournalTail(journal_dir)
-    try:
-        tail.poll(ingest)
-    finally:
-        tail.close()
-    return engine.snapshot(*at)
+    with Replay(journal_dir, reorder_window_s=reorder_window_s) as replay:
+        replay.poll()
+    return replay.view(at).snapshot
 
 
 def _positive(text: str) -> int:

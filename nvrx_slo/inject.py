@@ -110,6 +110,9 @@ CONTROLLERS: dict[tuple[str, str], Controller] = {
 }
 
 
+K8S_DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when its spec sets none
+
+
 # --- what the sidecar needs, for one controller -----------------------------------------------------
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ class Parts:
     """Everything inject adds to one pod template."""
 
     labels: dict[str, str]
+    grace_s: int  # the pod's terminationGracePeriodSeconds at least
     sidecar: Obj
     volumes: list[Obj]
     trainer_env: list[Obj]
@@ -144,7 +148,8 @@ def parts_for(spec: Obj, controller: Controller, image: str) -> Parts:
     job = _downward("NVRX_SLO_JOB", controller.job_name)
     sidecar["env"] += [job, _downward("JOB_COMPLETION_INDEX", controller.pod_index)]
     trainer = copy.deepcopy(spec["trainer"])
-    return Parts(labels=dict(spec["labels"]), sidecar=sidecar, volumes=copy.deepcopy(spec["volumes"]),
+    return Parts(labels=dict(spec["labels"]), grace_s=spec["terminationGracePeriodSeconds"], sidecar=sidecar,
+                 volumes=copy.deepcopy(spec["volumes"]),
                  trainer_env=[*trainer["env"], copy.deepcopy(job)], trainer_mounts=trainer["volumeMounts"])
 
 
@@ -228,6 +233,11 @@ def inject_template(template: Obj, parts: Parts, container: str | None, default:
     trainer["env"] = _merge(trainer.get("env", []), parts.trainer_env, f"{where} env var", upgrades)
     trainer["volumeMounts"] = _merge(trainer.get("volumeMounts", []), parts.trainer_mounts,
                                      f"{where} volume mount", upgrades, keys=("name", "mountPath"))
+    grace = pod.get("terminationGracePeriodSeconds", K8S_DEFAULT_GRACE_S)
+    if grace < parts.grace_s:  # the sidecar's final scrapes need it; a longer one is the user's
+        if upgrades is not None and "terminationGracePeriodSeconds" in pod:
+            upgrades.append(f"terminationGracePeriodSeconds ({grace} to {parts.grace_s})")
+        pod["terminationGracePeriodSeconds"] = parts.grace_s
     metadata = template.setdefault("metadata", {})
     labels = metadata.setdefault("labels", {})
     for key, value in parts.labels.items():

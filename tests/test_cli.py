@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_slo import generate, inject
-from nvrx_slo.exporter.views import report
+from nvrx_slo.exporter.offline import report
 from snapshot_fixtures import TARGETS
 from test_report import inventory, story, write_journal
 

@@ -10,10 +10,11 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvrx_slo.contracts import catalogue as cat
-from nvrx_slo.exporter.ingest.identity import Identity
-from nvrx_slo.exporter.live import View
-from nvrx_slo.exporter.views.collector import REJECT_REASONS, SnapshotCollector
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.rejects import REASONS as REJECT_REASONS
+from nvrx_slo.exporter.views.collector import SnapshotCollector
 from nvrx_slo.exporter.views.exposition import TextRenderer
+from nvrx_slo.exporter.views.view import View
 from snapshot_fixtures import snapshot
 
 IDENT = Identity(namespace="train", pod="pod-0", node="node-0", job_name="llm")

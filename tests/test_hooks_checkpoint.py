@@ -81,7 +81,7 @@ def test_a_writer_that_stamps_its_finish_and_a_loop_that_waits_for_it_are_each_j
     start, scheduled, end, worker = _save_records(tmp_path)
     assert [r["type"] for r in (start, scheduled, end, worker)] == [
         "checkpoint_start", "checkpoint_scheduled", "checkpoint_end", "checkpoint_worker"]
-    assert scheduled["plan_s"] >= 0.03 and 0.02 <= scheduled["stage_s"] < scheduled["plan_s"]
+    assert scheduled["plan_s"] >= 0.03 and scheduled["stage_s"] >= 0.02  # each its own sleep, or more
     assert scheduled["plan_s"] + scheduled["stage_s"] == pytest.approx(scheduled["mono"] - start["mono"], abs=1e-3)
     assert 0.02 <= end["waited_s"] <= waited
     step = _records(tmp_path)[-1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvrx_slo.exporter.ingest.identity import from_environment, parse_labels_file
+from nvrx_slo.exporter.identity import from_environment, parse_labels_file
 
 
 def test_env_gives_every_field(tmp_path):

@@ -24,11 +24,13 @@ from nvrx_slo import inject
 from nvrx_slo.contracts import schema
 from test_deploy import K8S_VERSIONS, OVERLAYS
 
-MANIFESTS = Path(__file__).resolve().parent / "manifests"
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "tests" / "manifests"
 CASES = ("aws-indexed-job.yaml", "pytorchjob.yaml", "jobset.yaml")
 SIDECAR = "nvrx-slo-sidecar"
 OUR_VOLUMES = {"journal", "sidecar-state", "sidecar-api-token"}
 OUR_TRAINER_ENV = {schema.JOURNAL_DIR_ENV, "POD_NAME", "NODE_NAME", "NVRX_SLO_JOB"}
+GRACE_S = 45  # the pod's grace period inject raises a shorter one to
 MONITOR_LABEL = ("nvrx-slo/monitor", "true")  # what deploy/base/podmonitor.yaml selects
 JOB_NAME_FIELD = {  # how each controller's pods learn their job's name (the controllers' documented labels)
     "Job": "metadata.labels['batch.kubernetes.io/job-name']",
@@ -75,6 +77,8 @@ def strip(doc: dict[str, Any]) -> dict[str, Any]:
     for replica, template in templates(doc).items():
         spec = template["spec"]
         spec["initContainers"] = [c for c in spec["initContainers"] if c["name"] != SIDECAR]
+        if spec["terminationGracePeriodSeconds"] == GRACE_S:  # the inputs set none (30 s)
+            del spec["terminationGracePeriodSeconds"]
         spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in OUR_VOLUMES]
         trainer = named(spec["containers"], TRAINER[doc["kind"]][replica])
         trainer["env"] = [e for e in trainer["env"] if e["name"] not in OUR_TRAINER_ENV]
@@ -142,6 +146,29 @@ def test_every_training_pod_gets_a_native_sidecar_sharing_the_journal(case):
         assert all(not c.get("env") or "NVRX_SLO_JOB" not in {e["name"] for e in c["env"]} for c in others)
 
 
+def _interval_s(text: str) -> float:
+    assert text.endswith("s"), text
+    return float(text[:-1])
+
+
+def test_the_pod_grace_period_holds_the_sidecars_two_final_scrapes():
+    """After SIGTERM the sidecar serves its final numbers to two scrapes (the second keeps them fresh
+    for the rules' next evaluation), waiting --final-scrape-timeout at most: that must cover two of the
+    PodMonitor's intervals and fit in the pod's grace period, or the kubelet kills it first."""
+    (monitor,) = load((ROOT / "deploy" / "base" / "podmonitor.yaml").read_text())
+    interval = max(_interval_s(e["interval"]) for e in monitor["spec"]["podMetricsEndpoints"])
+    for given in (None, 10, 30, 120):
+        (doc,) = load((MANIFESTS / "aws-indexed-job.yaml").read_text())[2:]
+        if given is not None:
+            doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = given
+        (out,) = load(inject.inject_stream([("job.yaml", yaml.safe_dump(doc))], "nvrx-slo-sidecar:9.9", None))
+        pod = out["spec"]["template"]["spec"]
+        (timeout,) = [float(a.split("=")[1]) for a in pod["initContainers"][0]["args"]
+                      if a.startswith("--final-scrape-timeout=")]
+        assert 2 * interval < timeout < pod["terminationGracePeriodSeconds"]
+        assert pod["terminationGracePeriodSeconds"] == max(given or 30, GRACE_S)  # a longer one is the user's
+
+
 def test_taking_the_sidecar_out_again_gives_the_input(case):
     """The training container keeps its fields, and nothing else moved: not the other containers, the
     pod's settings or the controller's."""
@@ -206,8 +233,6 @@ def test_injecting_a_manifest_an_older_version_injected_brings_every_part_of_our
         "init container 'nvrx-slo-sidecar' (changed: args)", "volume 'journal' (changed: emptyDir)",
         "pod label 'nvrx-slo/monitor' ('yes' to 'true')"]
 
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

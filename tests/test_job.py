@@ -10,8 +10,8 @@ import pytest
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine import job
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, RankState, RestartRecord, Snapshot
-from nvrx_slo.exporter.live import View
 from nvrx_slo.exporter.views import slo_report, status_page
+from nvrx_slo.exporter.views.view import View
 from snapshot_fixtures import TARGETS, rank, snapshot
 
 T0 = 1.7e9

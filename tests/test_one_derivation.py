@@ -17,11 +17,11 @@ import pytest
 import engine_scenarios
 from journal_builder import Pod
 from nvrx_slo.contracts.catalogue import Category
-from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.decode import as_event
-from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.views import report
-from nvrx_slo.exporter.views.timeline import LOST, STEP, UNPROTECTED, TimelineBuilder
+from nvrx_slo.exporter.offline import report
+from nvrx_slo.exporter.offline.replay import Replay
+from nvrx_slo.exporter.offline.timeline import TimelineBuilder
+from nvrx_slo.exporter.views.timeline import LOST, STEP, UNPROTECTED
 from snapshot_fixtures import TARGETS
 from test_report import story, write_journal
 
@@ -36,33 +36,16 @@ STORIES = {
 }
 
 
-def _replay(directory: Path) -> tuple[Engine, TimelineBuilder]:
-    """The report's own replay: the journal read as the sidecar reads it, through both."""
-    engine, builder = Engine(keep_history=True), TimelineBuilder()
-    tail = JournalTail(directory)
-
-    def ingest(records: list) -> None:
-        for r in records:
-            engine.ingest(r)
-            builder.add(r)
-        builder.decide(engine.take_verdicts())
-
-    try:
-        tail.poll(ingest)
-    finally:
-        tail.close()
-    return engine, builder
-
-
 @pytest.mark.parametrize("name", sorted(STORIES))
 def test_the_timeline_the_report_and_the_engine_agree_on_every_step(name: str, tmp_path: Path) -> None:
     pod: Pod = STORIES[name]()
     write_journal(pod, tmp_path, evil=False)
-    engine, builder = _replay(tmp_path)
+    builder = TimelineBuilder()
+    with Replay(tmp_path, builder=builder) as replay:  # the report's own replay, through both
+        replay.poll()
     steps = [as_event(r) for r in pod.records if r["type"] in ("step", "step_failed")]  # a failed one: lost work
     newest = max(pod.records, key=lambda r: r["mono"])
-    snap = engine.snapshot(newest["mono"], newest["wall"])
-    builder.decide(engine.take_verdicts())
+    snap = replay.view((newest["mono"], newest["wall"])).snapshot
 
     drawn: dict[str, int] = {STEP: 0, LOST: 0, UNPROTECTED: 0}
     for rank in snap.ranks:

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
+
+import engine_scenarios
 from nvrx_slo.contracts import catalogue as cat
-from nvrx_slo.exporter.ingest.identity import Identity
-from nvrx_slo.exporter.live import View
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.ingest.decode import as_event
 from nvrx_slo.exporter.views import otlp
-from nvrx_slo.exporter.views.collector import families
+from nvrx_slo.exporter.views.collector import SnapshotCollector, families
+from nvrx_slo.exporter.views.exposition import TextRenderer
+from nvrx_slo.exporter.views.series import exposed_name
+from nvrx_slo.exporter.views.view import View
 from otlp_receiver import Receiver, metrics_by_name, point_attributes, resource_attributes
 from snapshot_fixtures import snapshot
 
@@ -32,7 +42,7 @@ def test_export_carries_k8s_identity_and_every_catalogue_metric():
         "k8s.job.completion_index": 1}
     assert got["resource"]["service.name"] == "nvrx-slo-sidecar"
     prometheus_side = families(View(snapshot(2), {"malformed": 4}, {}, {}), IDENT, per_rank=True, max_ranks=64)
-    with_samples = {otlp.otel_name(m) for m, f in zip(cat.CATALOGUE, prometheus_side, strict=True) if f.samples}
+    with_samples = {exposed_name(m) for m, f in zip(cat.CATALOGUE, prometheus_side, strict=True) if f.samples}
     assert set(got["metrics"]) == with_samples  # the same metrics as /metrics, each with data
     [remaining] = got["metrics"][cat.LAUNCHER_RESTARTS_REMAINING.name].gauge.data_points
     assert (remaining.WhichOneof("value"), remaining.as_int) == ("as_int", 2)
@@ -78,6 +88,75 @@ def test_nothing_is_observed_before_the_state_is_loaded():
         provider.force_flush(10_000)
         provider.shutdown()
         assert all(not metrics_by_name(r) for r in receiver.requests)
+
+
+def _replayed() -> View:
+    """A real engine's view of a story with a crash, a rollback and saves."""
+    pod = engine_scenarios.crash_with_rollback()
+    engine = Engine()
+    for record in sorted(pod.records, key=lambda r: r["mono"]):
+        engine.ingest(as_event(record))
+    newest = max(pod.records, key=lambda r: r["mono"])
+    return View.of(engine.snapshot(newest["mono"] + 5.0, newest["wall"] + 5.0), {"malformed": 1})
+
+
+def _served(view: View, per_rank: bool) -> dict[tuple[str, frozenset], float]:
+    """What /metrics serves for ``view``, read back by prometheus-client's parser: each sample by
+    its name and its labels (the identity labels apart: OTLP carries them as the resource)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: view, IDENT, per_rank=per_rank))
+    out = {}
+    for family in text_string_to_metric_families(TextRenderer().generate(registry).decode()):
+        for s in family.samples:
+            assert [s.labels[k] for k in cat.IDENTITY_LABELS] == ["train", "llm", "pod-0"]
+            out[(s.name, frozenset((k, v) for k, v in s.labels.items() if k not in cat.IDENTITY_LABELS))] = s.value
+    return out
+
+
+def _as_served(metrics: dict) -> dict[tuple[str, frozenset], float]:
+    """The OTLP export written as Prometheus samples: a sum or gauge point is the metric's sample,
+    a histogram point its cumulative ``_bucket`` samples, ``_sum`` and ``_count`` (a summary's
+    only the last two)."""
+    out = {}
+    for m in cat.CATALOGUE:
+        if (got := metrics.get(exposed_name(m))) is None:
+            continue
+        kind = got.WhichOneof("data")
+        assert kind == {cat.Kind.COUNTER: "sum", cat.Kind.GAUGE: "gauge"}.get(m.kind, "histogram"), m.name
+        for p in getattr(got, kind).data_points:
+            attrs = frozenset(point_attributes(p).items())
+            if kind != "histogram":
+                out[(m.name, attrs)] = getattr(p, p.WhichOneof("value"))
+                continue
+            if m.kind is cat.Kind.HISTOGRAM:
+                cumulative = 0
+                for bound, n in zip([*p.explicit_bounds, float("inf")], p.bucket_counts, strict=True):
+                    cumulative += n
+                    out[(m.name + "_bucket", attrs | {("le", floatToGoString(bound))})] = cumulative
+            out[(m.name + "_sum", attrs)], out[(m.name + "_count", attrs)] = p.sum, p.count
+    return out
+
+
+@pytest.mark.parametrize("make, per_rank, every", [
+    (lambda: View(snapshot(2), {"malformed": 4}, {0: 7.5, 1: 3.0}, {("trainer", "OOMKilled"): 2}), True, True),
+    (lambda: View(snapshot(3), {}, {0: 1.0}, {}), False, False),
+    (_replayed, True, False),
+], ids=["fixture", "rank all", "replayed journal"])
+def test_every_catalogue_metric_arrives_with_the_values_metrics_serves(make, per_rank, every):
+    view = make()
+    served = _served(view, per_rank)
+    with Receiver() as receiver:
+        export = otlp.start(lambda: view, IDENT, endpoint=receiver.endpoint, interval_s=3600,
+                            per_rank=per_rank, max_ranks=64)
+        try:
+            assert export.force_flush(10_000)
+        finally:
+            export.shutdown()
+        [request, *_] = receiver.wait(1)
+    assert _as_served(metrics_by_name(request)) == served
+    assert resource_attributes(request)["k8s.pod.name"] == "pod-0"
+    if every:  # the fixture feeds every catalogue metric (test_collector): none can be missing on both sides
+        assert set(metrics_by_name(request)) == {exposed_name(m) for m in cat.CATALOGUE}
 
 
 def test_metrics_url():

@@ -11,8 +11,8 @@ from urllib.parse import parse_qs, urlsplit
 from kubernetes import client
 
 from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest import podwatch
-from nvrx_slo.exporter.ingest.identity import Identity
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live

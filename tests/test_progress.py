@@ -7,7 +7,7 @@ import time
 
 from journal_builder import WALL_OFFSET
 from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S
-from nvrx_slo.exporter.views.progress import PLAIN_EVERY_S, Progress
+from nvrx_slo.exporter.offline.progress import PLAIN_EVERY_S, Progress
 from nvrx_slo.trainer.hooks import Hooks
 from test_report import story, write_journal
 

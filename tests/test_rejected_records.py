@@ -24,7 +24,7 @@ from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.decode import Event, decode
 from nvrx_slo.exporter.ingest.tail import ROUND_BYTES, JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.views import report
+from nvrx_slo.exporter.offline import report
 from nvrx_slo.exporter.views.collector import SnapshotCollector
 from nvrx_slo.exporter.views.exposition import TextRenderer
 from test_sidecar_bad_input import IDENT, by_file, story

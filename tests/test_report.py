@@ -21,7 +21,8 @@ import pytest
 from journal_builder import Pod
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import Category
-from nvrx_slo.exporter.views import report, timeline
+from nvrx_slo.exporter.offline import report
+from nvrx_slo.exporter.views import timeline
 from snapshot_fixtures import TARGETS
 
 SYNTHETIC = Path(__file__).resolve().parents[1] / "bench" / "synthetic_journal.py"

@@ -20,7 +20,8 @@ from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.decode import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.views import report, status_page
+from nvrx_slo.exporter.offline import report
+from nvrx_slo.exporter.views import status_page
 from snapshot_fixtures import TARGETS
 from test_report import _split_by_rank, assert_inert, story, write_journal
 from test_status_page_browser import ARTIFACTS, dump_dom, screenshot

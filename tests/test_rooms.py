@@ -64,11 +64,17 @@ def test_the_contracts_need_only_the_standard_library():
 
 
 _TOP = tuple(f"nvrx_slo.exporter.{m}" for m in ("live", "sidecar", "server", "state_store"))
-LAYERS = {  # inside the sidecar, one way: ingest -> engine -> views, and the process on top
-    "ingest": ("nvrx_slo.exporter.engine", "nvrx_slo.exporter.views", *_TOP),
-    "engine": ("nvrx_slo.exporter.views", *_TOP),
-    "views": ("nvrx_slo.exporter.sidecar", "nvrx_slo.exporter.server", "nvrx_slo.exporter.state_store"),
+_OFFLINE = "nvrx_slo.exporter.offline"
+LAYERS = {  # inside the sidecar, one way: ingest -> engine -> views, and the process or the offline room on top
+    "ingest": ("nvrx_slo.exporter.engine", "nvrx_slo.exporter.views", _OFFLINE, *_TOP),
+    "engine": ("nvrx_slo.exporter.views", _OFFLINE, *_TOP),
+    # a view renders a View: it reads no journal and knows no process
+    "views": ("nvrx_slo.exporter.ingest", _OFFLINE, *_TOP),
+    # a journal read after the fact: the reader, the engine and the views, never the sidecar process
+    "offline": _TOP,
 }
+# Plain helpers every layer may use: they use none.
+NEUTRAL = ("identity", "printable", "rejects")
 
 
 @pytest.mark.parametrize("layer", sorted(LAYERS))
@@ -78,6 +84,12 @@ def test_an_exporter_layer_imports_nothing_above_it(layer):
     bad = {f"{path.relative_to(ROOT)}: {module}" for path in paths
            for module in imports(path) if offending(module, LAYERS[layer])}
     assert not bad
+
+
+@pytest.mark.parametrize("module", NEUTRAL)
+def test_the_exporters_plain_helpers_import_no_layer(module):
+    layers = tuple(f"nvrx_slo.exporter.{m}" for m in (*LAYERS, *(t.rsplit(".", 1)[1] for t in _TOP)))
+    assert not {m for m in imports(ROOT / "exporter" / f"{module}.py") if offending(m, layers)}
 
 
 def test_the_boundaries_are_checked_against_real_imports():

@@ -15,8 +15,8 @@ from journal_builder import Pod
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter import sidecar, state_store
 from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest.decode import Event
-from nvrx_slo.exporter.ingest.identity import Identity
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.views.collector import SnapshotCollector

@@ -12,8 +12,8 @@ import pytest
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
-from nvrx_slo.exporter.ingest.identity import Identity
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from test_sidecar_bad_input import by_file, story

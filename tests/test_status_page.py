@@ -13,8 +13,9 @@ from nvrx_slo.contracts import schema
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import RestartStats
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.live import Live, View
+from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.views import status_page
+from nvrx_slo.exporter.views.view import View
 from snapshot_fixtures import TARGETS, histogram, snapshot
 from test_report import EVIL, assert_inert, story, write_journal
 

@@ -9,8 +9,9 @@ import pytest
 
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.decode import as_event
+from nvrx_slo.exporter.offline.timeline import TimelineBuilder
 from nvrx_slo.exporter.views import timeline
-from nvrx_slo.exporter.views.timeline import RestartBand, TimelineBuilder
+from nvrx_slo.exporter.views.timeline import RestartBand
 
 WALL0 = 1.7e9
 _SEQ = itertools.count()  # unique per record, so the engine takes none for a duplicate

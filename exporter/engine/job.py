@@ -155,11 +155,6 @@ def _one_save(shares: list[CheckpointRecord]) -> CheckpointRecord:
         began_wall=min((c.began_wall for c in shares if c.began_wall is not None), default=None))
 
 
-def _hist_sum(hists: Sequence[Histogram]) -> Histogram:
-    return Histogram(hists[0].bounds, tuple(map(sum, zip(*(h.counts for h in hists), strict=True))),
-                     sum(h.sum for h in hists), sum(h.count for h in hists))
-
-
 def _restart_stats(restarts: list[JobRestart], elapsed: float) -> RestartStats:
     duration = {level: Buckets(RESTART_BUCKETS) for level in RestartLevel}
     phases = {(lv, ph): Buckets(RESTART_BUCKETS) for lv in RestartLevel for ph in RestartPhase}
@@ -239,7 +234,7 @@ def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapsh
     absent = 0.0 if world is None else max(0.0, world * elapsed - sum(r.wall_s for r in ranks))
     restarts = merge_restarts(pods)
     cks = [snap.checkpoints for snap in pods if snap.pod not in lost] or [snap.checkpoints for snap in pods]
-    blocking, background = _hist_sum([c.blocking for c in cks]), _hist_sum([c.background for c in cks])
+    blocking, background = Histogram.merged([c.blocking for c in cks]), Histogram.merged([c.background for c in cks])
     both = blocking.sum + background.sum
     wall = sum(r.wall_s for r in ranks)
     blocked = sum(r.seconds[Category.CHECKPOINT_BLOCKING] for r in ranks)

@@ -15,7 +15,7 @@ one snapshot to the next; ``unprotected_s`` is the provisional gauge (see docs/a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
@@ -44,6 +44,25 @@ class Histogram:
     counts: tuple[int, ...]
     sum: float
     count: int
+
+    @classmethod
+    def merged(cls, hists: Sequence[Histogram]) -> Histogram:
+        """Every observation of ``hists`` (at least one, all with the same bounds) in one histogram."""
+        return cls(hists[0].bounds, tuple(map(sum, zip(*(h.counts for h in hists), strict=True))),
+                   sum(h.sum for h in hists), sum(h.count for h in hists))
+
+    def cumulative_at(self, bounds: Sequence[float]) -> list[int]:
+        """The observations ≤ each of ``bounds`` (some of this histogram's own), then all of them:
+        the buckets of an export with fewer bounds than the engine keeps."""
+        return [self.counts[self.bounds.index(b)] for b in bounds] + [self.counts[-1]]
+
+    def share_within(self, bound: float) -> float | None:
+        """The share of observations ≤ ``bound`` (one of the bounds); ``None`` with none."""
+        return self.counts[self.bounds.index(bound)] / self.count if self.count else None
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count else None
 
 
 class RankState(str, Enum):
@@ -80,6 +99,11 @@ class RankSnapshot:
     user_spans: Mapping[str, float]  # the user_span category by span name
     first_step_wall: float | None  # Unix time the rank's first step (in this pod) began
     pod: str = ""  # in a job's snapshot: the pod that ran it (a lost pod's rank and its replacement's differ)
+
+    @property
+    def efficiency(self) -> float | None:
+        """The rank's productive seconds over its wall seconds."""
+        return self.seconds.get(Category.PRODUCTIVE, 0.0) / self.wall_s if self.wall_s > 0 else None
 
 
 @dataclass(frozen=True)
@@ -182,6 +206,20 @@ class Snapshot:
     @property
     def unprotected_s(self) -> float:
         return sum(r.unprotected_s for r in self.ranks)
+
+    @property
+    def latest_step(self) -> int | None:
+        """The training step the most advanced rank reached; ``None`` before any step."""
+        return max((r.step for r in self.ranks if r.step is not None), default=None)
+
+    @property
+    def restarts_total(self) -> int:
+        return sum(self.restarts.counts.values())
+
+    @property
+    def rank_count(self) -> int:
+        """Ranks accounted: in a job a lost pod's rank and its replacement's are one."""
+        return len({r.rank for r in self.ranks})
 
     @property
     def efficiency(self) -> float | None:

@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 
 from nvrx_slo.contracts import schema
+from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest.decode import Event, as_event
-from nvrx_slo.exporter.ingest.identity import Identity
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.cycleinfo")

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from nvrx_slo.exporter.ingest.identity import Identity
+from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.podwatch")

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from nvrx_slo.exporter.ingest.printable import printable
+from nvrx_slo.exporter.printable import printable
 
 
 class BoundedLog:

@@ -30,8 +30,8 @@ byte offset that stays valid for the file's whole life. What this reader guarant
 * At most ``max_open`` descriptors are held: with more files holding new data, the rest wait
   (oldest generations first) until drained files are closed, within the same poll;
   ``complete`` says whether the last poll read every file to its end.
-* Bad lines are rejected by ``schema.RejectReason`` value, I/O trouble by this module's
-  ``UNREADABLE`` / ``FILE_TRUNCATED``; every rejection is counted once and logged at a bounded
+* Bad lines are rejected by ``schema.RejectReason`` value, I/O trouble by
+  ``rejects.UNREADABLE`` / ``FILE_TRUNCATED``; every rejection is counted once and logged at a bounded
   rate, and nothing raises out of ``poll``.
 """
 
@@ -56,11 +56,9 @@ from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.schema import SPAN_EVENTS, JournalError, RejectReason
 from nvrx_slo.exporter.ingest.decode import Event, decode_batch, self_consistent
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
+from nvrx_slo.exporter.rejects import FILE_TRUNCATED, UNREADABLE
 
 log = logging.getLogger("nvrx_slo.tail")
-
-UNREADABLE = "unreadable"  # a journal file could not be opened or read (counted once per episode)
-FILE_TRUNCATED = "file_truncated"  # a file shrank under its read offset (writers never truncate)
 
 HEAD_BYTES = 256  # of a file's first line, remembered to tell a file cut and rewritten from one grown
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage: rejected, skipped to its newline

@@ -1,2 +1,3 @@
-"""Views: what a snapshot is rendered as (Prometheus text, OTLP, the status page, the text and HTML
-reports, the timeline, the progress line). Never re-derive what the engine decided."""
+"""Views: what a ``View`` (``view``) is rendered as — its series (``series``) as Prometheus text and
+OTLP, the status page, the text SLO report, the timeline. They read no journal and know no
+process. Never re-derive what the engine decided."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter.engine.snapshot import Histogram, Snapshot
-from nvrx_slo.exporter.ingest.printable import printable
+from nvrx_slo.exporter.engine.snapshot import Snapshot
+from nvrx_slo.exporter.printable import printable
 from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, RECENT_ROWS, breakdown, slo_results
 
 
@@ -28,10 +28,6 @@ def _secs(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f} s"
 
 
-def _mean(hist: Histogram) -> float | None:
-    return hist.sum / hist.count if hist.count else None
-
-
 def _scope(pods: str) -> str:
     """``pod a`` for a pod's snapshot; ``2 pods (a, b)`` for a job's (``job.job_snapshot``)."""
     names = [printable(name) for name in pods.split(", ")] if pods else ["?"]
@@ -42,7 +38,7 @@ def render(snap: Snapshot, targets: Targets) -> str:
     wall = snap.wall_s
     lines = [
         f"nvrx-slo SLO report — job {printable(snap.job) or '?'}, {_scope(snap.pod)}, "
-        f"{len({r.rank for r in snap.ranks})} rank(s)"
+        f"{snap.rank_count} rank(s)"
         f"{', finished' if snap.finished else ', running'}",
         "",
         f"Efficiency (productive / wall): {_ratio(snap.efficiency)}",
@@ -81,11 +77,11 @@ def render(snap: Snapshot, targets: Targets) -> str:
         if not hist.count:
             lines.append(f"  {level.value:<9} none")
             continue
-        lines.append(f"  {level.value:<9} {hist.count} restart(s), mean {_secs(_mean(hist))}")
+        lines.append(f"  {level.value:<9} {hist.count} restart(s), mean {_secs(hist.mean)}")
         for phase in RestartPhase:
             ph = rs.phases[(level, phase)]
             if ph.count:
-                lines.append(f"    {phase.value:<{phases_width}}  mean {_secs(_mean(ph))} over {ph.count}")
+                lines.append(f"    {phase.value:<{phases_width}}  mean {_secs(ph.mean)} over {ph.count}")
     if rs.recent:
         lines.append("  most recent:")
         for r in rs.recent[-5:]:

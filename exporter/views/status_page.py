@@ -9,8 +9,8 @@ Key numbers carry stable ids and a ``data-value`` holding the raw number (second
 tests and scripts read them without parsing display text. Every string from the journal (job,
 pod, checkpoint ids, causes) goes through ``html.escape``.
 
-It renders the same ``nvrx_slo.exporter.live.View`` as /metrics and OTLP, so the numbers agree by
-construction. The offline report (``exporter/views/report.py``) reuses ``sections`` and ``page`` around a
+It renders the same ``View`` (``nvrx_slo.exporter.views.view``) as /metrics and OTLP, so the numbers agree by
+construction. The offline report (``exporter/offline/report.py``) reuses ``sections`` and ``page`` around a
 timeline.
 """
 
@@ -24,7 +24,7 @@ from importlib import resources
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot, RankState, Snapshot
-from nvrx_slo.exporter.live import View
+from nvrx_slo.exporter.views.view import View
 
 REFRESH_S = 5
 MAX_RANK_BARS = 16  # per-rank breakdown bars; beyond this only the job bar is drawn
@@ -115,19 +115,11 @@ class SloResult:
     ok: bool | None  # None: not measurable yet (no restarts, no saves)
 
 
-def _share_within(hist: Histogram, bound: float) -> float | None:
-    if hist.count == 0:
-        return None
-    return hist.counts[hist.bounds.index(bound)] / hist.count
-
-
 def slo_results(snap: Snapshot, targets: Targets) -> list[SloResult]:
     """The spec's SLOs judged on this snapshot (whole job so far, not a burn-rate window)."""
     eff = snap.efficiency
     durations = list(snap.restarts.duration.values())
-    merged = Histogram(durations[0].bounds, tuple(map(sum, zip(*(h.counts for h in durations), strict=True))),
-                       sum(h.sum for h in durations), sum(h.count for h in durations)) if durations else None
-    fast = _share_within(merged, targets.recovery_threshold_s) if merged else None
+    fast = Histogram.merged(durations).share_within(targets.recovery_threshold_s) if durations else None
     ck = snap.checkpoints
     return [
         SloResult("efficiency", "training efficiency", f"productive / wall ≥ {_pct(targets.efficiency, 0)}",
@@ -214,9 +206,7 @@ def _headline(snap: Snapshot, targets: Targets) -> str:
     ok = None if eff is None else eff >= targets.efficiency
     cls = "na" if ok is None else "pass" if ok else "fail"
     steps = sum(r.steps for r in snap.ranks)
-    step = max((r.step for r in snap.ranks if r.step is not None), default=None)
-    restarts = sum(snap.restarts.counts.values())
-    ranks = len({r.rank for r in snap.ranks})  # a lost pod's rank and its replacement's are one
+    step, restarts, ranks = snap.latest_step, snap.restarts_total, snap.rank_count
     return (f'<section class="card"><h2>Training efficiency</h2>'
             f'<div class="big {cls}">{_num("efficiency", eff, _pct(eff))}</div>'
             f'<div class="sub">SLO ≥ {_pct(targets.efficiency, 0)} {_verdict(ok)} · predicted (ETTR) '
@@ -309,7 +299,7 @@ def _ranks_section(snap: Snapshot) -> str:
     rows = []
     job = any(r.pod for r in snap.ranks)  # a job's ranks: each with the pod that ran it
     for r in snap.ranks[:MAX_RANK_ROWS]:
-        eff = r.seconds.get(Category.PRODUCTIVE, 0.0) / r.wall_s if r.wall_s > 0 else None
+        eff = r.efficiency
         worker = ("—" if r.worker_alive is None else "alive" if r.worker_alive
                   else "stopped" if r.state is RankState.ENDED else "lost" if r.state is RankState.LOST else "DEAD")
         pod = f"<td>{_e(r.pod)}</td>" if job else ""

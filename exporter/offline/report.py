@@ -1,19 +1,16 @@
 """``nvrx-slo report JOURNAL_DIR``: the status page's accounting, offline, plus a timeline.
 
 For the engineer who copied a journal off a node after the fact, or wants one file to attach to
-an incident ticket. The journal is read exactly as the sidecar reads it (``JournalTail``: same
-decoding, same merge by time, same rejections) into the same ``Engine``; the page reuses the
-status page's sections and adds the timeline (``exporter/views/timeline.py``). One self-contained
-HTML file: stylesheet inlined, inline SVG, no script.
-
-"Now" for an offline journal is its newest event, so a journal that ends mid-run (the node died)
-is accounted up to its last word, not up to the moment the report was made.
+an incident ticket. The journal is read by the one replay (``nvrx_slo.exporter.offline.replay``:
+exactly as the sidecar reads it, into the same ``Engine``, as of its newest record); the page
+reuses the status page's sections and adds the timeline (``exporter/views/timeline.py``). One
+self-contained HTML file: stylesheet inlined, inline SVG, no script.
 
 Everything the timeline marks that the engine decides — each step's fate, every save and every
-restart — comes from the engine, made with ``keep_history=True`` (``Engine.take_verdicts`` after
-each batch of records, ``Engine.history`` at the end), so the picture and the numbers beside it
-agree by construction. The engine's phases are consecutive stretches from the fault that sum to
-the restart's duration, so they are laid end to end.
+restart — comes from the engine, made with ``keep_history=True`` (its step verdicts as it makes
+them, ``Engine.history`` at the end), so the picture and the numbers beside it agree by
+construction. The engine's phases are consecutive stretches from the fault that sum to the
+restart's duration, so they are laid end to end.
 """
 
 from __future__ import annotations
@@ -30,19 +27,15 @@ from pathlib import Path
 from nvrx_slo.contracts.catalogue import RestartPhase
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine import job
-from nvrx_slo.exporter.engine.engine import Engine, History
+from nvrx_slo.exporter.engine.engine import History
 from nvrx_slo.exporter.engine.snapshot import RestartRecord, Snapshot
-from nvrx_slo.exporter.ingest.decode import Event
-from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.live import DUPLICATE, IMPLAUSIBLE, LATE, View
+from nvrx_slo.exporter.offline.replay import EmptyJournal, Replay
+from nvrx_slo.exporter.offline.timeline import TimelineBuilder, compose
 from nvrx_slo.exporter.views import slo_report, status_page, timeline
-from nvrx_slo.exporter.views.timeline import RestartBand, TimelineBuilder
+from nvrx_slo.exporter.views.timeline import RestartBand
+from nvrx_slo.exporter.views.view import View
 
 FORMATS = {"html": "report.html", "text": "-"}  # each format's default output (-: stdout)
-
-
-class EmptyJournal(ValueError):
-    """The directory holds no accepted journal event."""
 
 
 def _band(r: RestartRecord, now_wall: float) -> RestartBand:
@@ -53,24 +46,6 @@ def _band(r: RestartRecord, now_wall: float) -> RestartBand:
             phases.append((phase.value, t, t + r.phases[phase]))
             t += r.phases[phase]
     return RestartBand(r.level.value, r.fault_wall, max(end, t), tuple(phases), r.cause)
-
-
-class _Replay:
-    """Feed records to the engine and the timeline builder, and the engine's step verdicts to the builder."""
-
-    def __init__(self) -> None:
-        self.engine = Engine(keep_history=True)
-        self.builder = TimelineBuilder()
-        self.newest: tuple[float, float] | None = None  # (mono, wall) of the newest event
-
-    def ingest(self, records: list[Event]) -> None:
-        for record in records:
-            if not self.engine.ingest(record):  # refused: it draws nothing and dates nothing
-                continue
-            self.builder.add(record)
-            if self.newest is None or record.mono > self.newest[0]:
-                self.newest = (record.mono, record.wall)
-        self.builder.decide(self.engine.take_verdicts())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,20 +59,13 @@ class _Pod:
 
 
 def _read(journal_dir: str | Path) -> _Pod:
-    tail = JournalTail(journal_dir)
-    replay = _Replay()
-    try:
-        tail.poll(replay.ingest)
-    finally:
-        tail.close()
-    if not tail.directory_ok:
+    builder = TimelineBuilder()
+    with Replay(journal_dir, builder=builder) as replay:
+        replay.poll()
+    if not replay.tail.directory_ok:
         raise FileNotFoundError(f"cannot read journal directory {journal_dir}")
-    if replay.newest is None:
-        raise EmptyJournal(f"no journal events in {journal_dir}"
-                           + (f" ({sum(tail.rejected.values())} lines rejected)" if tail.rejected else ""))
-    snap = replay.engine.snapshot(*replay.newest)
-    replay.builder.decide(replay.engine.take_verdicts())
-    return _Pod(snap, replay.engine.history(), replay.builder, dict(tail.rejected))
+    snap = replay.view().snapshot
+    return _Pod(snap, replay.engine.history(), builder, dict(replay.tail.rejected))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +80,7 @@ class _Replayed:
         restarts = [_band(r, self.snap.now_wall) for r in self.snap.restarts.recent]
         if len(self.pods) == 1:
             return self.pods[0].builder.build(restarts, self.snap.checkpoints.recent)
-        return timeline.compose([(p.snap.pod, p.builder) for p in self.pods], restarts, self.snap.checkpoints.recent)
+        return compose([(p.snap.pod, p.builder) for p in self.pods], restarts, self.snap.checkpoints.recent)
 
 
 def _replay(journal_dirs: Sequence[str | Path]) -> _Replayed:
@@ -123,7 +91,7 @@ def _replay(journal_dirs: Sequence[str | Path]) -> _Replayed:
             for p in pods]
     snap = full[0] if len(full) == 1 else job.job_snapshot(full, lost=job.lost_pods(full))
     rejected = dict(sum((Counter(p.rejected) for p in pods), Counter()))
-    view = View(snap, {**rejected, DUPLICATE: snap.duplicates, LATE: snap.late, IMPLAUSIBLE: snap.implausible}, {}, {})
+    view = View.of(snap, rejected)
     return _Replayed(pods, snap, view)
 
 

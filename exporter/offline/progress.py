@@ -1,11 +1,12 @@
 """A progress display for a running job: steps, checkpoints and restarts so far, from its journal.
 
 The demo runs for minutes with faults injected on purpose; a person watching wants to see the
-crash happen and the job come back. This follows the journal the same way the sidecar does
-(``nvrx_slo.exporter.live.Live``: a ``JournalTail`` into an ``Engine``), so the counts it shows are the
-ones /metrics and the SLO report give. On a terminal it redraws one line in place; anywhere else
-(CI logs, a pipe) it prints a plain line when a checkpoint or restart lands and at most every
-``PLAIN_EVERY_S`` otherwise, so a log holds a readable history instead of carriage-return noise.
+crash happen and the job come back. This follows the journal through the one replay
+(``nvrx_slo.exporter.offline.replay``: the sidecar's reader into the sidecar's engine), viewed as
+of the moment each read began, so the counts it shows are the ones /metrics and the SLO report
+give. On a terminal it redraws one line in place; anywhere else (CI logs, a pipe) it prints a
+plain line when a checkpoint or restart lands and at most every ``PLAIN_EVERY_S`` otherwise, so a
+log holds a readable history instead of carriage-return noise.
 
 Usage::
 
@@ -25,10 +26,8 @@ from pathlib import Path
 from typing import TextIO
 
 from nvrx_slo.contracts.catalogue import RestartLevel
-from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
-from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.offline.replay import Replay
 
 log = logging.getLogger("nvrx_slo.progress")
 
@@ -38,9 +37,9 @@ PLAIN_EVERY_S = 10.0
 
 def summary(snap: Snapshot) -> str:
     """One line: where training is and what has happened to it so far."""
-    step = max((r.step for r in snap.ranks if r.step is not None), default=None)
+    step = snap.latest_step
     ck = snap.checkpoints
-    restarts = sum(snap.restarts.counts.values())
+    restarts = snap.restarts_total
     by_level = ", ".join(f"{snap.restarts.counts[lvl]} {lvl.value}" for lvl in RestartLevel
                          if snap.restarts.counts.get(lvl, 0))
     if not snap.ranks:
@@ -65,7 +64,8 @@ class Progress:
     def __init__(self, journal_dir: str | Path, stream: TextIO | None = None, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._dir = Path(journal_dir)
-        self._live = Live(Engine(), JournalTail(journal_dir), mono=clock, wall=wall)
+        self._replay = Replay(journal_dir)
+        self._wall = wall
         self._stream = stream if stream is not None else sys.stderr
         self._tty = self._stream.isatty()
         self._clock = clock
@@ -80,11 +80,12 @@ class Progress:
     def update(self) -> str:
         """Read what is new in the journal and redraw; returns the current summary line."""
         with self._lock:
+            began = (self._clock(), self._wall())  # every record written before it is read below
             if self._dir.is_dir():  # the job creates it: until then there is nothing to read
-                self._live.poll()
-            snap = self._live.view().snapshot
+                self._replay.poll()
+            snap = self._replay.view(began).snapshot
             line = summary(snap)
-            events = (snap.checkpoints.saves, snap.checkpoints.failures, sum(snap.restarts.counts.values()))
+            events = (snap.checkpoints.saves, snap.checkpoints.failures, snap.restarts_total)
             if self._tty:
                 width = shutil.get_terminal_size().columns - 1
                 self._stream.write("\r" + line[:width] + "\x1b[K")
@@ -109,23 +110,28 @@ class Progress:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        line = self.update()
+        line = self._draw()
         if self._tty:
             self._stream.write("\n")
             self._stream.flush()
-        elif line != self._printed:
+        elif line is not None and line != self._printed:
             self._print(line)
-        self._live.tail.close()
-        return line
+        self._replay.close()
+        return self._printed if line is None else line
+
+    def _draw(self) -> str | None:
+        """``update()``, or ``None`` where it failed: logged once, never raised."""
+        try:
+            return self.update()
+        except Exception:  # a display must never take the job down with it
+            if not self._failed:
+                self._failed = True
+                log.exception("progress display failed; the job goes on")
+            return None
 
     def _run(self) -> None:
         while not self._stop.wait(INTERVAL_S):
-            try:
-                self.update()
-            except Exception:  # a display must never take the job down with it
-                if not self._failed:
-                    self._failed = True
-                    log.exception("progress display failed; the job goes on")
+            self._draw()
 
     def __enter__(self) -> Progress:
         self.start()

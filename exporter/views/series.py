@@ -1,0 +1,190 @@
+"""Every catalogue metric's series in one ``View``: their names, labels and values, decided once
+for every exposition (Prometheus text, ``collector``; OTLP, ``otlp``).
+
+Names, kinds, help, labels and buckets come from ``nvrx_slo.contracts.catalogue``; every catalogue
+metric is listed (one whose value is not known yet has no series). Values are the snapshot's:
+numbers, and the engine's histograms as they are (an exposition reads them at the catalogue's
+fewer ``buckets``, ``Histogram.cumulative_at``).
+
+Cardinality guard (see the catalogue's docstring): per-rank series can be switched off, and a
+pod with more ranks than ``max_ranks`` falls back to the same single ``rank="all"`` series. That
+series sums its ranks — rank-seconds, counts and histograms add up — except for two gauges
+whose sum means nothing, which take the value that matters for alerting instead:
+``last_step_timestamp_seconds`` the max (the most advanced rank), ``checkpoint_worker_up`` the
+min (any dead worker shows). Stragglers are the rules' to find (a rank's mean step time against
+the job's median rank, across pods); a rank="all" series' step time is its ranks' mean.
+
+NVML idle time is reported per device; device *i* is attributed to the pod's *i*-th lowest
+rank (torchrun numbers a node's ranks contiguously, local rank = device index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.utils import INF, floatToGoString
+
+from nvrx_slo.contracts import catalogue as cat
+from nvrx_slo.contracts.catalogue import ALL_RANKS, GpuIdleSource, Kind
+from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.rejects import REASONS
+from nvrx_slo.exporter.views.view import View
+
+_ALL_RANKS_AGGREGATE: dict[str, Callable[[Sequence[float]], float]] = {
+    cat.LAST_STEP_TIMESTAMP.name: max,
+    cat.CKPT_WORKER_UP.name: min,
+}
+
+_Items = tuple[tuple[str, str], ...]
+Labels = dict[str, str]  # one object per label set (``LabelSets``): never mutated
+
+
+def exposed_name(metric: cat.Metric) -> str:
+    """The name a metric's family goes by: a counter's without ``_total``, which Prometheus' text
+    format adds to its samples and OTLP-to-Prometheus translation to a monotonic sum."""
+    return metric.name[: -len("_total")] if metric.kind is Kind.COUNTER else metric.name
+
+
+_LABEL_SETS_MAX = 1 << 18
+
+
+class LabelSets:
+    """Interned label dicts, one per distinct label set, kept across scrapes.
+
+    The series of a pod barely change between scrapes, so reusing the same dict objects lets
+    ``exposition.TextRenderer`` render each label set's text once, not once per scrape.
+    """
+
+    def __init__(self) -> None:
+        self._sets: dict[_Items, Labels] = {}
+        self._buckets: dict[tuple[_Items, tuple[float, ...]], list[Labels]] = {}
+        self._rank_sets: dict[tuple[tuple[_Items, ...], _Items], list[Labels]] = {}
+
+    def get(self, items: _Items) -> Labels:
+        labels = self._sets.get(items)
+        if labels is None:
+            if len(self._sets) > _LABEL_SETS_MAX:
+                self._sets.clear()
+            labels = self._sets[items] = dict(items)
+        return labels
+
+    def ranks(self, rank_items: tuple[_Items, ...], extra: _Items) -> list[Labels]:
+        """The label sets of one per-rank series each: ``rank_items[i] + extra``."""
+        key = (rank_items, extra)
+        sets = self._rank_sets.get(key)
+        if sets is None:
+            if len(self._rank_sets) > _LABEL_SETS_MAX:
+                self._rank_sets.clear()
+            sets = self._rank_sets[key] = [self.get(items + extra) for items in rank_items]
+        return sets
+
+    def buckets(self, labels: Labels, bounds: tuple[float, ...]) -> list[Labels]:
+        """The ``le`` label sets of a histogram's buckets, ``+Inf`` last."""
+        items = tuple(labels.items())
+        key = (items, bounds)
+        sets = self._buckets.get(key)
+        if sets is None:
+            if len(self._buckets) > _LABEL_SETS_MAX:
+                self._buckets.clear()
+            sets = self._buckets[key] = [self.get(items + (("le", floatToGoString(b)),)) for b in (*bounds, INF)]
+        return sets
+
+
+@dataclass
+class Series:
+    """One metric's series: ``values`` for a counter or gauge, ``histograms`` for a histogram or summary."""
+
+    metric: cat.Metric
+    values: list[tuple[Labels, float]] = field(default_factory=list)
+    histograms: list[tuple[Labels, Histogram]] = field(default_factory=list)
+
+
+def series(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
+           labels: LabelSets | None = None) -> list[Series]:
+    """Every catalogue metric's series in ``view``, in catalogue order."""
+    lab = labels or LabelSets()
+    snap = view.snapshot
+    base: _Items = (("namespace", identity.namespace), ("job_name", identity.job_name or snap.job),
+                    ("pod", identity.pod or snap.pod))
+    base_labels = lab.get(base)
+    ranks = snap.ranks
+    split = per_rank and len(ranks) <= max_ranks
+    rank_items = tuple(base + (("rank", str(r.rank)),) for r in ranks) if split else (base + (("rank", ALL_RANKS),),)
+    out = {m.name: Series(m) for m in cat.CATALOGUE}
+
+    def per_rank_values(metric: cat.Metric, values: Sequence[float | None], extra: _Items = ()) -> None:
+        if split:
+            out[metric.name].values += [(labels, value) for labels, value in zip(lab.ranks(rank_items, extra), values,
+                                                                                  strict=True) if value is not None]
+            return
+        known = [v for v in values if v is not None]
+        if known:
+            agg = _ALL_RANKS_AGGREGATE.get(metric.name, sum)
+            out[metric.name].values.append((lab.get(rank_items[0] + extra), agg(known)))
+
+    def single(metric: cat.Metric, value: float | None, extra: _Items = ()) -> None:
+        if value is not None:
+            out[metric.name].values.append((lab.get(base + extra) if extra else base_labels, value))
+
+    def histogram(metric: cat.Metric, hist: Histogram, extra: _Items = ()) -> None:
+        out[metric.name].histograms.append((lab.get(base + extra) if extra else base_labels, hist))
+
+    def of_ranks(get: Callable[[RankSnapshot], float | None]) -> list[float | None]:
+        return [get(r) for r in ranks]
+
+    per_rank_values(cat.WALL, of_ranks(lambda r: r.wall_s))
+    for category in cat.SETTLED_CATEGORIES:
+        per_rank_values(cat.TIME, [r.seconds.get(category, 0.0) for r in ranks], (("category", category.value),))
+    per_rank_values(cat.UNPROTECTED_WORK, of_ranks(lambda r: r.unprotected_s))
+    if ranks:
+        single(cat.WORK_AT_RISK, sum(r.at_risk_s for r in ranks))
+    per_rank_values(cat.STEPS, of_ranks(lambda r: r.steps))
+    single(cat.TRAINING_STEP, snap.latest_step)
+    per_rank_values(cat.LAST_STEP_TIMESTAMP, of_ranks(lambda r: r.last_step_wall))
+    if ranks:
+        steps = out[cat.STEP_DURATION.name].histograms
+        if split:
+            steps += [(lab.get(items), r.step_duration) for items, r in zip(rank_items, ranks, strict=True)]
+        else:
+            steps.append((lab.get(rank_items[0]), Histogram.merged([r.step_duration for r in ranks])))
+    single(cat.JOB_START_TIMESTAMP, snap.job_start_wall)
+    single(cat.JOB_WORLD_SIZE, snap.world_size)
+    single(cat.POD_RANKS, snap.pod_ranks)
+
+    ck = snap.checkpoints
+    histogram(cat.CKPT_BLOCKING, ck.blocking)
+    histogram(cat.CKPT_BACKGROUND, ck.background)
+    single(cat.CKPT_LAST_SUCCESS, ck.last_success_wall)
+    single(cat.CKPT_LAST_STEP, ck.last_success_step)
+    single(cat.CKPT_FAILURES, ck.failures)
+    single(cat.CKPT_IN_FLIGHT, ck.in_flight)
+    single(cat.CKPT_BYTES, ck.bytes_total)
+    per_rank_values(cat.CKPT_WORKER_UP, of_ranks(lambda r: None if r.worker_alive is None else float(r.worker_alive)))
+
+    rs = snap.restarts
+    for level, n in rs.counts.items():
+        single(cat.RESTARTS, n, (("level", level.value),))
+    for level, hist in rs.duration.items():
+        histogram(cat.RESTART_DURATION, hist, (("level", level.value),))
+    for (level, phase), hist in rs.phases.items():
+        single(cat.RESTART_PHASE, hist.sum, (("level", level.value), ("phase", phase.value)))
+    single(cat.LAUNCHER_RESTARTS_REMAINING, rs.launcher_remaining)
+
+    for name, seconds in sorted(snap.user_spans.items()):
+        single(cat.USER_SPAN_TIME, seconds, (("name", name),))
+    per_rank_values(cat.GPU_IDLE, of_ranks(lambda r: r.gpu_idle_s), (("source", GpuIdleSource.STEP_PHASES.value),))
+    if view.gpu_idle_nvml:
+        by_rank = dict(zip(sorted(r.rank for r in ranks), (view.gpu_idle_nvml.get(i) for i in range(len(ranks))),
+                           strict=True))
+        per_rank_values(cat.GPU_IDLE, [by_rank.get(r.rank) for r in ranks], (("source", GpuIdleSource.NVML.value),))
+
+    single(cat.EXPORTER_EVENTS, snap.events_accepted)
+    for reason in sorted(set(REASONS) | set(view.rejected)):
+        single(cat.EXPORTER_REJECTED, view.rejected.get(reason, 0), (("reason", reason),))
+    single(cat.EXPORTER_RECORDS_LOST, snap.records_lost)
+    single(cat.EXPORTER_LAG, snap.journal_lag_s)
+    for (container, reason), n in sorted(view.pod_restarts.items()):
+        single(cat.POD_RESTARTS, n, (("container", container), ("reason", reason)))
+    return list(out.values())

@@ -1,0 +1,34 @@
+"""``View``: what every view renders, taken at one instant: the engine's snapshot and what was
+counted beside it.
+
+/metrics, OTLP, the status page and the reports each render a ``View`` and read nothing else, so
+their numbers agree by construction. Two things make one: the sidecar's ``Live``
+(``nvrx_slo.exporter.live``), under its lock, and the offline replay of a journal
+(``nvrx_slo.exporter.offline.replay``); both through ``View.of``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nvrx_slo.exporter.engine.snapshot import Snapshot
+from nvrx_slo.exporter.rejects import DUPLICATE, ENGINE_ERROR, IMPLAUSIBLE, LATE
+
+
+@dataclass(frozen=True)
+class View:
+    snapshot: Snapshot
+    rejected: Mapping[str, int]  # journal lines not accounted, by reason (``nvrx_slo.exporter.rejects``)
+    gpu_idle_nvml: Mapping[int, float]  # idle seconds by NVML device index; empty when NVML is off
+    pod_restarts: Mapping[tuple[str, str], int]  # (container, reason) -> restarts seen by the pod watcher
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, read_rejected: Mapping[str, int], *, engine_errors: int = 0,
+           gpu_idle_nvml: Mapping[int, float] | None = None,
+           pod_restarts: Mapping[tuple[str, str], int] | None = None) -> View:
+        """``snapshot`` with the lines the reader rejected (``read_rejected``, by reason) and those
+        the engine refused (its snapshot counts them) or raised on (``engine_errors``)."""
+        rejected = {**read_rejected, DUPLICATE: snapshot.duplicates, LATE: snapshot.late,
+                    IMPLAUSIBLE: snapshot.implausible, ENGINE_ERROR: engine_errors}
+        return cls(snapshot, rejected, dict(gpu_idle_nvml or {}), dict(pod_restarts or {}))
