@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.trainer.checkpoint import Checkpointer
 from nvrx_slo.trainer.hooks import Hooks
+from nvrx_slo.trainer.reference.checkpoint import Checkpointer
 
 
 def _blocking(journal_dir: Path) -> dict[str, float]:

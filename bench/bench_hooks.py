@@ -29,7 +29,7 @@ from torch.distributed.fsdp import fully_shard
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import Identity, Journal, open_journal
-from nvrx_slo.trainer.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
+from nvrx_slo.trainer.reference.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
 
 
 def _median_us(fn, n: int) -> float:

@@ -45,11 +45,11 @@ from torch import nn
 
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.trainer import demo
-from nvrx_slo.trainer.checkpoint import Checkpointer
 from nvrx_slo.trainer.cuda_timing import cuda_events
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import open_journal
+from nvrx_slo.trainer.reference import demo
+from nvrx_slo.trainer.reference.checkpoint import Checkpointer
 
 CUDA = torch.cuda.is_available()
 PLANT = {"data": 0.008, "compute": 0.012, "optimizer": 0.004}  # (b), (e): seconds per step

@@ -21,7 +21,7 @@ from nvrx_slo.contracts.targets import Targets
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("nvrx_slo.demo:main", "trainer,sidecar",
              "run the reference FSDP job with the sidecar and print the SLO report"),
-    "train": ("nvrx_slo.trainer.reference_job:main", "trainer",
+    "train": ("nvrx_slo.trainer.reference.job:main", "trainer",
               "the reference FSDP training job (run it under ft_launcher or torchrun)"),
     "ft-launcher": ("nvrx_slo.trainer.ft_launcher:main", "trainer",
                     "NVRx ft_launcher, unchanged, with its own events journaled"),

@@ -4,9 +4,10 @@ With ``--pods N`` the job runs as N pods, each a launcher with its own journal a
 the report is the job's: every pod's sidecar accounting, added up by ``exporter/engine/job.py``.
 
 It spans the rooms, so it lives here rather than in ``trainer/`` (which may not import the
-exporter) or ``exporter/`` (which may not import torch): the job is ``nvrx_slo.trainer.demo.run_demo``, the
-sidecar is the ``nvrx-slo sidecar`` process a pod would run, and what is printed at the end is
-the sidecar's own SLO report (written on SIGTERM, as in a pod) plus an HTML report with a timeline.
+exporter) or ``exporter/`` (which may not import torch): the job is
+``nvrx_slo.trainer.reference.demo.run_demo``, the sidecar is the ``nvrx-slo sidecar`` process a pod
+would run, and what is printed at the end is the sidecar's own SLO report (written on SIGTERM, as in
+a pod) plus an HTML report with a timeline.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.offline import progress, report
 from nvrx_slo.exporter.offline.replay import Replay
 from nvrx_slo.exporter.views import slo_report
-from nvrx_slo.trainer import demo as job
+from nvrx_slo.trainer.reference import demo as job
 
 _SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")
 LOSS_STEP = 15  # --node-loss: the step the lost pod's rank reaches before its node goes

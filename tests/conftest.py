@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from nvrx_slo.trainer.demo import DEFAULT_FAULTS, DemoResult, read_journal
+from nvrx_slo.trainer.reference.demo import DEFAULT_FAULTS, DemoResult, read_journal
 
 # CI (``HYPOTHESIS_PROFILE=ci``, set by .ci/run) draws the same examples on every run, so a verdict
 # is reproducible; runs elsewhere draw new ones, which is where property tests find new cases.

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_slo.trainer import demo
-from nvrx_slo.trainer.demo import CPU, DEFAULT_FAULTS, demo_device, launch_args
-from nvrx_slo.trainer.model import ModelConfig
-from nvrx_slo.trainer.reference_job import parse_args
+from nvrx_slo.trainer.reference import demo
+from nvrx_slo.trainer.reference.demo import CPU, DEFAULT_FAULTS, demo_device, launch_args
+from nvrx_slo.trainer.reference.job import parse_args
+from nvrx_slo.trainer.reference.model import ModelConfig
 
 
 def _args(device, pods: int = 1) -> tuple[list[str], list[str]]:

@@ -23,7 +23,7 @@ from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.trainer.demo import read_journal, summarize
+from nvrx_slo.trainer.reference.demo import read_journal, summarize
 
 PODS = ("pod-0", "pod-1")
 

@@ -153,7 +153,7 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
     from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
-    from nvrx_slo.trainer import reference_job
+    from nvrx_slo.trainer.reference import job as reference_job
 
     _, trainer = containers(pod_template(rendered[overlay]))
     program, name = trainer["command"]
@@ -161,7 +161,7 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
     args = expand(trainer["args"], trainer)
     launcher = get_args_parser().parse_args(args)  # ft_launcher's own parser (exits on a bad flag)
     FaultToleranceConfig.from_args(launcher)  # raises when the launcher would find no FT config
-    assert launcher.module and launcher.training_script == "nvrx_slo.trainer.reference_job"
+    assert launcher.module and launcher.training_script == "nvrx_slo.trainer.reference.job"
     assert importlib.util.find_spec(launcher.training_script) is not None
     config = reference_job.parse_args(launcher.training_script_args)
     assert str(config.checkpoint_dir) in {m["mountPath"] for m in trainer["volumeMounts"]}

@@ -259,16 +259,16 @@ def test_plain_dcp_save_with_the_hooks_gives_the_productive_time_the_test_measur
 def test_nvrx_public_async_api_with_the_hooks_gives_the_productive_time_the_test_measured(tmp_path, one_rank):
     from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import save_state_dict_async_finalize
 
-    from nvrx_slo.trainer import cpu_shims, nvrx_compat
+    from nvrx_slo.trainer.reference import cpu_shims, nvrx_async
 
-    api = nvrx_compat.async_checkpointing()
+    api = nvrx_async.async_checkpointing()
     cpu_shims.apply(api)  # NVRx's CUDA assumptions, as any CPU-only user must bypass them
     queue = api.AsyncCallsQueue(persistent=True, **cpu_shims.queue_kwargs(api))
     slo = Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal"))
 
     def finalize(planned):
         if cpu_shims.needed():  # from 0.5 NVRx's finalize broadcasts its verdict from a CUDA device
-            assert nvrx_compat.finalize_save(planned) is None
+            assert nvrx_async.finalize_save(planned) is None
         else:
             save_state_dict_async_finalize(*planned)
 
@@ -278,7 +278,7 @@ def test_nvrx_public_async_api_with_the_hooks_gives_the_productive_time_the_test
             planned = api.save_state_dict_async_plan(state, writer)
             write, preload, args = writer.get_save_function_and_args()
             args = list(args)
-            args[1] = nvrx_compat.write_buckets(preload, args)  # built here: NVRx's preload syncs CUDA
+            args[1] = nvrx_async.write_buckets(preload, args)  # built here: NVRx's preload syncs CUDA
             request = api.AsyncRequest(write, tuple(args), [lambda: finalize(planned)])
             queue.schedule_async_request(request._replace(finalize_fns=[*request.finalize_fns, s.completion()]))
         with slo.checkpoint_wait():  # the README's way: every poll is the save's cost

@@ -14,7 +14,7 @@ from nvidia_resiliency_ext.inprocess.attribution import Interruption, Interrupti
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.trainer import inprocess_callbacks
-from nvrx_slo.trainer.inprocess_callbacks import wrapper_kwargs
+from nvrx_slo.trainer.inprocess_callbacks import inprocess_wrapper_kwargs
 from nvrx_slo.trainer.journal import Identity, Journal
 
 CALLBACKS = ("abort", "finalize", "rank_assignment", "initialize", "completion", "terminate")
@@ -58,7 +58,7 @@ def _records(journal):
 def test_journal_callbacks_wrap_the_users_own_in_the_order_that_timestamps_the_phases(tmp_path):
     journal = Journal(tmp_path, Identity.from_env({"RANK": "1"}))
     seen: list = []
-    kwargs = wrapper_kwargs(journal, **_user_callbacks(journal, seen), soft_timeout="passed through")
+    kwargs = inprocess_wrapper_kwargs(journal, **_user_callbacks(journal, seen), soft_timeout="passed through")
     assert kwargs["soft_timeout"] == "passed through"
     ctx = inprocess.rank_assignment.RankAssignmentCtx(_state(), Store([InterruptionRecord(1, Interruption.EXCEPTION)]),
                                                       set())
@@ -82,7 +82,7 @@ def test_journal_callbacks_wrap_the_users_own_in_the_order_that_timestamps_the_p
 
 def test_without_user_callbacks_nvrx_defaults_stay_in_place(tmp_path):
     journal = Journal(tmp_path, Identity.from_env({"RANK": "0"}))
-    kwargs = wrapper_kwargs(journal)
+    kwargs = inprocess_wrapper_kwargs(journal)
     assert set(CALLBACKS) <= set(kwargs)
     assert any(isinstance(i, inprocess.abort.AbortTorchDistributed) for i in kwargs["abort"].instances)
     ctx = inprocess.rank_assignment.RankAssignmentCtx(_state(), Store([]), set())
@@ -95,7 +95,7 @@ def test_a_callback_never_raises_even_when_the_journal_and_the_store_fail(tmp_pa
     blocker = tmp_path / "file"
     blocker.write_text("")
     journal = Journal(blocker / "journal", Identity.from_env({"RANK": "0"}))
-    kwargs = wrapper_kwargs(journal)
+    kwargs = inprocess_wrapper_kwargs(journal)
     if name == "rank_assignment":
         ctx = inprocess.rank_assignment.RankAssignmentCtx(_state(), Store(ConnectionError("store gone")), set())
         kwargs[name](ctx)
@@ -117,9 +117,9 @@ def test_a_wrapper_built_on_a_host_without_gpu_keeps_only_the_users_restart_heal
     LOCAL_RANK is set; without a driver they fail and the rank would terminate instead of restarting."""
     monkeypatch.setenv("LOCAL_RANK", "0")
     journal = Journal(tmp_path, Identity.from_env({"RANK": "0"}))
-    built = inprocess_callbacks.wrapper(journal, health_check=user_check)
+    built = inprocess_callbacks.inprocess_wrapper(journal, health_check=user_check)
     assert isinstance(built, inprocess.Wrapper)
-    plain = inprocess.Wrapper(**wrapper_kwargs(journal, health_check=user_check))
+    plain = inprocess.Wrapper(**inprocess_wrapper_kwargs(journal, health_check=user_check))
     if hasattr(plain, "restart_health_check"):  # the releases that build one (0.5+)
         assert plain.restart_health_check is not None, "NVRx chains its GPU checks: the case the fit is for"
         assert built.restart_health_check is user_check

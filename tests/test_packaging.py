@@ -79,7 +79,7 @@ def test_the_editable_install_imports_nvrx_slo_rooms_and_no_generic_names(tmp_pa
 BASE_VENV_SCRIPT = """
 import importlib.util, json, pathlib, sys
 from nvrx_slo.contracts import schema
-from nvrx_slo.trainer.hooks import Hooks
+from nvrx_slo import Hooks
 
 slo = Hooks.start(world_size=1, journal_dir=sys.argv[1])
 with slo.step(0) as s:

@@ -45,7 +45,7 @@ from nvrx_slo.contracts.catalogue import BADPUT_CATEGORIES, TIME, WORK_AT_RISK, 
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.generate import main as generate_main
-from nvrx_slo.trainer.demo import read_journal
+from nvrx_slo.trainer.reference.demo import read_journal
 from servers import free_port, stop, wait_for
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from nvrx_slo.contracts import schema
-from nvrx_slo.trainer.checkpoint import METADATA
-from nvrx_slo.trainer.demo import DEFAULT_FAULTS, read_journal
+from nvrx_slo.trainer.reference.checkpoint import METADATA
+from nvrx_slo.trainer.reference.demo import DEFAULT_FAULTS, read_journal
 
 pytestmark = pytest.mark.slow
 CRASH, EXCEPTION = DEFAULT_FAULTS

@@ -16,10 +16,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from nvrx_slo.contracts import schema
-from nvrx_slo.trainer import checkpoint
-from nvrx_slo.trainer.checkpoint import METADATA, Checkpointer, CheckpointWorkerDied
 from nvrx_slo.trainer.hooks import Hooks
-from nvrx_slo.trainer.restore import complete_checkpoints, restore
+from nvrx_slo.trainer.reference import checkpoint
+from nvrx_slo.trainer.reference.checkpoint import METADATA, Checkpointer, CheckpointWorkerDied
+from nvrx_slo.trainer.reference.restore import complete_checkpoints, restore
 
 pytestmark = pytest.mark.slow
 
@@ -268,7 +268,7 @@ def reference_loop(tmp_path_factory):
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    from nvrx_slo.trainer.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
+    from nvrx_slo.trainer.reference.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
 
     tmp = tmp_path_factory.mktemp("loop")
     hooks = Hooks.start(world_size=1, journal_dir=str(tmp / "journal"))

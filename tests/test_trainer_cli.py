@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from nvrx_slo.contracts import schema
-from nvrx_slo.trainer.checkpoint import METADATA
+from nvrx_slo.trainer.reference.checkpoint import METADATA
 
 
 def _nvrx_slo(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

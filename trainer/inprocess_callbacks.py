@@ -1,6 +1,6 @@
 """Journaling callbacks for NVRx ``inprocess.Wrapper``, composed with the user's own.
 
-``wrapper_kwargs(journal, **user_kwargs)`` returns the keyword arguments for ``Wrapper(...)``
+``inprocess_wrapper_kwargs(journal, **user_kwargs)`` returns the keyword arguments for ``Wrapper(...)``
 with every callback (``abort``, ``finalize``, ``rank_assignment``, ``initialize``, ``completion``,
 ``terminate``) composed with the user's (or NVRx's default), so one restart leaves, in order:
 
@@ -18,28 +18,33 @@ event                      thread            meaning
 
 Each callback journals and returns its input. None raises (a failure is counted by the
 journal), none blocks, and the abort callback (monitor thread) touches nothing but the journal —
-never ``torch.distributed``.
+never ``torch.distributed``. ``inprocess_wrapper`` builds the Wrapper too, fitted to restart on a
+host without a GPU (a CI runner): that fit is here, not with the reference job's CPU shims,
+because a user's own job needs it as much.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
-from nvrx_slo.trainer import cpu_shims, nvrx_compat
+from nvrx_slo.trainer import nvrx_compat
 from nvrx_slo.trainer.journal import Journal
+
+log = logging.getLogger("nvrx_slo.inprocess")
 
 
 def _cause(exc: BaseException | None) -> str | None:
     return None if exc is None else f"{type(exc).__name__}: {exc}"[:300]
 
 
-def wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
+def inprocess_wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
     """``inprocess.Wrapper`` keyword arguments: ``kwargs`` with journaling composed into each callback.
 
     Callbacks the caller leaves out keep NVRx's defaults (``AbortTorchDistributed`` for abort,
     ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest). Build
-    the Wrapper with ``wrapper`` to have it restart on a host without a GPU too.
+    the Wrapper with ``inprocess_wrapper`` to have it restart on a host without a GPU too.
     """
     ip: Any = nvrx_compat.inprocess()  # callback base classes come from the installed NVRx
     if ip is None:
@@ -108,10 +113,28 @@ def wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
     return kwargs
 
 
-def wrapper(journal: Journal, **kwargs: Any) -> Any:
-    """``inprocess.Wrapper(**wrapper_kwargs(journal, **kwargs))``, able to restart in-process on a
-    host without a GPU (``cpu_shims.fit_wrapper``), or None without ``inprocess``."""
+def inprocess_wrapper(journal: Journal, **kwargs: Any) -> Any:
+    """``inprocess.Wrapper(**inprocess_wrapper_kwargs(journal, **kwargs))``, able to restart in-process on a
+    host without a GPU (``_without_gpu_health_checks``), or None without ``inprocess``."""
     ip = nvrx_compat.inprocess()
     if ip is None:
         return None
-    return cpu_shims.fit_wrapper(ip.Wrapper(**wrapper_kwargs(journal, **kwargs)))
+    return _without_gpu_health_checks(ip.Wrapper(**inprocess_wrapper_kwargs(journal, **kwargs)))
+
+
+def _without_gpu_health_checks(wrapper: Any) -> Any:
+    """A built ``inprocess.Wrapper`` that can restart in-process on a host without a GPU.
+
+    From 0.5 the Wrapper builds ``restart_health_check`` in ``__init__``: the user's
+    ``health_check`` chained with GPU and NVLink (and NIC) checks whenever ``LOCAL_RANK`` is set.
+    Without a driver those fail and the rank terminates instead of restarting. No release takes
+    the check as an argument, so it is replaced on the built Wrapper by the user's own check
+    alone (None runs none), only when CUDA is absent. Releases without the attribute are left as
+    they are.
+    """
+    import torch  # NVRx's own dependency, loaded with the Wrapper: importing this module stays cheap
+
+    if not torch.cuda.is_available() and hasattr(wrapper, "restart_health_check"):
+        wrapper.restart_health_check = getattr(wrapper, "health_check", None)
+        log.info("nvrx-slo: no CUDA; inprocess.Wrapper restarts without its GPU/NVLink health checks")
+    return wrapper

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from nvrx_slo.trainer.checkpoint import METADATA
-from nvrx_slo.trainer.hooks import Hooks
+from nvrx_slo import Hooks
+from nvrx_slo.trainer.reference.checkpoint import METADATA
 
 # DCP's CheckpointException derives from BaseException, not Exception.
 _LOAD_ERRORS = (Exception, dcp.CheckpointException)

@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from nvrx_slo.trainer.hooks import Hooks
+from nvrx_slo import Hooks
 
 KINDS = ("crash", "exception", "hang")
 

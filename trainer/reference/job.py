@@ -4,7 +4,7 @@ Run it under ft_launcher (in-job restarts) and/or with ``--inprocess`` (NVRx ``i
 in-process restarts)::
 
     NVRX_SLO_JOURNAL_DIR=runs/x/journal nvrx-slo ft-launcher --nproc-per-node 2 --max-restarts 3 \\
-        -m nvrx_slo.trainer.reference_job --steps 60 --checkpoint-dir runs/x/ckpt --inprocess --crash-at 25
+        -m nvrx_slo.trainer.reference.job --steps 60 --checkpoint-dir runs/x/ckpt --inprocess --crash-at 25
 
 CPU + gloo by default, CUDA + NCCL when a GPU is visible. Every incarnation resumes from the newest
 complete checkpoint. Faults (``--crash-at``, ``--raise-at``, ``--hang-at``, ``--slow-storage``)
@@ -29,15 +29,14 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
+from nvrx_slo import Hooks, inprocess_wrapper
 from nvrx_slo.trainer import nvrx_compat
-from nvrx_slo.trainer.checkpoint import Checkpointer
-from nvrx_slo.trainer.faults import Fault, FaultInjector
-from nvrx_slo.trainer.hooks import Hooks
-from nvrx_slo.trainer.inprocess_callbacks import wrapper
-from nvrx_slo.trainer.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
-from nvrx_slo.trainer.restore import restore
+from nvrx_slo.trainer.reference.checkpoint import Checkpointer
+from nvrx_slo.trainer.reference.faults import Fault, FaultInjector
+from nvrx_slo.trainer.reference.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
+from nvrx_slo.trainer.reference.restore import restore
 
-log = logging.getLogger("nvrx_slo.reference_job")
+log = logging.getLogger("nvrx_slo.reference.job")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +178,7 @@ def _run_inprocess(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer) -> None:
                          else "in-process restart after another rank's fault")
             return state
 
-    wrapped = wrapper(
+    wrapped = inprocess_wrapper(
         hooks.journal,
         finalize=AbandonSaves(),
         store_kwargs={"port": port, "timeout": timeout},

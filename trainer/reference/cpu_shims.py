@@ -1,8 +1,10 @@
-"""Every CPU-only compatibility shim for NVRx, in one place, applied only when CUDA is absent.
+"""The CPU-only shims of NVRx's async checkpointing, in one place, applied only when CUDA is absent.
 
 NVRx's async checkpointing assumes a GPU in the places below (0.4.1 to 0.7). On a CPU-only host
-(CI, the demo) these shims make the same code path run with gloo; on a GPU host ``apply`` does
-nothing and NVRx runs unmodified. Nothing is patched on disk: two methods are replaced in memory.
+(CI, the demo) these shims make the reference checkpointer's code path run with gloo; on a GPU host
+``apply`` does nothing and NVRx runs unmodified. Nothing is patched on disk: two methods are
+replaced in memory. (The one shim a user's own job needs, for ``inprocess.Wrapper``, is part of
+the supported ``inprocess_wrapper`` in ``nvrx_slo.trainer.inprocess_callbacks``.)
 
 1. ``AsyncCaller.sync_all_async_calls`` puts its "still writing?" flag on
    ``torch.cuda.current_device()`` before an all-reduce  -> the flag lives on the CPU.
@@ -23,9 +25,6 @@ nothing and NVRx runs unmodified. Nothing is patched on disk: two methods are re
 
 5. From 0.6 the persistent writer selects a CUDA device at start-up unless the queue is built in
    ``cpu_shm_mode`` (``queue_kwargs``).
-
-6. From 0.5 ``inprocess.Wrapper`` runs GPU/NVLink health checks before each in-process restart;
-   without a driver they fail and the rank terminates instead of restarting (``fit_wrapper``).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nvrx_slo.trainer import nvrx_compat
+from nvrx_slo.trainer.reference import nvrx_async
 
 log = logging.getLogger("nvrx_slo.cpu_shims")
 
@@ -140,21 +139,7 @@ def queue_kwargs(api: SimpleNamespace) -> dict[str, Any]:
     From 0.6 the persistent writer calls ``torch.cuda.set_device(rank % device_count())`` unless
     the queue is built with ``cpu_shm_mode=True``; without a GPU it dies at start-up.
     """
-    if needed() and nvrx_compat.accepts(api.AsyncCallsQueue, "cpu_shm_mode"):
+    if needed() and nvrx_async.accepts(api.AsyncCallsQueue, "cpu_shm_mode"):
         return {"cpu_shm_mode": True}
     return {}
 
-
-def fit_wrapper(wrapper: Any) -> Any:
-    """Shim 6: an ``inprocess.Wrapper`` that can restart in-process on a host without a GPU.
-
-    From 0.5 the Wrapper builds ``restart_health_check`` in ``__init__``: the user's
-    ``health_check`` chained with GPU and NVLink (and NIC) checks whenever ``LOCAL_RANK`` is set.
-    Without a driver those fail and the rank terminates instead of restarting. No release takes
-    the check as an argument, so it is replaced on the built Wrapper by the user's own check
-    alone (None runs none). Releases without the attribute are left as they are.
-    """
-    if needed() and hasattr(wrapper, "restart_health_check"):
-        wrapper.restart_health_check = getattr(wrapper, "health_check", None)
-        log.info("nvrx-slo: no CUDA; inprocess.Wrapper restarts without its GPU/NVLink health checks")
-    return wrapper

@@ -16,7 +16,7 @@ on every rank:
 * ``checkpoint_worker`` when NVRx's persistent writer process is seen alive or dead.
 
 A checkpoint is complete when DCP's ``.metadata`` exists: the coordinator writes it (atomically)
-only after every rank's data landed (``trainer/restore.py`` loads the newest complete one).
+only after every rank's data landed (``restore.py`` loads the newest complete one).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
-from nvrx_slo.trainer import cpu_shims, nvrx_compat
-from nvrx_slo.trainer.hooks import CheckpointSave, Hooks
+from nvrx_slo import CheckpointSave, Hooks
+from nvrx_slo.trainer.reference import cpu_shims, nvrx_async
 
 log = logging.getLogger("nvrx_slo.checkpoint")
 
@@ -88,7 +88,7 @@ def _warm_up(*_: Any) -> None:
     """The writer process's first job, run as its preload so that scheduling it returns only once the
     writer runs: import what real saves need (torch, NVRx's writer), so no save waits for the
     writer's start-up or is charged an import."""
-    nvrx_compat.async_checkpointing()
+    nvrx_async.async_checkpointing()
 
 
 def _warm_results_queue(api: Any) -> None:
@@ -150,7 +150,7 @@ class Checkpointer:
         self.hooks = hooks
         self.root = Path(root)
         self.slow_storage_s = slow_storage_s
-        self._api = nvrx_compat.async_checkpointing() if mode == "async" else None
+        self._api = nvrx_async.async_checkpointing() if mode == "async" else None
         self.mode = "async" if self._api is not None else "sync"
         self._queue: Any = None
         self._pending: dict[int, _Pending] = {}
@@ -229,7 +229,7 @@ class Checkpointer:
             writer = api.FileSystemWriterAsync(str(path), thread_count=1)
             api.save_state_dict_async_plan(state_dict, writer)  # creates the directory on every rank
             _, preload, args = writer.get_save_function_and_args()
-            buckets = nvrx_compat.write_buckets(preload, list(args)) if cpu_shims.needed() else None
+            buckets = nvrx_async.write_buckets(preload, list(args)) if cpu_shims.needed() else None
             if buckets is not None:
                 self._stager.stage(buckets, reuse=False)
         finally:
@@ -306,7 +306,7 @@ class Checkpointer:
         write, preload, args = writer.get_save_function_and_args()
         args = list(args)
         if cpu_shims.needed():  # on a GPU host the worker builds (0.6+) and preloads the buckets itself
-            buckets = nvrx_compat.write_buckets(preload, args)
+            buckets = nvrx_async.write_buckets(preload, args)
             if buckets is not None:
                 args[1] = self._stager.stage(buckets, reuse=not self._pending and not self._stale)
                 preload = None
@@ -316,7 +316,7 @@ class Checkpointer:
         pending = _Pending(save, path, rank)
 
         def finalize() -> None:  # NVRx calls it in the training thread once every rank's write is done
-            pending.error = nvrx_compat.finalize_save(planned)
+            pending.error = nvrx_async.finalize_save(planned)
             pending.finalized = True
 
         stamped = _StampedWrite(write, str(_stamp_path(path, rank)), self.slow_storage_s)

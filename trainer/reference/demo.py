@@ -23,7 +23,7 @@ from typing import Any
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.schema import EventType
-from nvrx_slo.trainer.faults import Fault
+from nvrx_slo.trainer.reference.faults import Fault
 
 # The crash (SIGKILL, an in-job restart by ft_launcher) comes well after the first checkpoint and
 # the exception (an in-process restart by inprocess.Wrapper) after the fourth, so both roll back work.
