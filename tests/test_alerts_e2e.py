@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
+from needs import tool
 from nvrx_slo.alerts import duration, generate, spec
 from nvrx_slo.alerts.conventions import Alert
 from nvrx_slo.generate import main as generate_main
@@ -137,8 +138,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(subprocess.Popen(
-            ["prometheus-alertmanager", f"--config.file={tmp / generate.ALERTMANAGER}", f"--storage.path={tmp / 'am'}",
-             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=", "--log.level=warn"],
+            [tool("prometheus-alertmanager"), f"--config.file={tmp / generate.ALERTMANAGER}",
+             f"--storage.path={tmp / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=",
+             "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=open(tmp / "alertmanager.log", "wb")))
         config = tmp / "prometheus.yml"
         config.write_text(json.dumps({
@@ -149,7 +151,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 {"targets": [f"127.0.0.1:{port}" for port in sidecar_ports.values()]}]}],
         }))
         procs.append(subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+            [tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb")))
         wait_for(lambda: _ready(f"http://127.0.0.1:{am_port}/-/ready"), "Alertmanager ready", 30)

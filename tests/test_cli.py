@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from journal_fixtures import write_journal
 from nvrx_slo import generate, inject
 from nvrx_slo.exporter.offline import report
+from pages import inventory
 from snapshot_fixtures import TARGETS
-from test_report import inventory, story, write_journal
+from stories import inprocess_job
 
 # The whole surface of each command, frozen: a new flag is a deliberate change to this list (and the README).
 FLAGS = {
@@ -53,7 +55,7 @@ def test_help_shows_every_flag_and_its_default(command, says):
 @pytest.fixture(scope="module")
 def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("journal")
-    write_journal(story(), directory, evil=False)
+    write_journal(inprocess_job(), directory, evil=False)
     return directory
 
 

@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
+from deploy_model import OVERLAYS, ROOT, containers, env_of, pod_template, render
 from nvrx_slo import cli
 from servers import free_port
-from test_deploy import OVERLAYS, ROOT, containers, env_of, pod_template, render
 
 IMAGES = ROOT / "deploy" / "images"
 SRC = "/src"  # where the Dockerfiles COPY the project

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from needs import tool
 from nvrx_slo.alerts import generate, spec
 from nvrx_slo.alerts.conventions import (
     ABSENT_RANKS,
@@ -86,7 +87,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     }))
     port = free_port()
     prometheus = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+        [tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
         stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb"))
     url = f"http://127.0.0.1:{port}"

@@ -46,6 +46,7 @@ from typing import Any
 import pytest
 import yaml
 
+from needs import tool
 from nvrx_slo.alerts import generate, spec
 from nvrx_slo.alerts.conventions import (
     ERROR_BUDGET_REMAINING,
@@ -138,7 +139,7 @@ def _prometheus(stack: ExitStack, tmp: Path, name: str, config: dict[str, Any], 
     (tmp / f"{name}.yml").write_text(json.dumps(config))
     port = free_port()
     proc = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp / f'{name}.yml'}", f"--storage.tsdb.path={tmp / name}",
+        [tool("prometheus"), f"--config.file={tmp / f'{name}.yml'}", f"--storage.tsdb.path={tmp / name}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *flags],
         stdout=subprocess.DEVNULL, stderr=open(tmp / f"{name}.log", "wb"))
     stack.callback(stop, proc)
