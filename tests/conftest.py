@@ -15,6 +15,7 @@ from hypothesis import settings
 
 from deploy_model import OVERLAYS, render
 from nvrx_slo.trainer.reference.demo import DEFAULT_FAULTS, DemoResult, read_journal
+from virtual_clock import virtual_time  # noqa: F401 - a fixture every test module may use
 
 # CI (``HYPOTHESIS_PROFILE=ci``, set by .ci/run) draws the same examples on every run, so a verdict
 # is reproducible; runs elsewhere draw new ones, which is where property tests find new cases.
