@@ -147,6 +147,7 @@ def test_min_window_raises_only_the_windows_below_it() -> None:
 # --- generated files --------------------------------------------------------------------------
 
 
+@pytest.mark.external
 def test_promtool_accepts_every_rule_file(tmp_path: Path) -> None:
     """The plain file, the PrometheusRule's groups (promtool rejects the wrapper itself), a 1h-period file."""
     hour_spec = spec_for(SUITES / "hour")
@@ -161,6 +162,7 @@ def test_promtool_accepts_every_rule_file(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.external
 def test_amtool_accepts_the_alertmanager_config() -> None:
     result = subprocess.run(
         [tool("amtool"), "check-config",
@@ -267,6 +269,7 @@ def test_rules_and_runbooks_name_only_catalogue_metrics(rendered: dict[Path, str
 # --- accelerator idle from dcgm-exporter --------------------------------------------------------
 
 
+@pytest.mark.external
 def test_dcgm_pod_labels_renamed_by_prometheus_still_join_the_job(tmp_path: Path) -> None:
     """dcgm-exporter scraped without honorLabels: its pod arrives as exported_pod, the target's as pod."""
     exported = {"namespace": "exported_namespace", "pod": "exported_pod"}

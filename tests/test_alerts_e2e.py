@@ -42,7 +42,7 @@ from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.reference.demo import run_demo
 from servers import HttpStub, free_port, stop, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "nvrx-e2e"

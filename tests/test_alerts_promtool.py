@@ -18,6 +18,8 @@ from alert_suites import spec_for, suites
 from needs import tool
 from nvrx_slo.alerts import generate
 
+pytestmark = pytest.mark.external
+
 
 def _rules_for(folder: Path) -> str:
     s = spec_for(folder)

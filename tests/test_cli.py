@@ -98,7 +98,8 @@ def test_generate_takes_spec_and_root_before_or_after_what(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["train", "ft-launcher"])
+@pytest.mark.parametrize("command", [pytest.param("train", marks=pytest.mark.torch),
+                                     pytest.param("ft-launcher", marks=[pytest.mark.torch, pytest.mark.nvrx])])
 def test_the_training_commands_help_prints_no_warning(command):
     """torch imports ``pynvml`` at import; the deprecated ``pynvml`` shim NVRx requires warns then."""
     done = nvrx_slo(command, "--help", timeout=120)

@@ -114,6 +114,7 @@ def test_nothing_before_the_state_is_loaded():
 
 
 @pytest.mark.parametrize("per_rank", [True, False])
+@pytest.mark.external
 def test_promtool_check_metrics_is_clean(per_rank):
     text, _ = scrape(view(4), per_rank=per_rank)
     proc = subprocess.run([tool("promtool"), "check", "metrics"], input=text, capture_output=True, timeout=60)

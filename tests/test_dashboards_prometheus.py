@@ -54,7 +54,7 @@ from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.reference.demo import run_demo
 from servers import free_port, stop, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
 
 SCRAPE_S = 1
 STEP_S = 1

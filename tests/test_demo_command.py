@@ -12,6 +12,8 @@ import pytest
 
 from nvrx_slo.trainer.reference.demo import read_journal, summarize
 
+pytestmark = [pytest.mark.torch, pytest.mark.nvrx]
+
 
 def _restart_latencies(report: str) -> dict[str, float]:
     section = report.split("most recent:")[1].split("MTBF")[0]

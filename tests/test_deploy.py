@@ -33,6 +33,8 @@ import crd_schema
 from deploy_model import DEPLOY, K8S_VERSIONS, OVERLAYS, ROOT, SIDECAR, containers, env_of, only, pod_template
 from nvrx_slo.inject import K8sLoader
 
+pytestmark = pytest.mark.external
+
 NAMESPACE = "nvrx-training"
 CRD_KINDS = {"PodMonitor", "PrometheusRule", "AlertmanagerConfig", "PyTorchJob"}
 

@@ -95,6 +95,7 @@ def test_the_images_copy_every_package_the_project_ships():
         assert all((ROOT / source).exists() for source in copied)
 
 
+@pytest.mark.external
 def test_the_images_run_as_the_non_root_user_the_pods_ask_for(kustomized):
     for overlay in OVERLAYS:
         security = pod_template(kustomized[overlay])["spec"]["securityContext"]
@@ -102,6 +103,7 @@ def test_the_images_run_as_the_non_root_user_the_pods_ask_for(kustomized):
             assert one(IMAGES / dockerfile, "USER") == f"{security['runAsUser']}:{security['runAsGroup']}"
 
 
+@pytest.mark.external
 def test_the_sidecar_image_is_slim_and_its_port_is_the_one_scraped(kustomized):
     sidecar_file = IMAGES / "sidecar.Dockerfile"
     assert re.fullmatch(r"python:3\.\d+-slim\S*", one(sidecar_file, "FROM"))
@@ -144,6 +146,9 @@ def test_the_console_script_is_the_cli_the_manifests_call():
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.torch
+@pytest.mark.nvrx
+@pytest.mark.external
 def test_every_trainer_flag_is_one_its_parser_accepts(kustomized, overlay):
     from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
@@ -165,6 +170,7 @@ def test_every_trainer_flag_is_one_its_parser_accepts(kustomized, overlay):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.external
 def test_every_sidecar_flag_is_one_its_parser_accepts(kustomized, overlay, monkeypatch):
     if importlib.util.find_spec("nvrx_slo.exporter.sidecar") is None:
         pytest.skip("exporter/sidecar.py does not exist yet")
@@ -207,6 +213,7 @@ def test_the_trainer_image_pip_line_resolves(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.external
 def test_the_sidecar_image_installs_without_torch_and_serves_metrics(kustomized, tmp_path):
     """The sidecar Dockerfile's install, replayed in a fresh venv, runs the manifest's sidecar command."""
     if importlib.util.find_spec("nvrx_slo.exporter.sidecar") is None:

@@ -49,7 +49,7 @@ from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.reference.demo import read_journal
 from servers import free_port, stop, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
 
 _SIDECAR = re.compile(r"^sidecar of (\S+): http://(127\.0\.0\.1:\d+)/ \(status page\)", re.M)
 

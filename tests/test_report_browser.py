@@ -70,6 +70,7 @@ def assert_every_category_drawn_is_coloured(shapes: list[dict[str, str]]) -> set
     return drawn
 
 
+@pytest.mark.external
 def test_every_category_and_span_the_report_and_status_page_draw_has_a_colour_and_a_legend_swatch(tmp_path):
     """A job of two pods, each running one rank of a world of three (the third rank is absent),
     whose ranks restart in-process, save, evaluate (a user span) and shut down."""
@@ -111,6 +112,9 @@ def journal_facts(journal_dir) -> dict[str, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
+@pytest.mark.external
 def test_the_report_of_the_demo_renders_its_timeline(demo_run, tmp_path):
     out = tmp_path / "report.html"
     done = subprocess.run([sys.executable, "-m", "nvrx_slo", "report", str(demo_run.journal_dir), "-o", str(out)],

@@ -212,6 +212,9 @@ def _by_series(result: list[dict[str, Any]]) -> dict[tuple[tuple[str, str], ...]
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
+@pytest.mark.external
 def test_the_global_rulers_slis_over_the_period_equal_one_prometheuss(fleet):
     assert fleet["returncode"] == 0, fleet["stderr"][-3000:]
     s = fleet["spec"]
@@ -238,6 +241,9 @@ def test_the_global_rulers_slis_over_the_period_equal_one_prometheuss(fleet):
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
+@pytest.mark.external
 def test_the_node_loss_paged_from_the_global_ruler_as_from_one_prometheus(fleet):
     assert fleet["returncode"] == 0, fleet["stderr"][-3000:]
     page = f'max_over_time(ALERTS{{alertname="{Alert.EFFICIENCY_BURN.value}", alertstate="firing", ' \

@@ -96,6 +96,7 @@ class LiveJob:
 
 
 @pytest.mark.slow
+@pytest.mark.external
 def test_kill_and_restart_midrun_counts_once_and_equals_an_uninterrupted_run(tmp_path):
     """Two sidecars follow one live journal (it rotates, old generations are deleted): one runs
     throughout, the other is SIGKILLed past the restart and started again on its saved state."""

@@ -16,7 +16,7 @@ from needs import tool
 from nvrx_slo.contracts import schema
 from sidecar_process import SidecarProcess, counters, value
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx]
 
 
 def read_journal(directory: Path) -> list[dict]:
@@ -120,6 +120,7 @@ def test_efficiency_and_badput_split_agree_with_the_journal(facts, scraped):
         assert seconds["restart"] > 0 and seconds["checkpoint_restore"] > 0
 
 
+@pytest.mark.external
 def test_promtool_accepts_the_demo_scrape(scraped):
     lint = subprocess.run([tool("promtool"), "check", "metrics"], input=scraped[1], capture_output=True, timeout=60)
     assert lint.returncode == 0 and lint.stdout + lint.stderr == b"", lint.stdout + lint.stderr

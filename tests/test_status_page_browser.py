@@ -23,6 +23,9 @@ def total(samples: dict, name: str, **labels: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
+@pytest.mark.external
 def test_the_live_page_shows_what_metrics_says(demo_run, tmp_path):
     with SidecarProcess(demo_run.journal_dir, tmp_path / "state.json", tmp_path / "sidecar.log") as sidecar:
         sidecar.wait_ready()
@@ -59,6 +62,7 @@ def test_the_live_page_shows_what_metrics_says(demo_run, tmp_path):
         assert num[f"seconds-{category}"] > 0 and f'class="seg c-{category}"' in dom
 
 
+@pytest.mark.external
 def test_journal_strings_cannot_script_the_live_page(tmp_path):
     write_journal(inprocess_job(), tmp_path / "journal")
     with SidecarProcess(tmp_path / "journal", tmp_path / "state.json", tmp_path / "sidecar.log") as sidecar:
