@@ -24,7 +24,7 @@ PACKAGE = {"promtool": "prometheus", "prometheus": "prometheus", "amtool": "prom
 def missing(why: str) -> NoReturn:
     """Skip with ``why``, or fail where everything must be installed (``NVRX_SLO_TESTS_NEED_ALL``)."""
     if os.environ.get(NEED_ALL):
-        pytest.fail(f"{why} ({NEED_ALL} is set: scripts/test.sh installs it)")
+        pytest.fail(f"{why}; {NEED_ALL} is set, so it must be there")
     pytest.skip(why)
 
 
