@@ -21,7 +21,7 @@ Under load and abuse: the listen backlog is ``BACKLOG``; a connection that sends
 request head within ``IDLE_TIMEOUT_S`` (an idle keep-alive, a half-open or slow client) or does
 not read its answer within it is closed; a request head over ``MAX_HEAD_BYTES`` is refused (431);
 a client that hangs up mid-answer is logged at debug level — never a traceback per client.
-Measured in ``bench/bench_probes.py`` (docs/operations.md).
+Measured in ``bench/bench_probes.py`` (docs/robustness.md, docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -11,9 +11,12 @@ exporter may not import the alerts room that owns the spec and its loader: the v
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
 import warnings
+from collections.abc import Iterator
 
 from nvrx_slo.contracts.targets import Targets
 
@@ -52,6 +55,29 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+_PYNVML_MESSAGE = "The pynvml package is deprecated"
+
+
+@contextlib.contextmanager
+def _pynvml_quiet() -> Iterator[None]:
+    """NVRx requires the ``pynvml`` package, whose releases from 13 on are a shim that warns, once per
+    process, on the first ``import pynvml`` (torch.cuda's at ``import torch``, NVRx's own) that it is
+    deprecated for nvidia-ml-py, which NVRx installs too and which that import gets: nothing a user
+    of these commands can act on. Only that warning, only while a command runs, in this process and
+    in the ones it starts (``PYTHONWARNINGS``: the demo's launchers, ranks and NVRx's writers)."""
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(w for w in (before, f"ignore:{_PYNVML_MESSAGE}:FutureWarning") if w)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_PYNVML_MESSAGE, category=FutureWarning)
+            yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
@@ -63,12 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     entry, extras, _ = COMMANDS[name]
     module_name, func_name = entry.split(":")
-    with warnings.catch_warnings():
-        # NVRx requires the ``pynvml`` package, whose releases from 13 on are a shim that warns, once per
-        # process, on the first ``import pynvml`` (torch.cuda's at ``import torch``, NVRx's own) that it is
-        # deprecated for nvidia-ml-py, which NVRx installs too and which that import gets: nothing a user
-        # of these commands can act on. Only that warning, only while a command runs.
-        warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+    with _pynvml_quiet():
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

@@ -68,6 +68,12 @@ def _ready(url: str) -> bool:
         return resp.status == 200
 
 
+# Seconds after the job's end by which the SLI holds all of it: a bad instant reaches the absent-rank
+# record a shortest window (10 s) later (ranks are recorded as they stood then), and the SLI's rate
+# averages a shortest window of that record; an evaluation interval (1 s) each for the two rounds.
+SETTLED = 2 * 10 + 2 * 1
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}pods")
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pods: int = request.param
@@ -118,9 +124,9 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         ended = time.time()  # every pod and every sidecar gone: the job, as a Kubernetes Job, has ended
         reader.join(timeout=10)
         stderr = errors.read_text(errors="replace")
-        # the last evaluations after the last scrapes: the absent ranks are recorded a shortest
-        # window (10 s) late, and counted for one more
-        time.sleep(22)
+        # the SLI's last evaluations after the last scrapes (``SETTLED``), then a few more in which
+        # nothing may be added
+        time.sleep(max(0.0, ended + SETTLED + 8 - time.time()))
         yield {"prometheus": url, "stdout": "".join(out), "stderr": stderr, "returncode": demo.returncode,
                "spec": spec.load(tmp / "slo.yaml"), "run_dir": tmp / "run", "pods": pods, "ended": ended}
     finally:
@@ -233,9 +239,11 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     """The bad rank-seconds the efficiency SLI recorded over the run (each evaluation's rate over
     the shortest window, 1 s apart) against the journals': the job's error ratio over its span
     within 1 pp by the time the job has ended — every sidecar gone, and the SLI's own resolution
-    after (its rate is an average over the shortest window, 10 s here, and absent ranks are
-    recorded as they stood that long ago: what the job's last window held is in the record a window
-    later, and nothing is added after). Each absent stretch's ends are rounded to the evaluations,
+    after (absent ranks are recorded as they stood a shortest window ago, 10 s here, and the SLI's
+    rate is an average over a shortest window of them: what the job's last seconds held is in the
+    record two windows later, ``SETTLED``, and nothing is added after; a run whose last pod finished
+    a second after the others once had one absent rank-second arrive between one window and two).
+    Each absent stretch's ends are rounded to the evaluations,
     as the rules sample them (up to an interval a rank each: 1 s here, 3% of a two-pod run). The
     finished pods' last settlement is in it: each sidecar, stopped, served it to two scrapes, so an
     evaluation saw it before its series went stale (one scrape left it to chance: a four-pod run
@@ -245,7 +253,8 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     assert run["returncode"] == 0, run["stderr"][-3000:]
     base = run["spec"].plan().base
     interval = run["spec"].evaluation_interval
-    at = run["ended"] + base + 2 * interval  # a shortest window after the last sidecar left, and an evaluation
+    assert SETTLED == 2 * base + 2 * interval
+    at = run["ended"] + SETTLED
 
     def query(expr: str) -> list[dict[str, Any]]:
         return _query(run["prometheus"], expr, at)

@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.events import as_event
 from nvrx_slo.exporter.offline.timeline import TimelineBuilder
@@ -25,8 +26,9 @@ def rec(type_, mono, rank=0, pid=100, pod="pod-0", restart=0, iter_=0, **payload
                             "restart": restart, "iter": iter_, **payload})
 
 
-def step(n, end, rank=0, pid=100, dur=0.09, pod="pod-0"):
-    return rec("step", end, rank, pid, pod, step=n, start=end - dur, data_s=0.0, compute_s=dur, optimizer_s=0.0)
+def step(n, end, rank=0, pid=100, dur=0.09, pod="pod-0", **waits):
+    return rec("step", end, rank, pid, pod, step=n, start=end - dur, data_s=0.0, compute_s=dur, optimizer_s=0.0,
+               **waits)
 
 
 def checkpoint(ckpt, n, t, rank=0, pid=100, ok=True, error=None):
@@ -46,8 +48,34 @@ def build(records, restarts=()):
     for r in sorted(records, key=lambda r: r.mono):
         engine.ingest(r)
         b.add(r)
-    b.decide(engine.take_verdicts())
+    b.decide(engine.take_decisions())
     return b.build(list(restarts), engine.history().checkpoints)
+
+
+def test_waits_on_saves_are_drawn_where_and_as_long_as_the_engine_booked_them():
+    """The loop's waits on saves reach the journal only as sums (``blocked_s`` on its next record);
+    the engine books them from the stretch before the record, and from the step's own span for
+    what that stretch cannot hold (a step timed by CUDA events ends late). The lane draws those
+    stretches, handed out by the engine: their sum is the snapshot's checkpoint blocking."""
+    records = [step(1, 10.0), step(2, 20.0, blocked_s=0.4),  # 9.91 s since step 1: all of it before
+               step(3, 20.2, blocked_s=0.15),  # 0.11 s since step 2: 0.04 s from its own span
+               step(4, 30.0), rec("user_span", 32.0, start=31.0, name="eval", blocked_s=0.25), step(5, 40.0)]
+    engine = Engine(0.0, keep_history=True)
+    for r in records:
+        engine.ingest(r)
+    b = TimelineBuilder()
+    for r in records:
+        b.add(r)
+    decisions = engine.take_decisions()
+    b.decide(decisions)
+    b.decide(decisions)  # as the settling of a reorder window hands them out again: drawn once
+    lane = b.build().lanes[0]
+    drawn = [(sp.start, sp.end) for sp in lane.spans if sp.kind == timeline.BLOCKING]
+    origin = b.build().origin_wall - WALL0
+    assert [(round(s + origin, 6), round(e + origin, 6)) for s, e in drawn] == [
+        (19.51, 19.91), (20.0, 20.15), (30.75, 31.0)]
+    booked = engine.snapshot(40.0, WALL0 + 40.0).ranks[0].seconds[Category.CHECKPOINT_BLOCKING]
+    assert sum(e - s for s, e in drawn) == pytest.approx(booked) and booked == pytest.approx(0.8)
 
 
 def kinds_by_step(lane):

@@ -14,8 +14,9 @@ Work (a step minus its ``data_s``) is not settled when the step ends: it waits i
 (provisional, reported as unprotected) until the first later decisive event: a checkpoint_end ok
 at a step ≥ its own, or a restore from a step ≥ its own, makes it productive; a restore from an
 older step (or a fresh start) makes it lost. Productive is final: a later fallback restore does
-not take it back. A ledger made with ``verdicts=[]`` also lists each decision, so that views
-(the report's timeline) draw what was decided here instead of deciding again.
+not take it back. A ledger made with ``verdicts=[]`` and ``waits=[]`` also lists each decision and
+each stretch it booked from ``blocked_s``, so that views (the report's timeline) draw what was
+decided here instead of deciding again.
 
 Restarts: a new pid for the rank is an in-job restart (``restart`` count went up) or a pod
 restart (it did not: a new launcher counts from 0 again); Wrapper callbacks or a higher ``iter``
@@ -124,6 +125,9 @@ class Ledger:
     # (first, last, productive) per decided pool entry, in decision order: the steps of this
     # rank that ended in [first, last] (mono) and were undecided until then. None: not kept.
     verdicts: list[tuple[float, float, bool]] | None = None
+    # (start, end) mono of each stretch booked from a record's ``blocked_s`` (the loop's waits on
+    # saves), in booking order, kept with the verdicts for the same views. None: not kept.
+    waits: list[tuple[float, float]] | None = None
     user: dict[str, float] = field(default_factory=dict)  # user_span seconds by name (USER_NAMES, OTHER_NAME)
 
     # --- time ------------------------------------------------------------------------------
@@ -147,6 +151,8 @@ class Ledger:
         """The last ``seconds`` of the stretch before ``begin`` (at most all of it) were the loop
         waiting on saves (a record's ``blocked_s``): book them as checkpoint blocking."""
         self._advance(max(self.t, begin - seconds))
+        if self.waits is not None and begin > self.t:
+            self.waits.append((self.t, begin))
         self._span(self.t, begin, BLOCKING)
 
     # --- durability --------------------------------------------------------------------------
@@ -298,13 +304,14 @@ class Ledger:
         t = self.t
         seconds = self.seconds
         blocked: float | None = ev.blocked_s  # the loop's waits on saves since the previous record
+        before = inside = 0.0  # of blocked: booked from the stretch before the span, from the span
         if start > t:  # _advance, inlined: this runs once per step
             gap = start - t
             if blocked:
-                held = blocked if blocked < gap else gap
-                seconds[BLOCKING] += held
-                gap -= held
-                blocked -= held
+                before = blocked if blocked < gap else gap
+                seconds[BLOCKING] += before
+                gap -= before
+                blocked -= before
             seconds[BLOCKING if self.blocking is not None else GAP[self.state]] += gap
             t = self.t = start
         if self.fact is not None:
@@ -317,9 +324,9 @@ class Ledger:
             data = span if data > span else (data if data > 0.0 else 0.0)
             work = span - data
             if blocked:  # what the gap could not hold was inside the span (CUDA timing ends it late)
-                held = blocked if blocked < work else work
-                seconds[BLOCKING] += held
-                work -= held
+                inside = blocked if blocked < work else work
+                seconds[BLOCKING] += inside
+                work -= inside
             seconds[DATA] += data
             self.pool_steps.append(ev.step)
             self.pool_work.append(work)
@@ -329,6 +336,8 @@ class Ledger:
             self.t = mono
             if len(self.pool_steps) > POOL_MAX:
                 self._compact_pool()
+        if (before or inside) and self.waits is not None:
+            self.waits.append((t - before, t + inside))
 
     def _compact_pool(self) -> None:
         """Halve a pool that no save has drained: merge neighbours, keeping the higher step.
@@ -352,4 +361,5 @@ class Ledger:
         return dataclasses.replace(
             self, seconds=self.seconds[:], pool_steps=self.pool_steps[:], pool_work=self.pool_work[:],
             pool_first=self.pool_first[:], pool_last=self.pool_last[:],
-            verdicts=None if self.verdicts is None else self.verdicts[:], user=dict(self.user))
+            verdicts=None if self.verdicts is None else self.verdicts[:],
+            waits=None if self.waits is None else self.waits[:], user=dict(self.user))

@@ -1,6 +1,6 @@
 """Pod-level checkpoint aggregates, built from each rank's checkpoint_* events in any order.
 
-Every rank journals its part of a save (see ``trainer/checkpoint.py``). Per rank and save: blocking
+Every rank journals its part of a save (see ``trainer/reference/checkpoint.py``). Per rank and save: blocking
 = ``checkpoint_start`` → ``checkpoint_scheduled`` plus its ``checkpoint_finalize`` spans and the
 loop's later waits on it (its end's ``waited_s``); background = ``scheduled`` → ``written`` (the
 instant the writer finished). The histograms take one observation per rank per save. A save

@@ -11,8 +11,9 @@ Usage (one engine per pod journal)::
     engine = Engine.from_state(state)         # resume after a crash: nothing lost or counted twice
 
 Views that draw more than a snapshot holds (the offline report's timeline) make the engine with
-``keep_history=True`` and read what it decided — ``take_verdicts()`` (each step's productive/lost
-decision) and ``history()`` (every restart and save) — rather than deciding it again.
+``keep_history=True`` and read what it decided — ``take_decisions()`` (each step's productive/lost
+verdict, each wait on saves it booked) and ``history()`` (every restart and save) — rather than
+deciding it again.
 
 Arrival order: records may arrive in any order within ``reorder_window_s`` of monotonic time per
 rank (files read round-robin, threads writing slightly out of order); they are accounted exactly
@@ -51,7 +52,7 @@ version is refused, and the sidecar then accounts the journal again from its sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -109,6 +110,14 @@ class History:
 # A step verdict: the steps of one rank that ended (mono) in [first, last] and were undecided
 # until then are productive (True) or lost (False). See ``Ledger.verdicts``.
 Verdict = tuple[float, float, bool]
+
+
+class Decisions(NamedTuple):
+    """One rank's decisions since the last ``take_decisions``: step verdicts, and the stretches
+    (start, end mono) booked as checkpoint blocking from records' ``blocked_s``."""
+
+    verdicts: list[Verdict]
+    waits: list[tuple[float, float]]
 
 
 class Engine:
@@ -175,7 +184,8 @@ class Engine:
         if rank is not None:
             lane = s.lanes.get(rank)
             if lane is None:
-                lane = s.lanes[rank] = Lane(Ledger(rank, verdicts=[] if s.keep_history else None))
+                kept = s.keep_history
+                lane = s.lanes[rank] = Lane(Ledger(rank, verdicts=[] if kept else None, waits=[] if kept else None))
             newest_pid = lane.newest_pid
             lane.count(record, mono)
             if lane.newest_pid != newest_pid and s.checkpoints.open:
@@ -261,17 +271,19 @@ class Engine:
             ledgers[rank] = ledger
         return restarts, ledgers
 
-    def take_verdicts(self) -> dict[int, list[Verdict]]:
-        """The step verdicts decided since the last call, by rank (``keep_history`` only). Once the
-        job finished, those its settling decides are included in every call: applying a verdict
-        to steps it already decided changes nothing."""
+    def take_decisions(self) -> dict[int, Decisions]:
+        """What was decided since the last call, by rank (``keep_history`` only). What settling the
+        reorder window decides is handed out each call until its records are applied for good:
+        a verdict on steps already decided changes nothing, and a wait ends no later than one
+        handed out before."""
         if not self.keep_history:
-            raise RuntimeError("take_verdicts needs Engine(keep_history=True)")
+            raise RuntimeError("take_decisions needs Engine(keep_history=True)")
         _, ledgers = self._settled(self._finished())
-        out: dict[int, list[Verdict]] = {}
+        out: dict[int, Decisions] = {}
         for rank, ledger in ledgers.items():
-            out[rank] = ledger.verdicts or []
-            self._s.lanes[rank].ledger.verdicts = []
+            out[rank] = Decisions(ledger.verdicts or [], ledger.waits or [])
+            own = self._s.lanes[rank].ledger
+            own.verdicts, own.waits = [], []
         return out
 
     def history(self) -> History:

@@ -4,7 +4,7 @@
 the sidecar must ingest. This module gets the same answers faster, and hands on *events*
 (``nvrx_slo.exporter.events``: one ``msgspec`` struct class per event type, built from the
 schema's declarations). The exporter reads records only as events, never as dicts: turning each struct
-into a dict was about a quarter of the reader's time (``bench/bench_ingest.py``, README).
+into a dict was about a quarter of the reader's time (``bench/bench_ingest.py``, docs/benchmarks.md).
 
 * ``msgspec`` parses and type-checks a whole batch of lines as one JSON array of event structs
   (one C call instead of thousands of Python checks);

@@ -52,7 +52,7 @@ class Replay:
             if self.newest is None or record.mono > self.newest[0]:
                 self.newest = (record.mono, record.wall)
         if builder is not None:
-            builder.decide(self.engine.take_verdicts())
+            builder.decide(self.engine.take_decisions())
 
     def view(self, at: tuple[float, float] | None = None) -> View:
         """What was read, as of ``at`` (monotonic, Unix seconds) or else of the newest accepted
@@ -65,7 +65,7 @@ class Replay:
             at = self.newest
         snap = self.engine.snapshot(*at)
         if self.builder is not None:  # what the snapshot settled, the reorder window's last records
-            self.builder.decide(self.engine.take_verdicts())
+            self.builder.decide(self.engine.take_decisions())
         return View.of(snap, self.tail.rejected)
 
     def close(self) -> None:

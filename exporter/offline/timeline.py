@@ -33,6 +33,7 @@ from nvrx_slo.contracts.schema import (
     Step,
     StepFailed,
 )
+from nvrx_slo.exporter.engine.engine import Decisions
 from nvrx_slo.exporter.engine.lanes import ProcessLanes
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord
 from nvrx_slo.exporter.events import Event
@@ -71,12 +72,14 @@ class _RankData:
     verdict_last: array = field(default_factory=lambda: array("d"))
     verdict_productive: array = field(default_factory=lambda: array("b"))
     spans: list[tuple[str, float, float, str]] = field(default_factory=list)  # init/restore/blocking/background
+    offset: float = 0.0  # wall - mono of the rank's newest process (one clock per node)
+    waits_end: float = float("-inf")  # the end (mono) of the newest wait on saves drawn
 
 
 class TimelineBuilder:
     """Accumulate what the timeline needs from records, in compact form (a few floats per step).
 
-    Which steps were productive or lost is the engine's decision (``Engine.take_verdicts``, handed
+    Which steps were productive or lost is the engine's decision (``Engine.take_decisions``, handed
     in with ``decide``); which saves became durable and which restarts happened are the engine's
     records (``Engine.history``, handed to ``build``). The builder only places them in time."""
 
@@ -102,6 +105,7 @@ class TimelineBuilder:
             return  # launcher records only matter through the engine's restarts
         rank = self._lane_of.of(rec.pid, rank, rec.local_rank)
         data = self._ranks[rank]
+        data.offset = off
         if isinstance(rec, (Step, Restore)) and key in self._started:
             begun = self._started.pop(key)
             data.spans.append((INIT, begun, rec.start + off, f"process {rec.pid} start to first work"))
@@ -135,14 +139,21 @@ class TimelineBuilder:
                 data.spans.append((BACKGROUND, start, written,
                                    f"{ckpt}: {state} in {written - start:.3f} s background"))
 
-    def decide(self, verdicts: Mapping[int, Sequence[tuple[float, float, bool]]]) -> None:
-        """The engine's step verdicts (``Engine.take_verdicts``), by rank, in the order it made them."""
-        for rank, taken in verdicts.items():
-            if taken:
-                data = self._ranks[rank]
-                data.verdict_first.extend(first for first, _, _ in taken)
-                data.verdict_last.extend(last for _, last, _ in taken)
-                data.verdict_productive.extend(productive for _, _, productive in taken)
+    def decide(self, decisions: Mapping[int, Decisions]) -> None:
+        """The engine's decisions (``Engine.take_decisions``), by rank, in the order it made them:
+        its step verdicts, and the waits on saves it booked as blocking (drawn as it booked them)."""
+        for rank, (verdicts, waits) in decisions.items():
+            if not (verdicts or waits):
+                continue
+            data = self._ranks[rank]
+            data.verdict_first.extend(first for first, _, _ in verdicts)
+            data.verdict_last.extend(last for _, last, _ in verdicts)
+            data.verdict_productive.extend(productive for _, _, productive in verdicts)
+            for start, end in waits:
+                if end > data.waits_end:  # not one the reorder window's settling handed out already
+                    data.waits_end = end
+                    data.spans.append((BLOCKING, start + data.offset, end + data.offset,
+                                       f"waits on saves, {1e3 * (end - start):.1f} ms"))
 
     def build(self, restarts: Sequence[RestartBand] = (), checkpoints: Sequence[CheckpointRecord] = ()) -> Timeline:
         """Finish: mark each step as the engine decided, merge spans to the pixel, cap lanes and markers."""
