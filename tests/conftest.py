@@ -1,4 +1,5 @@
-"""Shared, expensive fixtures: real multi-process training runs, each done once per session."""
+"""Fixtures every test module may use: the expensive ones done once per session (a real multi-process
+training run, the kustomize-rendered overlays) and the virtual clock (``virtual_clock.virtual_time``)."""
 
 from __future__ import annotations
 
