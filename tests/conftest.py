@@ -1,4 +1,5 @@
-"""Shared, expensive fixtures: real multi-process training runs, each done once per session."""
+"""Fixtures every test module may use: the expensive ones done once per session (a real multi-process
+training run, the kustomize-rendered overlays) and the virtual clock (``virtual_clock.virtual_time``)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
+from deploy_model import OVERLAYS, render
 from nvrx_slo.trainer.reference.demo import DEFAULT_FAULTS, DemoResult, read_journal
+from virtual_clock import virtual_time  # noqa: F401 - a fixture every test module may use
 
 # CI (``HYPOTHESIS_PROFILE=ci``, set by .ci/run) draws the same examples on every run, so a verdict
 # is reproducible; runs elsewhere draw new ones, which is where property tests find new cases.
@@ -69,3 +73,9 @@ def demo_command(tmp_path_factory: pytest.TempPathFactory) -> DemoCommand:
 def demo_run(demo_command: DemoCommand) -> DemoResult:
     """The demo's run directory. Tests read ``.journal_dir`` / ``.checkpoint_dir``; none may write there."""
     return demo_command.result
+
+
+@pytest.fixture(scope="session")
+def kustomized() -> dict[str, list[dict[str, Any]]]:
+    """Each deploy overlay as ``kubectl kustomize`` renders it: what ``kubectl apply -k`` would send."""
+    return {name: render(name) for name in OVERLAYS}

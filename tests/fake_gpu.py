@@ -2,9 +2,9 @@
 
 The fake is the seam ``cuda_timing.DeviceEvent``: kernels queue behind each other, an event completes
 when the stream reaches it, and ``elapsed_time`` raises for an event not yet reached, as CUDA does.
-Host and GPU share a virtual clock (``CLOCK``, patched into the journal, the hooks, the saves and the
-CUDA timer by the ``virtual_time`` fixture): sleeping advances it, so the numbers are exact on any
-machine, however loaded. What the fake cannot tell is what a real GPU costs (``bench/gpu_check.py``).
+Host and GPU share the virtual clock (``virtual_clock.CLOCK``, under the ``virtual_time`` fixture):
+sleeping advances it, so the numbers are exact on any machine, however loaded. What the fake cannot
+tell is what a real GPU costs (``bench/gpu_check.py``).
 """
 
 from __future__ import annotations
@@ -13,41 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import RankSnapshot
 from nvrx_slo.exporter.events import as_event
-from nvrx_slo.trainer import cuda_timing, journal, saves
-from nvrx_slo.trainer import hooks as hooks_module
-
-
-class VirtualClock:
-    """The host's monotonic clock in these tests: it moves as much as the test sleeps, and 1 µs per
-    reading (as a real one does between two calls, so no two records share an instant)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        self.t += 1e-6
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
-
-
-CLOCK = VirtualClock()
-
-
-@pytest.fixture
-def virtual_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Use as ``pytestmark = pytest.mark.usefixtures("virtual_time")`` (import it too)."""
-    CLOCK.t = time.monotonic()  # after the process's start, which the journal reads from the kernel
-    for module in (journal, hooks_module, cuda_timing, saves):
-        monkeypatch.setattr(module, "_monotonic", CLOCK)
+from virtual_clock import CLOCK
 
 
 def _sleep_until(instant: float) -> None:

@@ -4,53 +4,44 @@ from __future__ import annotations
 
 import gzip
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
 
+from servers import HttpStub
+
 
 class Receiver:
     def __init__(self) -> None:
         self.requests: list[ExportMetricsServiceRequest] = []
         self.arrived = threading.Condition()
-        receiver = self
+        self._stub: HttpStub | None = None
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                request = ExportMetricsServiceRequest.FromString(body)
-                with receiver.arrived:
-                    receiver.requests.append(request)
-                    receiver.arrived.notify_all()
-                reply = ExportMetricsServiceResponse().SerializeToString()
-                self.send_response(200 if self.path == "/v1/metrics" else 404)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+    def _answer(self, method: str, path: str, headers: Message, body: bytes) -> tuple[int, str, bytes]:
+        if headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        request = ExportMetricsServiceRequest.FromString(body)
+        with self.arrived:
+            self.requests.append(request)
+            self.arrived.notify_all()
+        reply = ExportMetricsServiceResponse().SerializeToString()
+        return 200 if path == "/v1/metrics" else 404, "application/x-protobuf", reply
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        assert self._stub is not None, "use the receiver as a context manager"
+        return self._stub.url
 
     def __enter__(self) -> Receiver:
-        self._thread.start()
+        self._stub = HttpStub(self._answer)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        assert self._stub is not None
+        self._stub.close()
 
     def wait(self, n: int, timeout: float = 20.0) -> list[ExportMetricsServiceRequest]:
         with self.arrived:

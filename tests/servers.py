@@ -1,4 +1,5 @@
-"""Helpers for tests that run real servers (Prometheus, Alertmanager, sidecars) on loopback."""
+"""Helpers for tests that run real servers (Prometheus, Alertmanager, sidecars) on loopback, and a stub
+server for the HTTP peers that do not run here."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import selectors
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
@@ -77,3 +81,38 @@ def burst(port: int, n: int, path: str = "/healthz", timeout: float = 60.0) -> l
     assert not pending, f"{len(pending)} of {n} connections unanswered"
     assert all(b.startswith(b"HTTP/1.1 200") for b in buffers.values())
     return sorted(done.values())
+
+
+# (method, path, headers, body) -> (status, content type, body)
+Answer = Callable[[str, str, Message, bytes], tuple[int, str, bytes]]
+
+
+class HttpStub:
+    """A loopback HTTP server that answers every request with ``answer``: the seam for an HTTP peer that
+    does not run here (an OTLP collector, the Kubernetes API server, Alertmanager's webhook receiver),
+    as httpx's ``MockTransport`` is a transport driven by a function. Serves from construction."""
+
+    def __init__(self, answer: Answer) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status, content_type, reply = answer(self.command, self.path, self.headers, body)
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port: int = self._httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

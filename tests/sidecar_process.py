@@ -1,4 +1,5 @@
-"""Run the real ``nvrx-slo sidecar`` as a process on loopback and scrape it, for tests."""
+"""The sidecar for tests: the real ``nvrx-slo sidecar`` as a process on loopback, or its parts
+assembled in process over a journal directory; either scraped into samples (``samples``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,17 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.ingest.tail import JournalTail
+from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.views.collector import SnapshotCollector
+from nvrx_slo.exporter.views.exposition import TextRenderer
+
+IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
 _SERVING = re.compile(rb"serving http://127\.0\.0\.1:(\d+)/metrics")
 
 
@@ -60,8 +70,7 @@ class SidecarProcess:
         """Every sample of /metrics, parsed by prometheus-client: (name, sorted labels) -> value."""
         status, body = self.get("/metrics")
         assert status == 200, body
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+        return samples(body.decode())
 
     def stop(self, sig: int = signal.SIGTERM) -> tuple[int, bytes]:
         """Signal the sidecar and wait; returns (exit code, stdout)."""
@@ -94,3 +103,24 @@ def counters(samples: dict) -> dict:
     """The samples that must never go down: counters and histogram buckets, sums and counts."""
     return {k: v for k, v in samples.items()
             if k[0].endswith(("_total", "_bucket", "_count")) or k[0].endswith("_seconds_sum")}
+
+
+ACCOUNTING = ("nvrx_wall_seconds_total", "nvrx_time_seconds_total", "nvrx_unprotected_work_seconds",
+              "nvrx_steps_total", "nvrx_restarts_total", "nvrx_restart_duration_seconds_sum",
+              "nvrx_restart_phase_seconds_total", "nvrx_checkpoint_blocking_seconds_sum",
+              "nvrx_checkpoint_background_seconds_sum", "nvrx_step_duration_seconds_count",
+              "nvrx_training_step", "nvrx_checkpoint_last_step")
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition, parsed by prometheus-client: (name, sorted labels) -> value."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def scrape_in_process(directory: Path) -> dict:
+    live = Live(Engine(), JournalTail(directory))
+    live.poll()
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(live.view, IDENT))
+    return samples(TextRenderer().generate(registry).decode())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,11 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from alert_suites import SUITES, spec_for, suites
+from needs import tool
 from nvrx_slo.alerts import duration, generate, idle, plan, spec
 from nvrx_slo.alerts.conventions import DASHBOARD_OF, Alert, Dashboard
 from nvrx_slo.contracts import catalogue
-from test_alerts_promtool import SUITES, spec_for, suites
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOKS = ROOT / "docs" / "runbooks"
@@ -31,13 +31,6 @@ RUNBOOK_SECTIONS = ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation")
 
 def _default() -> dict[str, Any]:
     return yaml.safe_load(spec.DEFAULT_PATH.read_text())
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not installed (scripts/test.sh installs Debian's prometheus packages)")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +147,7 @@ def test_min_window_raises_only_the_windows_below_it() -> None:
 # --- generated files --------------------------------------------------------------------------
 
 
+@pytest.mark.external
 def test_promtool_accepts_every_rule_file(tmp_path: Path) -> None:
     """The plain file, the PrometheusRule's groups (promtool rejects the wrapper itself), a 1h-period file."""
     hour_spec = spec_for(SUITES / "hour")
@@ -163,14 +157,15 @@ def test_promtool_accepts_every_rule_file(tmp_path: Path) -> None:
     (tmp_path / "prometheusrule-groups.yaml").write_text(yaml.safe_dump(wrapped))
     files = [ROOT / generate.RULES, tmp_path / "prometheusrule-groups.yaml", tmp_path / "hour.yaml"]
     result = subprocess.run(
-        [_tool("promtool"), "check", "rules", *map(str, files)], capture_output=True, text=True, timeout=60,
+        [tool("promtool"), "check", "rules", *map(str, files)], capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.external
 def test_amtool_accepts_the_alertmanager_config() -> None:
     result = subprocess.run(
-        [_tool("amtool"), "check-config",
+        [tool("amtool"), "check-config",
          str(ROOT / generate.ALERTMANAGER)], capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -274,6 +269,7 @@ def test_rules_and_runbooks_name_only_catalogue_metrics(rendered: dict[Path, str
 # --- accelerator idle from dcgm-exporter --------------------------------------------------------
 
 
+@pytest.mark.external
 def test_dcgm_pod_labels_renamed_by_prometheus_still_join_the_job(tmp_path: Path) -> None:
     """dcgm-exporter scraped without honorLabels: its pod arrives as exported_pod, the target's as pod."""
     exported = {"namespace": "exported_namespace", "pod": "exported_pod"}
@@ -292,6 +288,6 @@ def test_dcgm_pod_labels_renamed_by_prometheus_still_join_the_job(tmp_path: Path
             {"labels": 'dcgm_idle{namespace="ml", job_name="llama"}', "value": 0.25}]}],
     }]}
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
-    result = subprocess.run([_tool("promtool"), "test", "rules", "suite.yaml"], cwd=tmp_path, capture_output=True,
+    result = subprocess.run([tool("promtool"), "test", "rules", "suite.yaml"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

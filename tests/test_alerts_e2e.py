@@ -28,20 +28,21 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from needs import tool
 from nvrx_slo.alerts import duration, generate, spec
 from nvrx_slo.alerts.conventions import Alert
 from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.reference.demo import run_demo
-from servers import free_port, stop, wait_for
+from servers import HttpStub, free_port, stop, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "nvrx-e2e"
@@ -67,23 +68,16 @@ class Webhook:
             return [n for p, n in self.received if p == path and n["groupLabels"].get("job_name") == job_name]
 
 
-def _serve_webhook() -> tuple[Webhook, ThreadingHTTPServer]:
+def _serve_webhook() -> tuple[Webhook, HttpStub]:
     hook = Webhook(0)
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with hook.lock:
-                hook.received.append((self.path, body))
-            self.send_response(200)
-            self.end_headers()
+    def answer(method: str, path: str, headers: Message, body: bytes) -> tuple[int, str, bytes]:
+        with hook.lock:
+            hook.received.append((path, json.loads(body)))
+        return 200, "text/plain", b""
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    hook.port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = HttpStub(answer)
+    hook.port = server.port
     return hook, server
 
 
@@ -137,8 +131,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(subprocess.Popen(
-            ["prometheus-alertmanager", f"--config.file={tmp / generate.ALERTMANAGER}", f"--storage.path={tmp / 'am'}",
-             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=", "--log.level=warn"],
+            [tool("prometheus-alertmanager"), f"--config.file={tmp / generate.ALERTMANAGER}",
+             f"--storage.path={tmp / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=",
+             "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=open(tmp / "alertmanager.log", "wb")))
         config = tmp / "prometheus.yml"
         config.write_text(json.dumps({
@@ -149,7 +144,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 {"targets": [f"127.0.0.1:{port}" for port in sidecar_ports.values()]}]}],
         }))
         procs.append(subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+            [tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb")))
         wait_for(lambda: _ready(f"http://127.0.0.1:{am_port}/-/ready"), "Alertmanager ready", 30)
@@ -159,7 +154,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     finally:
         for proc in reversed(procs):
             stop(proc)
-        server.shutdown()
+        server.close()
 
 
 def _identity(job_name: str) -> dict[str, str]:

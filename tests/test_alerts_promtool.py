@@ -13,24 +13,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from nvrx_slo.alerts import generate, spec
+from alert_suites import spec_for, suites
+from needs import tool
+from nvrx_slo.alerts import generate
 
-SUITES = Path(__file__).parent / "promtool"
-OVERRIDES = "overrides.yaml"
-
-
-def suites() -> list[Path]:
-    return sorted(p for p in SUITES.glob("*/*.yaml") if p.name != OVERRIDES)
-
-
-def spec_for(folder: Path) -> spec.Spec:
-    data = yaml.safe_load(spec.DEFAULT_PATH.read_text())
-    overrides = folder / OVERRIDES
-    if overrides.exists():
-        data.update(yaml.safe_load(overrides.read_text()))
-    return spec.from_dict(data)
+pytestmark = pytest.mark.external
 
 
 def _rules_for(folder: Path) -> str:
@@ -40,10 +28,7 @@ def _rules_for(folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool is not installed (scripts/test.sh installs Debian's prometheus package)")
-    return path
+    return tool("promtool")
 
 
 @pytest.mark.slow

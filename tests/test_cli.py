@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from journal_fixtures import write_journal
 from nvrx_slo import generate, inject
 from nvrx_slo.exporter.offline import report
+from pages import inventory
 from snapshot_fixtures import TARGETS
-from test_report import inventory, story, write_journal
+from stories import inprocess_job
 
 # The whole surface of each command, frozen: a new flag is a deliberate change to this list (and the README).
 FLAGS = {
@@ -53,7 +55,7 @@ def test_help_shows_every_flag_and_its_default(command, says):
 @pytest.fixture(scope="module")
 def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("journal")
-    write_journal(story(), directory, evil=False)
+    write_journal(inprocess_job(), directory, evil=False)
     return directory
 
 
@@ -96,7 +98,8 @@ def test_generate_takes_spec_and_root_before_or_after_what(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["train", "ft-launcher"])
+@pytest.mark.parametrize("command", [pytest.param("train", marks=pytest.mark.torch),
+                                     pytest.param("ft-launcher", marks=[pytest.mark.torch, pytest.mark.nvrx])])
 def test_the_training_commands_help_prints_no_warning(command):
     """torch imports ``pynvml`` at import; the deprecated ``pynvml`` shim NVRx requires warns then."""
     done = nvrx_slo(command, "--help", timeout=120)

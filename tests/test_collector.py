@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from needs import tool
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.identity import Identity
@@ -113,11 +113,11 @@ def test_nothing_before_the_state_is_loaded():
     assert TextRenderer().generate(registry) == b""
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus) not installed")
 @pytest.mark.parametrize("per_rank", [True, False])
+@pytest.mark.external
 def test_promtool_check_metrics_is_clean(per_rank):
     text, _ = scrape(view(4), per_rank=per_rank)
-    proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60)
+    proc = subprocess.run([tool("promtool"), "check", "metrics"], input=text, capture_output=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout + proc.stderr == b"", proc.stdout + proc.stderr
 
 

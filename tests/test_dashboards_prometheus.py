@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ import pytest
 import yaml
 
 from dashboard_model import Query, legend_labels, load_all, names, queries
+from needs import tool
 from nvrx_slo.alerts import conventions
 from nvrx_slo.alerts import generate as alerts_generate
 from nvrx_slo.alerts import spec as slo_spec
@@ -54,7 +54,7 @@ from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.reference.demo import run_demo
 from servers import free_port, stop, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
 
 SCRAPE_S = 1
 STEP_S = 1
@@ -108,7 +108,7 @@ def _start_prometheus(tmp: Path, target: str) -> Prometheus:
     }))
     port = free_port()
     proc = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+        [tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
         stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb"))
     prom = Prometheus(f"http://127.0.0.1:{port}", proc)
@@ -147,7 +147,6 @@ def _first_sample(prom: Prometheus, since: float, until: float) -> float:
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory):
     """Prometheus, after it scraped the sidecar all through a real run; stopped after the module."""
-    assert shutil.which("prometheus"), "Debian's prometheus is needed (bash scripts/test.sh installs it)"
     tmp = tmp_path_factory.mktemp("dashboards-prometheus")
     run_dir = tmp / "demo"
     journal = run_dir / "journal"  # run_demo creates it; the sidecar waits for it

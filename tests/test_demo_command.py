@@ -12,6 +12,8 @@ import pytest
 
 from nvrx_slo.trainer.reference.demo import read_journal, summarize
 
+pytestmark = [pytest.mark.torch, pytest.mark.nvrx]
+
 
 def _restart_latencies(report: str) -> dict[str, float]:
     section = report.split("most recent:")[1].split("MTBF")[0]
@@ -60,6 +62,8 @@ def test_the_demo_and_every_process_it_starts_keep_the_pynvml_shims_warning_quie
     shim NVRx requires is deprecated: nothing a user can act on, in every process's log."""
     assert demo_command.result.returncode == 0, demo_command.stderr[-3000:]
     logs = {path.name: path.read_text(errors="replace") for path in demo_command.result.run_dir.rglob("*.log")}
-    assert "demo.log" in logs and "ft_launcher" in logs["demo.log"]  # the launchers' and ranks' output is there
+    # the launchers' and ranks' output is there (the elastic agent's line: NVRx 0.4.1 prefixes its lines
+    # with "ft_launcher<pid>", 0.6.0 with "launcher.py:<line>")
+    assert "demo.log" in logs and "starting workers for entrypoint" in logs["demo.log"]
     assert not {name for name, text in logs.items() if "pynvml package is deprecated" in text}
     assert "pynvml package is deprecated" not in demo_command.stderr

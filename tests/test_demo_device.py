@@ -13,6 +13,8 @@ from nvrx_slo.trainer.reference.demo import CPU, DEFAULT_FAULTS, demo_device, la
 from nvrx_slo.trainer.reference.job import parse_args
 from nvrx_slo.trainer.reference.model import ModelConfig
 
+pytestmark = pytest.mark.torch
+
 
 def _args(device, pods: int = 1) -> tuple[list[str], list[str]]:
     args = launch_args(Path("/ckpt"), device=device, pods=pods, steps=device.steps,

@@ -101,16 +101,22 @@ def _adds_up(run: Run, pods: list[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_every_pod_finishes_and_the_job_report_adds_up_what_each_sidecar_accounted(run):
     _adds_up(run, list(PODS))
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_four_pods_add_up_to_one_job_with_one_restart_per_fault(tmp_path):
     _adds_up(_demo(tmp_path / "run", "--pods", "4"), [f"pod-{i}" for i in range(4)])
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_each_fault_is_one_restart_of_the_job_with_the_latency_the_raw_records_give(run):
     assert run.returncode == 0, run.stderr[-3000:]
     records = read_journal(*(run.run_dir / pod / "journal" for pod in PODS))
@@ -134,8 +140,9 @@ def test_each_fault_is_one_restart_of_the_job_with_the_latency_the_raw_records_g
     (["--pods", "2", "--node-loss", "0"], "--node-loss", "pod 0 hosts the rendezvous"),
     (["--pods", "2", "--node-loss", "2"], "--node-loss", "from 1 to --pods - 1"),
     (["--pods", "2", "--node-loss", "1", "--replace-after", "-1"], "--replace-after", "not be negative"),
-    (["--final-scrape-timeout", "-1"], "--final-scrape-timeout", "from 0 to 60"),
-    (["--reorder-window", "61"], "--reorder-window", "from 0 to 60"),
+    # one pod: the demo asks torch how many GPUs it may use before it checks these two
+    pytest.param(["--final-scrape-timeout", "-1"], "--final-scrape-timeout", "from 0 to 60", marks=pytest.mark.torch),
+    pytest.param(["--reorder-window", "61"], "--reorder-window", "from 0 to 60", marks=pytest.mark.torch),
 ])
 def test_a_wrong_flag_is_refused_naming_the_flag(args, flag, why):
     proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", *args], capture_output=True, text=True,
@@ -154,6 +161,8 @@ def _span(records: list[dict]) -> tuple[float, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_a_lost_pods_rank_is_absent_until_its_replacement_runs_it(node_loss):
     """pod-1's processes and sidecar are SIGKILLed at step 15; pod-1-replacement starts 8 s later
     and takes rank 1. Ground truth from the raw journals (one monotonic clock on this machine):
@@ -185,6 +194,8 @@ def test_a_lost_pods_rank_is_absent_until_its_replacement_runs_it(node_loss):
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_the_survivor_restarts_in_job_and_the_job_counts_one_restart_until_both_ranks_train(node_loss):
     run = node_loss
     assert run.returncode == 0, run.stderr[-3000:]
@@ -214,6 +225,8 @@ def test_the_survivor_restarts_in_job_and_the_job_counts_one_restart_until_both_
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_the_job_report_replays_every_pods_journal_and_finds_the_lost_pod_itself(node_loss):
     """The HTML report the demo writes (``nvrx-slo report DIR...`` over the three journal
     directories) is not told which pod was lost: it reads that from the journals. Its accounting
@@ -264,6 +277,8 @@ def _save_attempts(pods: dict[str, list[dict]], lost: str) -> list[tuple[str, st
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_the_node_loss_reports_list_the_saves_ranks_and_pods_the_journals_show(node_loss):
     """What the demo prints and its HTML report say of the saves (a save in flight when the node
     went failed, and its retry after the restart is durable), the lost pod's rank (lost, its

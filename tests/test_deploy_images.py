@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
+from deploy_model import OVERLAYS, ROOT, containers, env_of, pod_template
 from nvrx_slo import cli
 from servers import free_port
-from test_deploy import OVERLAYS, ROOT, containers, env_of, pod_template, render
 
 IMAGES = ROOT / "deploy" / "images"
 SRC = "/src"  # where the Dockerfiles COPY the project
@@ -78,11 +78,6 @@ def build_context(dockerfile: Path, scratch: Path) -> Path:
     return scratch / SRC.lstrip("/")
 
 
-@pytest.fixture(scope="module")
-def rendered() -> dict[str, list[dict[str, Any]]]:
-    return {name: render(name) for name in OVERLAYS}
-
-
 # --- the Dockerfiles -------------------------------------------------------------------------
 
 def test_the_images_copy_every_package_the_project_ships():
@@ -100,20 +95,22 @@ def test_the_images_copy_every_package_the_project_ships():
         assert all((ROOT / source).exists() for source in copied)
 
 
-def test_the_images_run_as_the_non_root_user_the_pods_ask_for(rendered):
+@pytest.mark.external
+def test_the_images_run_as_the_non_root_user_the_pods_ask_for(kustomized):
     for overlay in OVERLAYS:
-        security = pod_template(rendered[overlay])["spec"]["securityContext"]
+        security = pod_template(kustomized[overlay])["spec"]["securityContext"]
         for dockerfile in ("sidecar.Dockerfile", "trainer.Dockerfile"):
             assert one(IMAGES / dockerfile, "USER") == f"{security['runAsUser']}:{security['runAsGroup']}"
 
 
-def test_the_sidecar_image_is_slim_and_its_port_is_the_one_scraped(rendered):
+@pytest.mark.external
+def test_the_sidecar_image_is_slim_and_its_port_is_the_one_scraped(kustomized):
     sidecar_file = IMAGES / "sidecar.Dockerfile"
     assert re.fullmatch(r"python:3\.\d+-slim\S*", one(sidecar_file, "FROM"))
     assert pip_install_args(sidecar_file) == ["--no-cache-dir", f"{SRC}[sidecar]"]  # no trainer extra
     assert json.loads(one(sidecar_file, "ENTRYPOINT")) == ["nvrx-slo"]
     for overlay in OVERLAYS:
-        sidecar, _ = containers(pod_template(rendered[overlay]))
+        sidecar, _ = containers(pod_template(kustomized[overlay]))
         assert "command" not in sidecar  # the image's ENTRYPOINT runs; the manifest gives the arguments
         assert one(sidecar_file, "EXPOSE") == str(sidecar["ports"][0]["containerPort"])
 
@@ -149,13 +146,16 @@ def test_the_console_script_is_the_cli_the_manifests_call():
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
+@pytest.mark.torch
+@pytest.mark.nvrx
+@pytest.mark.external
+def test_every_trainer_flag_is_one_its_parser_accepts(kustomized, overlay):
     from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
     from nvrx_slo.trainer.reference import job as reference_job
 
-    _, trainer = containers(pod_template(rendered[overlay]))
+    _, trainer = containers(pod_template(kustomized[overlay]))
     program, name = trainer["command"]
     assert program == "nvrx-slo" and callable(subcommand(name)) and name == "ft-launcher"
     args = expand(trainer["args"], trainer)
@@ -170,12 +170,13 @@ def test_every_trainer_flag_is_one_its_parser_accepts(rendered, overlay):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_sidecar_flag_is_one_its_parser_accepts(rendered, overlay, monkeypatch):
+@pytest.mark.external
+def test_every_sidecar_flag_is_one_its_parser_accepts(kustomized, overlay, monkeypatch):
     if importlib.util.find_spec("nvrx_slo.exporter.sidecar") is None:
         pytest.skip("exporter/sidecar.py does not exist yet")
     from nvrx_slo.exporter import sidecar as sidecar_mod
 
-    sidecar, _ = containers(pod_template(rendered[overlay]))
+    sidecar, _ = containers(pod_template(kustomized[overlay]))
     name, *args = sidecar["args"]
     assert subcommand(name) is sidecar_mod.main
     env = {k: v for k, v in env_of(sidecar).items() if isinstance(v, str)}
@@ -212,7 +213,8 @@ def test_the_trainer_image_pip_line_resolves(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_sidecar_image_installs_without_torch_and_serves_metrics(rendered, tmp_path):
+@pytest.mark.external
+def test_the_sidecar_image_installs_without_torch_and_serves_metrics(kustomized, tmp_path):
     """The sidecar Dockerfile's install, replayed in a fresh venv, runs the manifest's sidecar command."""
     if importlib.util.find_spec("nvrx_slo.exporter.sidecar") is None:
         pytest.skip("exporter/sidecar.py does not exist yet")
@@ -231,7 +233,7 @@ def test_the_sidecar_image_installs_without_torch_and_serves_metrics(rendered, t
                              capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
     shutil.rmtree(Path(package) / "trainer")  # the build needs the folder; the sidecar must not
 
-    sidecar, _ = containers(pod_template(rendered["indexed-job"]))
+    sidecar, _ = containers(pod_template(kustomized["indexed-job"]))
     port = free_port()
     journal = tmp_path / "journal"
     journal.mkdir()

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-import engine_scenarios as scenarios
+import stories
 from journal_builder import Pod, Proc
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine.engine import Engine
@@ -36,23 +36,23 @@ def check_invariant(snap: Snapshot) -> None:
 ACCOUNTING = [
     ("a healthy run's steps are productive up to the durable save and unprotected after it; from the last "
      "step to the exits is shutdown; wall stops at the launcher's exit",
-     scenarios.healthy, 100.0,
+     stories.healthy, 100.0,
      {0: {P: 4.5, D: 1.0, B: 0.2, IN: 3.0, SD: 1.0, U: 0, L: 0, R: 0, RS: 0}}, {0: 4.5, 1: 4.5}),
     ("a crash loses the steps after the restored checkpoint; each rank's restart runs from its own fault "
      "to its first step, minus the restore",
-     scenarios.crash_with_rollback, 100.0,
+     stories.crash_with_rollback, 100.0,
      {0: {P: 7.1, L: 3.0, B: 0.2, R: 0.5, RS: 2.4, IN: 2.0, SD: 1.4, U: 0.2},
       1: {P: 7.0, L: 3.0, B: 0.2, R: 0.5, RS: 2.7, IN: 2.0, SD: 1.4, U: 0.0}}, {0: 0.0, 1: 0.0}),
     ("an in-process restart loses the steps after the restored checkpoint; a rank without an injected "
      "fault is restarting from its last step",
-     scenarios.inprocess_restart, 100.0,
+     stories.inprocess_restart, 100.0,
      {0: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 2.4, IN: 1.0, SD: 0.5, U: 2.1},
       1: {P: 2.0, L: 2.0, B: 0.1, R: 0.4, RS: 4.5, IN: 1.0, SD: 0.5, U: 0.0}}, {0: 3.0, 1: 3.0}),
     ("a failed save protects nothing: its steps stay unprotected, the open tail too",
-     scenarios.failed_save, 10.0,
+     stories.failed_save, 10.0,
      {0: {P: 0.0, B: 0.1, IN: 1.0}}, {0: 8.9}),
     ("a pod restart (new launcher, restart count from 0) accounts the dead time as restart",
-     scenarios.pod_restart, 30.0,
+     stories.pod_restart, 30.0,
      {0: {P: 2.0, L: 1.0, B: 0.1, R: 0.5, RS: 17.9, IN: 2.0}}, {0: 6.5}),
 ]
 
@@ -72,17 +72,17 @@ def test_accounting(sentence, build, now, seconds, unprotected):
 # sentence, scenario, level, cause, duration, phases
 RESTARTS = [
     ("an ft_launcher restart is counted once for the pod, from the injected fault to the last rank's first "
-     "step, phases from the launcher's events", scenarios.crash_with_rollback, RestartLevel.INJOB,
+     "step, phases from the launcher's events", stories.crash_with_rollback, RestartLevel.INJOB,
      "fault_injected: crash", 3.0,
      {RestartPhase.DETECT: 0.4, RestartPhase.TEARDOWN: 0.3, RestartPhase.RENDEZVOUS: 0.5,
       RestartPhase.REINIT: 0.7, RestartPhase.RESTORE: 1.1}),
     ("an in-process restart is counted once, phases from the Wrapper callbacks (earliest abort, "
-     "latest finalize, rank assignment and initialize)", scenarios.inprocess_restart, RestartLevel.INPROCESS,
+     "latest finalize, rank assignment and initialize)", stories.inprocess_restart, RestartLevel.INPROCESS,
      "fault_injected: exception", 2.8,
      {RestartPhase.DETECT: 1.0, RestartPhase.TEARDOWN: 0.4, RestartPhase.RENDEZVOUS: 0.5,
       RestartPhase.REINIT: 0.25, RestartPhase.RESTORE: 0.65}),
     ("a pod restart without a journaled fault runs from the last event of the dead pod; phases it cannot "
-     "see are folded into the next", scenarios.pod_restart, RestartLevel.POD, None, 18.4,
+     "see are folded into the next", stories.pod_restart, RestartLevel.POD, None, 18.4,
      {RestartPhase.DETECT: 14.9, RestartPhase.RENDEZVOUS: 1.0, RestartPhase.REINIT: 1.0,
       RestartPhase.RESTORE: 1.5}),
 ]
@@ -105,7 +105,7 @@ def test_restarts(sentence, build, level, cause, duration, phases):
 
 
 def test_the_restart_counter_moves_before_the_duration_is_known():
-    pod = scenarios.crash_with_rollback()
+    pod = stories.crash_with_rollback()
     cut = [r for r in pod.records if r["mono"] <= 11.0]  # restarted processes restored, no step yet
     snap = run(pod, 11.0, window=0.0, records=cut)
     assert snap.restarts.counts[RestartLevel.INJOB] == 1
@@ -115,7 +115,7 @@ def test_the_restart_counter_moves_before_the_duration_is_known():
 
 
 def test_a_healthy_runs_checkpoint_numbers():
-    snap = run(scenarios.healthy(), 100.0)
+    snap = run(stories.healthy(), 100.0)
     ck = snap.checkpoints
     assert (ck.saves, ck.failures, ck.in_flight, ck.bytes_total, ck.last_success_step) == (1, 0, 0, 2000, 5)
     assert ck.blocking.count == 2 and ck.blocking.sum == pytest.approx(0.4)  # one per rank per save
@@ -134,7 +134,7 @@ def pod_offset() -> float:
 
 
 def test_a_failed_save_is_counted_once_for_the_pod_and_is_no_success():
-    ck = run(scenarios.failed_save(), 10.0).checkpoints
+    ck = run(stories.failed_save(), 10.0).checkpoints
     assert (ck.failures, ck.saves, ck.last_success_step, ck.in_flight) == (1, 0, None, 0)
 
 
@@ -224,7 +224,7 @@ def test_a_process_the_wrapper_shifted_to_another_rank_is_still_one_accelerator_
 
 
 def test_a_finished_job_stops_accruing_wall_and_settles_everything():
-    pod = scenarios.healthy()
+    pod = stories.healthy()
     early, late = run(pod, 20.0, window=10.0), run(pod, 1000.0, window=10.0)
     assert early.finished and late.finished
     assert early.ranks[0].wall_s == late.ranks[0].wall_s == pytest.approx(14.2)
@@ -233,7 +233,7 @@ def test_a_finished_job_stops_accruing_wall_and_settles_everything():
 
 
 def test_a_job_whose_launcher_has_not_exited_keeps_accruing():
-    pod = scenarios.healthy()
+    pod = stories.healthy()
     records = [r for r in pod.records if r["type"] != "launcher_exit"]
     snap = run(pod, 50.0, records=records)
     assert not snap.finished and snap.ranks[0].wall_s == pytest.approx(50.0)
@@ -243,7 +243,7 @@ def test_a_job_whose_launcher_has_not_exited_keeps_accruing():
 def test_a_finish_read_after_a_later_snapshot_ends_wall_there_not_before():
     """The reader lagged: a snapshot showed the job running at 50 s; its end (14.2 s) is read
     after. Wall stays at 50 (the open tail settled as unattributed), also across a saved state."""
-    pod = scenarios.healthy()
+    pod = stories.healthy()
     ends = [r for r in pod.records if r["type"] in ("process_end", "launcher_exit")]
     engine = Engine(reorder_window_s=0.5)
     for record in pod.records:
@@ -263,7 +263,7 @@ def test_a_finish_read_after_a_later_snapshot_ends_wall_there_not_before():
 
 
 def test_launcher_restarts_remaining_is_max_restarts_minus_the_current_launchers_restart_count():
-    pod = scenarios.crash_with_rollback()  # --max-restarts 3, workers restarted once
+    pod = stories.crash_with_rollback()  # --max-restarts 3, workers restarted once
     before = [r for r in pod.records if r["restart"] == 0]
     assert run(pod, 5.0, records=before).restarts.launcher_remaining == 3
     assert run(pod, 100.0).restarts.launcher_remaining == 2
@@ -307,7 +307,7 @@ def test_a_ranks_buffer_keeps_only_the_records_its_reorder_window_still_holds():
 
 
 def test_duplicates_are_counted_and_change_nothing():
-    pod = scenarios.crash_with_rollback()
+    pod = stories.crash_with_rollback()
     once = run(pod, 100.0)
     twice = run(pod, 100.0, records=pod.records + pod.records[::3])
     assert twice.duplicates == len(pod.records[::3]) and once.duplicates == 0
@@ -316,7 +316,7 @@ def test_duplicates_are_counted_and_change_nothing():
 
 
 def test_out_of_order_arrival_within_the_window_changes_nothing():
-    pod = scenarios.crash_with_rollback()
+    pod = stories.crash_with_rollback()
     shuffled = pod.records[:]
     random.Random(7).shuffle(shuffled)  # the whole journal spans < 20 s: inside a 30 s window
     in_order, out_of_order = run(pod, 100.0, window=30.0), run(pod, 100.0, window=30.0, records=shuffled)
@@ -342,18 +342,18 @@ def test_a_record_older_than_the_window_is_late_counted_and_not_accounted():
 
 
 def test_a_wall_clock_jump_changes_no_duration():
-    pod = scenarios.crash_with_rollback()
+    pod = stories.crash_with_rollback()
     for record in pod.records:
         if record["mono"] > 9.0:
             record["wall"] -= 3600.0  # NTP stepped the clock back an hour mid restart
-    plain = run(scenarios.crash_with_rollback(), 100.0)
+    plain = run(stories.crash_with_rollback(), 100.0)
     jumped = run(pod, 100.0)
     assert [r.seconds for r in jumped.ranks] == [r.seconds for r in plain.ranks]
     assert jumped.restarts.recent[0].duration_s == pytest.approx(plain.restarts.recent[0].duration_s)
 
 
 def test_the_async_worker_dying_is_reported_for_its_rank():
-    pod = scenarios.healthy()
+    pod = stories.healthy()
     records = [r for r in pod.records if r["type"] not in ("process_end", "launcher_exit")]
     dead = pod.proc(1)  # stand-in for rank 1's process: reuse its pid
     dead.pid = records[-1]["pid"]
@@ -378,7 +378,7 @@ def test_a_straggler_has_a_skew_ratio_above_one():
 
 
 def test_gpu_idle_from_step_phases_is_wall_minus_step_work():
-    snap = run(scenarios.healthy(), 100.0)
+    snap = run(stories.healthy(), 100.0)
     r = snap.ranks[0]
     work = r.seconds[P] + r.seconds[L] + r.unprotected_s
     assert r.gpu_idle_s == pytest.approx(r.wall_s - work)
@@ -386,7 +386,7 @@ def test_gpu_idle_from_step_phases_is_wall_minus_step_work():
 
 
 def test_rank_view_reports_the_newest_process():
-    snap = run(scenarios.crash_with_rollback(), 100.0)
+    snap = run(stories.crash_with_rollback(), 100.0)
     r = snap.ranks[0]
     assert (r.restart, r.iter, r.state, r.steps, r.step) == (1, 0, RankState.ENDED, 10, 7)
     assert r.step_duration.count == 10 and r.step_duration.counts[-1] == 10
@@ -394,7 +394,7 @@ def test_rank_view_reports_the_newest_process():
 
 
 def test_snapshot_changes_nothing_but_the_instant_shown_and_identity_comes_from_the_journal():
-    pod = scenarios.crash_with_rollback()
+    pod = stories.crash_with_rollback()
     engine = Engine(reorder_window_s=5.0)
     for record in pod.records:
         engine.ingest(as_event(record))
@@ -406,7 +406,7 @@ def test_snapshot_changes_nothing_but_the_instant_shown_and_identity_comes_from_
 
 
 def test_state_round_trips_through_json_mid_stream():
-    pod = scenarios.crash_with_rollback()
+    pod = stories.crash_with_rollback()
     whole = Engine(reorder_window_s=2.0)
     for record in pod.records:
         whole.ingest(as_event(record))
@@ -451,7 +451,7 @@ def test_a_job_that_never_saves_keeps_bounded_state_and_every_second():
 
 @pytest.mark.parametrize("raised", [False, True], ids=["killed from outside", "an exception left the step"])
 def test_a_fault_nobody_injected_is_dated_where_the_loop_stopped_and_its_partial_step_is_lost(raised):
-    snap = run(scenarios.killed_from_outside(raised), 20.0, window=0.0)
+    snap = run(stories.killed_from_outside(raised), 20.0, window=0.0)
     (record,) = snap.restarts.recent
     assert record.level is RestartLevel.INJOB
     assert record.fault_wall - 1.7e9 == pytest.approx(5.6, abs=1e-3) and record.duration_s == pytest.approx(8.1 - 5.6)
@@ -466,7 +466,7 @@ def test_a_fault_nobody_injected_is_dated_where_the_loop_stopped_and_its_partial
 def test_a_pod_of_a_many_pod_job_finishes_with_its_own_ranks():
     """One pod of a two-pod job (world size 4, ranks 2 and 3 here): its launcher's exit after its
     ranks' clean ends finishes it, so its last saves and reorder window settle."""
-    pod = scenarios.healthy()
+    pod = stories.healthy()
     for record in pod.records:
         if record["rank"] is not None:
             record["rank"] += 2
@@ -506,7 +506,7 @@ def test_a_rank_read_after_the_launchers_exit_keeps_its_pod_running_until_it_end
 
 def test_a_pod_whose_ranks_do_not_say_their_count_finishes_on_the_ranks_read():
     """Journals of hooks older than ``local_world_size``: the pod finishes on the ranks it has read."""
-    pod = scenarios.healthy()
+    pod = stories.healthy()
     for record in pod.records:
         record.pop("local_world_size", None)
     assert run(pod, 100.0).finished
@@ -516,7 +516,7 @@ def test_a_survivor_restarted_by_its_own_launcher_is_an_in_job_restart_not_a_pod
     """A pod whose peer pod failed: its launcher restarts its worker for a new rendezvous round and
     keeps the restart count. The same launcher (no new launcher_start) means in-job, from the
     rank's own fault (the failed step) to its first step again."""
-    snap = run(scenarios.survivor_of_another_pods_fault(), 100.0)
+    snap = run(stories.survivor_of_another_pods_fault(), 100.0)
     assert snap.finished
     counts = snap.restarts.counts
     assert (counts[RestartLevel.INJOB], counts[RestartLevel.POD], counts[RestartLevel.INPROCESS]) == (1, 0, 0)

@@ -66,6 +66,8 @@ def _wait(proc: subprocess.Popen, tmp_path: Path) -> None:
             proc.kill()
 
 
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_a_worker_killed_from_outside_is_dated_at_the_kill(tmp_path):
     _kill_and_check(tmp_path, _launch(tmp_path, "wait"))
 
@@ -128,6 +130,8 @@ def _kill_and_check(tmp_path: Path, proc: subprocess.Popen, before_kill: Path | 
     assert abs(restart.duration_s - (resumed - killed)) < 0.1, (restart.duration_s, resumed - killed)
 
 
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_an_exception_mid_step_is_dated_when_it_left_the_step(tmp_path):
     proc = _launch(tmp_path, "raise")
     _wait(proc, tmp_path)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from journal_fixtures import by_file
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
@@ -24,9 +25,10 @@ from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.sidecar import Config, resume
 from nvrx_slo.exporter.views.collector import SnapshotCollector
 from nvrx_slo.exporter.views.exposition import TextRenderer
-from test_sidecar_bad_input import IDENT, by_file, story
+from sidecar_process import IDENT
+from stories import crash_and_restart_records
 
-RECORDS = story()
+RECORDS = crash_and_restart_records()
 FILES = {name: b"".join(schema.encode(r) for r in records) for name, records in by_file(RECORDS).items()}
 
 hostile = st.one_of(

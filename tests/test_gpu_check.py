@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx]
 CHECK = Path(__file__).parent.parent / "bench" / "gpu_check.py"
 
 

@@ -2,27 +2,27 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.hooks import Hooks
+from virtual_clock import CLOCK
 
 
 def _records(directory):
     return [schema.decode(line) for path in sorted(directory.iterdir()) for line in path.read_bytes().splitlines()]
 
 
+@pytest.mark.usefixtures("virtual_time")
 def test_a_step_journals_its_span_and_phases(tmp_path):
     hooks = Hooks.start(world_size=2, journal_dir=str(tmp_path))
     with hooks.step(5) as s:
         with s.data():
-            time.sleep(0.02)
+            CLOCK.sleep(0.02)
         with s.compute():
-            time.sleep(0.03)
+            CLOCK.sleep(0.03)
         with s.optimizer():
-            time.sleep(0.01)
+            CLOCK.sleep(0.01)
     hooks.close()
     start, step, end = _records(tmp_path)
     assert (start["type"], start["world_size"], end["type"]) == ("process_start", 2, "process_end")
@@ -69,10 +69,11 @@ def test_restore_journals_the_step_resumed_from_or_a_warning_when_it_fails(tmp_p
     assert warning["type"] == "warning" and "disk gone" in warning["message"]
 
 
+@pytest.mark.usefixtures("virtual_time")
 def test_a_user_span_journals_its_name_and_stretch_even_when_its_block_raises(tmp_path):
     hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path))
     with hooks.span("eval"):
-        time.sleep(0.03)
+        CLOCK.sleep(0.03)
     with pytest.raises(ZeroDivisionError), hooks.span("sdc-check"):
         1 / 0  # noqa: B018 - the block raises; the span is still journaled, the exception goes on
     hooks.close()

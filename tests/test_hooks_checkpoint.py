@@ -29,6 +29,8 @@ from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import Identity, Journal
 from servers import free_port
 
+pytestmark = pytest.mark.torch
+
 
 def _hooks(tmp_path: Path) -> Hooks:
     (tmp_path / "journal").mkdir()
@@ -256,6 +258,7 @@ def test_plain_dcp_save_with_the_hooks_gives_the_productive_time_the_test_measur
 
 
 @pytest.mark.slow
+@pytest.mark.nvrx
 def test_nvrx_public_async_api_with_the_hooks_gives_the_productive_time_the_test_measured(tmp_path, one_rank):
     from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import save_state_dict_async_finalize
 

@@ -10,13 +10,14 @@ import sys
 
 import pytest
 
-from fake_gpu import CLOCK, FakeGpu, accounted, read_records, virtual_time  # noqa: F401 (a fixture)
+from fake_gpu import FakeGpu, accounted, read_records
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.trainer import cuda_timing
 from nvrx_slo.trainer.cuda_timing import MAX_PENDING
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import open_journal
+from virtual_clock import CLOCK
 
 pytestmark = pytest.mark.usefixtures("virtual_time")
 

@@ -17,6 +17,8 @@ from nvrx_slo.trainer import inprocess_callbacks
 from nvrx_slo.trainer.inprocess_callbacks import inprocess_wrapper_kwargs
 from nvrx_slo.trainer.journal import Identity, Journal
 
+pytestmark = [pytest.mark.torch, pytest.mark.nvrx]
+
 CALLBACKS = ("abort", "finalize", "rank_assignment", "initialize", "completion", "terminate")
 
 

@@ -12,11 +12,12 @@ import math
 
 import pytest
 
-from fake_gpu import CLOCK, FakeGpu, accounted, rank_accounted, read_records, virtual_time  # noqa: F401 (a fixture)
+from fake_gpu import FakeGpu, accounted, rank_accounted, read_records
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import open_journal
+from virtual_clock import CLOCK
 
 pytestmark = pytest.mark.usefixtures("virtual_time")
 POLLS = [0.0003, 0.0008, 0.0001, 0.0006, 0.0009, 0.0002, 0.0005, 0.0004]  # each under a millisecond

@@ -20,14 +20,12 @@ import pytest
 import yaml
 
 import crd_schema
+from deploy_model import K8S_VERSIONS, OVERLAYS, ROOT, SIDECAR
 from nvrx_slo import inject
 from nvrx_slo.contracts import schema
-from test_deploy import K8S_VERSIONS, OVERLAYS
 
-ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "tests" / "manifests"
 CASES = ("aws-indexed-job.yaml", "pytorchjob.yaml", "jobset.yaml")
-SIDECAR = "nvrx-slo-sidecar"
 OUR_VOLUMES = {"journal", "sidecar-state", "sidecar-api-token"}
 OUR_TRAINER_ENV = {schema.JOURNAL_DIR_ENV, "POD_NAME", "NODE_NAME", "NVRX_SLO_JOB"}
 GRACE_S = 45  # the pod's grace period inject raises a shorter one to

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from needs import missing
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer import nvrx_compat
 from nvrx_slo.trainer.ft_launcher import _launch_counts
@@ -46,6 +47,8 @@ def test_only_a_first_record_is_dated_back(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_the_launcher_journals_its_whole_life_as_measured_from_outside(tmp_path):
     env = {**os.environ, "NVRX_SLO_JOURNAL_DIR": str(tmp_path), "GROUP_RANK": "0"}
     began = time.monotonic()
@@ -67,9 +70,11 @@ def test_the_launcher_journals_its_whole_life_as_measured_from_outside(tmp_path)
     (["--nnodes", "2:4", "--nproc-per-node", "8"], (8, None)),  # elastic: the world is not known ahead
     (["--nnodes", "2", "--nproc-per-node", "gpu"], (None, None)),
 ])
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_the_launcher_says_its_workers_and_a_fixed_size_jobs_world_as_ft_launcher_parses_them(argv, counts):
     launcher = nvrx_compat.launcher()
     if launcher is None:
-        pytest.skip("nvidia-resiliency-ext is not installed")
+        missing("nvidia-resiliency-ext is not installed (the trainer extra; scripts/bootstrap.sh installs it)")
     said = _launch_counts(launcher, [*argv, "--max-restarts", "2", "train.py"])
     assert (said["local_world_size"], said["world_size"], said["max_restarts"]) == (*counts, 2)

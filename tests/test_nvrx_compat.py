@@ -17,6 +17,8 @@ from nvrx_slo.trainer import nvrx_compat
 from nvrx_slo.trainer.reference import nvrx_async
 
 
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_the_installed_nvrx_has_every_feature_the_hooks_and_the_reference_job_use():
     assert nvrx_compat.version() is not None
     api = nvrx_async.async_checkpointing()
@@ -62,6 +64,8 @@ def test_a_failed_write_reads_the_same_whether_nvrx_raised_or_returned_it(result
     assert nvrx_async.write_error(results) == error
 
 
+@pytest.mark.torch
+@pytest.mark.nvrx
 def test_accepts_sees_through_nvrx_metaclasses_to_the_constructor():
     api = nvrx_async.async_checkpointing()
     assert nvrx_async.accepts(api.AsyncCallsQueue, "persistent")

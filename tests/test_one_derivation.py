@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-import engine_scenarios
+import stories
 from journal_builder import Pod
+from journal_fixtures import write_journal
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.events import as_event
 from nvrx_slo.exporter.offline import report
@@ -23,16 +24,15 @@ from nvrx_slo.exporter.offline.replay import Replay
 from nvrx_slo.exporter.offline.timeline import TimelineBuilder
 from nvrx_slo.exporter.views.timeline import LOST, STEP, UNPROTECTED
 from snapshot_fixtures import TARGETS
-from test_report import story, write_journal
 
 STORIES = {
-    "healthy": engine_scenarios.healthy,
-    "crash with rollback": engine_scenarios.crash_with_rollback,
-    "in-process restart": engine_scenarios.inprocess_restart,
-    "failed save": engine_scenarios.failed_save,
-    "pod restart": engine_scenarios.pod_restart,
-    "an exception left a step": lambda: engine_scenarios.killed_from_outside(raised=True),
-    "report story": story,
+    "healthy": stories.healthy,
+    "crash with rollback": stories.crash_with_rollback,
+    "in-process restart": stories.inprocess_restart,
+    "failed save": stories.failed_save,
+    "pod restart": stories.pod_restart,
+    "an exception left a step": lambda: stories.killed_from_outside(raised=True),
+    "report story": stories.inprocess_job,
 }
 
 

@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-import engine_scenarios
+import stories
+from journal_fixtures import write_clean
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.events import as_event
@@ -92,7 +93,7 @@ def test_nothing_is_observed_before_the_state_is_loaded():
 
 def _replayed() -> View:
     """A real engine's view of a story with a crash, a rollback and saves."""
-    pod = engine_scenarios.crash_with_rollback()
+    pod = stories.crash_with_rollback()
     engine = Engine()
     for record in sorted(pod.records, key=lambda r: r["mono"]):
         engine.ingest(as_event(record))
@@ -167,7 +168,6 @@ def test_metrics_url():
 
 def test_the_sidecar_exports_the_same_numbers_it_serves(tmp_path):
     from sidecar_process import SidecarProcess, value
-    from test_sidecar_bad_input import write_clean
 
     write_clean(tmp_path / "journal")
     with Receiver() as receiver:

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from needs import tool
 from nvrx_slo.alerts import generate, spec
 from nvrx_slo.alerts.conventions import (
     ABSENT_RANKS,
@@ -48,7 +49,7 @@ from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.reference.demo import read_journal
 from servers import free_port, stop, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
 
 _SIDECAR = re.compile(r"^sidecar of (\S+): http://(127\.0\.0\.1:\d+)/ \(status page\)", re.M)
 
@@ -92,7 +93,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     }))
     port = free_port()
     prometheus = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+        [tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
         stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb"))
     url = f"http://127.0.0.1:{port}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client
@@ -16,6 +16,7 @@ from nvrx_slo.exporter.ingest import podwatch
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
+from servers import HttpStub
 
 IDENT = Identity(namespace="train", pod="llm-0", node="n", job_name="llm")
 
@@ -36,33 +37,20 @@ class FakeApi:
     def __init__(self, events: list[dict]) -> None:
         self.events = events
         self.queries: list[dict] = []
-        api = self
+        self._stub = HttpStub(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                url = urlsplit(self.path)
-                api.queries.append({"path": url.path, **parse_qs(url.query)})
-                body = b"".join(json.dumps({"type": "MODIFIED", "object": e}).encode() + b"\n" for e in api.events)
-                api.events = []  # the next watch (a reconnect) gets nothing new
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def _answer(self, method: str, path: str, headers: Message, body: bytes) -> tuple[int, str, bytes]:
+        url = urlsplit(path)
+        self.queries.append({"path": url.path, **parse_qs(url.query)})
+        reply = b"".join(json.dumps({"type": "MODIFIED", "object": e}).encode() + b"\n" for e in self.events)
+        self.events = []  # the next watch (a reconnect) gets nothing new
+        return 200, "application/json", reply
 
     def api_client(self) -> client.ApiClient:
-        config = client.Configuration(host=f"http://127.0.0.1:{self.httpd.server_address[1]}")
-        return client.ApiClient(config)
+        return client.ApiClient(client.Configuration(host=self._stub.url))
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._stub.close()
 
 
 def test_restarts_are_counted_by_container_and_reason_once(tmp_path):

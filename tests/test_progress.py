@@ -6,10 +6,11 @@ import io
 import time
 
 from journal_builder import WALL_OFFSET
+from journal_fixtures import write_journal
 from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S
 from nvrx_slo.exporter.offline.progress import PLAIN_EVERY_S, Progress
 from nvrx_slo.trainer.hooks import Hooks
-from test_report import story, write_journal
+from stories import inprocess_job
 
 
 class Terminal(io.StringIO):
@@ -43,7 +44,7 @@ def _cut(pod, until: float):
 
 
 def test_plain_lines_when_something_happens_and_at_most_every_few_seconds_otherwise(tmp_path):
-    pod = story(ranks=2, steps=100, ckpt_every=20, fault_after=50, dt=0.5)
+    pod = inprocess_job(ranks=2, steps=100, ckpt_every=20, fault_after=50, dt=0.5)
     fault = next(r["mono"] for r in pod.records if r["type"] == "inprocess_abort")
     end = max(r["mono"] for r in pod.records)
     clock, out = Clock(1003.0), io.StringIO()
@@ -79,7 +80,7 @@ def test_plain_lines_when_something_happens_and_at_most_every_few_seconds_otherw
 
 def test_a_terminal_gets_one_line_redrawn_in_place(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "40")  # a narrow terminal: the line is cut, never wrapped
-    pod = story(ranks=2, steps=60, ckpt_every=20, fault_after=50)
+    pod = inprocess_job(ranks=2, steps=60, ckpt_every=20, fault_after=50)
     write_journal(pod, tmp_path, evil=False)
     end = max(r["mono"] for r in pod.records)
     clock, term = Clock(end), Terminal()

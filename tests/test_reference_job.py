@@ -13,7 +13,7 @@ from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.reference.checkpoint import METADATA
 from nvrx_slo.trainer.reference.demo import DEFAULT_FAULTS, read_journal
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx]
 CRASH, EXCEPTION = DEFAULT_FAULTS
 
 

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from journal_fixtures import by_file
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.events import Event
@@ -28,10 +29,11 @@ from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.offline import report
 from nvrx_slo.exporter.views.collector import SnapshotCollector
 from nvrx_slo.exporter.views.exposition import TextRenderer
-from test_sidecar_bad_input import IDENT, by_file, story
+from sidecar_process import IDENT
+from stories import crash_and_restart_records
 
 NOW = 100.0  # the sidecar's monotonic clock: the story's records lie before it
-FINISHED = story()
+FINISHED = crash_and_restart_records()
 RUNNING = [r for r in FINISHED if r["mono"] < 30]  # cut mid-run: wall counts to NOW
 REJECTED_COUNTS = "nvrx_exporter_rejected_events_total"
 

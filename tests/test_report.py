@@ -1,7 +1,7 @@
 """``nvrx-slo report``: hostile journals (huge, truncated, HTML in every string) and the CLI's errors.
 
 The real demo journal in a real browser is in ``test_report_browser.py``. Here the journal is a
-hand-built story (``story``) with known totals, written to disk and read back through the real
+hand-built story (``stories.inprocess_job``) with known totals, written to disk and read back through the real
 reader, engine and renderer.
 """
 
@@ -18,131 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from journal_builder import Pod
+from journal_fixtures import split_by_rank, write_journal
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.offline import report
 from nvrx_slo.exporter.views import timeline
+from pages import assert_inert, inventory
 from snapshot_fixtures import TARGETS
+from stories import EVIL, inprocess_job
 
 SYNTHETIC = Path(__file__).resolve().parents[1] / "bench" / "synthetic_journal.py"
-EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
-
-
-def story(ranks: int = 2, steps: int = 60, ckpt_every: int = 20, fault_after: int = 50,
-          dt: float = 0.1, world_size: int = 2, eval_s: float = 0.0) -> Pod:
-    """Each rank trains ``steps`` steps, saving every ``ckpt_every``; after step ``fault_after``
-    an exception triggers an in-process restart that resumes from the last save; with ``eval_s``,
-    each rank evaluates that long after its last step (a user span). One launcher."""
-    pod = Pod()
-    t0 = 1000.0
-    launcher = pod.launcher(t0 - 1.0)
-    end_times = []
-    for rank in range(ranks):
-        p = pod.proc(rank)
-        p.start(t0, world_size=world_size)
-        p.restore(None, t0 + 0.2, t0 + 0.5)
-        t, n, saved, faulted = t0 + 0.5, 1, 0, False
-        pending = None  # (observed, proc) of a save whose end is still to be written
-        while n <= steps:
-            p.step(n, t, t + dt * 0.9, data_s=0.005)
-            t += dt
-            if pending is not None and pending <= t:
-                p.save_end()
-                pending = None
-            if n % ckpt_every == 0:
-                p.save(n, t, t + 0.02, t + 0.3, t + 0.31)
-                pending, saved, t = t + 0.31, n, t + 0.02
-            if n == fault_after and not faulted:
-                if pending is not None:  # the write lands before the fault
-                    t = max(t, pending)
-                    p.save_end()
-                    pending = None
-                faulted = True
-                p.ev("inprocess_abort", t + 0.2)
-                p.ev("inprocess_finalize", t + 0.6, cause=f"RuntimeError: injected {EVIL}")
-                p.ev("inprocess_rank_assignment", t + 0.8, cause=f"RuntimeError: injected {EVIL}")
-                p.iter = 1
-                p.ev("inprocess_initialize", t + 1.0)
-                p.restore(saved, t + 1.05, t + 1.3)
-                t, n = t + 1.3, saved
-            n += 1
-        if pending is not None:
-            p.save_end()
-            t = max(t, pending)
-        if eval_s:
-            p.ev("user_span", t + eval_s, name="eval", start=t)
-            t += eval_s
-        p.end(t + 0.1)
-        end_times.append(t + 0.1)
-    launcher.ev("launcher_exit", max(end_times) + 0.2, code=0)
-    return pod
-
-
-def write_journal(pod: Pod, directory: Path, evil: bool = True) -> dict[str, int]:
-    """Write ``pod``'s records as the writer would (one file per process), with every journal
-    string made hostile when ``evil``; returns what the story holds, counted from the records."""
-    directory.mkdir(parents=True, exist_ok=True)
-    files: dict[tuple[int | None, int], list[bytes]] = {}
-    for rec in sorted(pod.records, key=lambda r: (r["pid"], r["seq"])):
-        rec = dict(rec)
-        if evil:
-            rec.update(job=EVIL, pod=EVIL, node=EVIL)
-            if "ckpt" in rec:
-                rec["ckpt"] = EVIL + rec["ckpt"]
-            if rec["type"] == "checkpoint_start":
-                rec["mode"] = EVIL
-        files.setdefault((rec["rank"], rec["pid"]), []).append(schema.encode(rec))
-    for (rank, pid), lines in files.items():
-        (directory / schema.journal_file_name("pod-0", rank, pid)).write_bytes(b"".join(lines))
-    return {
-        "ranks": len({r["rank"] for r in pod.records if r["rank"] is not None}),
-        "checkpoints": len({(r["ckpt"], r["restart"],
-                             r["iter"]) for r in pod.records if r["type"] == "checkpoint_start"}),
-        "restarts": len({(r["restart"], r["iter"]) for r in pod.records if r["rank"] is not None}) - 1,
-    }
-
-
-class _Inventory(HTMLParser):
-    """Every element and attribute of a page, as a browser's tokenizer sees them."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.tags: list[str] = []
-        self.attrs: list[tuple[str, str | None]] = []
-        self.by_id: dict[str, dict[str, str | None]] = {}
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append(tag)
-        self.attrs += attrs
-        attr = dict(attrs)
-        if attr.get("id"):
-            self.by_id[attr["id"]] = attr
-
-    handle_startendtag = handle_starttag
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-
-def inventory(document: str) -> _Inventory:
-    inv = _Inventory()
-    inv.feed(document)
-    return inv
-
-
-def assert_inert(document: str) -> _Inventory:
-    """No script, no event handler, no javascript: URL, no external fetch in ``document``."""
-    inv = inventory(document)
-    assert "script" not in inv.tags and "img" not in inv.tags and "iframe" not in inv.tags
-    assert not [name for name, _ in inv.attrs if name.startswith("on")]
-    assert not [v for name, v in inv.attrs if name in ("href", "src") and v and ("javascript:" in v or "//" in v)]
-    return inv
 
 
 def test_a_hostile_journal_renders_a_correct_escaped_report(tmp_path):
-    expected = write_journal(story(), tmp_path / "journal")
+    expected = write_journal(inprocess_job(), tmp_path / "journal")
     with open(tmp_path / "journal" / schema.journal_file_name("pod-0", 0, 101), "ab") as f:
         f.write(b'{"v":1,"type":"step","seq"\n')  # truncated by a crash mid-write
         f.write(b"\xff\xfe not utf-8\n")
@@ -172,7 +61,7 @@ def test_a_hostile_journal_renders_a_correct_escaped_report(tmp_path):
 
 @pytest.mark.slow
 def test_a_huge_journal_gives_a_small_report_quickly(tmp_path):
-    expected = write_journal(story(ranks=4, steps=12_500, ckpt_every=250, fault_after=12_400, dt=0.01),
+    expected = write_journal(inprocess_job(ranks=4, steps=12_500, ckpt_every=250, fault_after=12_400, dt=0.01),
                              tmp_path / "journal", evil=False)
     size = sum(f.stat().st_size for f in (tmp_path / "journal").iterdir())
     t0 = time.perf_counter()
@@ -219,7 +108,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_cli_writes_the_report_and_prints_its_path(tmp_path):
-    write_journal(story(), tmp_path / "journal")
+    write_journal(inprocess_job(), tmp_path / "journal")
     out = tmp_path / "r.html"
     done = _cli(str(tmp_path / "journal"), "-o", str(out))
     assert done.returncode == 0, done.stderr
@@ -239,33 +128,15 @@ def test_the_cli_names_what_is_wrong(tmp_path):
     assert flag.returncode == 2 and "--output-file" in flag.stderr
 
 
-def _split_by_rank(pod: Pod, directory: Path) -> list[Path]:
-    """``pod``'s journal as a job of one pod per rank: each rank's records, and a copy of the
-    launcher's, in a directory of its own, with the pod's name in every record."""
-    dirs = []
-    for rank in sorted({r["rank"] for r in pod.records if r["rank"] is not None}):
-        name = f"pod-{rank}"
-        d = directory / name
-        d.mkdir(parents=True)
-        files: dict[tuple[int | None, int], list[bytes]] = {}
-        for rec in sorted(pod.records, key=lambda r: (r["pid"], r["seq"])):
-            if rec["rank"] in (rank, None):
-                files.setdefault((rec["rank"], rec["pid"]), []).append(schema.encode({**rec, "pod": name}))
-        for (r, pid), lines in files.items():
-            (d / schema.journal_file_name(name, r, pid)).write_bytes(b"".join(lines))
-        dirs.append(d)
-    return dirs
-
-
 def test_a_job_of_several_pods_is_one_report_that_equals_the_same_ranks_in_one_pod(tmp_path):
     """Each rank of the story in a pod of its own: the job's accounting (every category), its one
     restart and its saves (counted, listed and marked) equal the single pod's that ran the same
     records; the timeline has a lane per rank labelled with its pod, on one time axis."""
-    pod = story(ranks=3)
+    pod = inprocess_job(ranks=3)
     write_journal(pod, tmp_path / "one", evil=False)
     one = report.build([tmp_path / "one"], TARGETS)
     whole = inventory(one)
-    dirs = _split_by_rank(pod, tmp_path / "job")
+    dirs = split_by_rank(pod, tmp_path / "job")
     document = report.build(dirs, TARGETS)
     saves = re.compile(r'<tr data-ckpt="([^"]+)"><td class="cause">[^<]*</td><td class="num">(\d+)</td>.*?'
                        r'<td class="(pass|fail|na)">')
@@ -298,7 +169,7 @@ def _lanes(document: str) -> list[list[tuple[str, str | None]]]:
 
 
 def test_the_cli_takes_several_journal_directories_once_each(tmp_path):
-    dirs = _split_by_rank(story(), tmp_path / "job")
+    dirs = split_by_rank(inprocess_job(), tmp_path / "job")
     out = tmp_path / "r.html"
     done = _cli(*map(str, dirs), "-o", str(out))
     assert done.returncode == 0, done.stderr

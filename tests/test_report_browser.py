@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from journal_fixtures import split_by_rank, write_journal
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.events import Event
@@ -22,9 +23,9 @@ from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.offline import report
 from nvrx_slo.exporter.views import status_page
+from pages import ARTIFACTS, assert_inert, dump_dom, screenshot
 from snapshot_fixtures import TARGETS
-from test_report import _split_by_rank, assert_inert, story, write_journal
-from test_status_page_browser import ARTIFACTS, dump_dom, screenshot
+from stories import inprocess_job
 
 # Run after the page was parsed and styled: what Chromium computed for every drawn shape and swatch.
 _PROBE = """<script>
@@ -69,11 +70,12 @@ def assert_every_category_drawn_is_coloured(shapes: list[dict[str, str]]) -> set
     return drawn
 
 
+@pytest.mark.external
 def test_every_category_and_span_the_report_and_status_page_draw_has_a_colour_and_a_legend_swatch(tmp_path):
     """A job of two pods, each running one rank of a world of three (the third rank is absent),
     whose ranks restart in-process, save, evaluate (a user span) and shut down."""
-    pod = story(world_size=3, eval_s=0.4)
-    dirs = _split_by_rank(pod, tmp_path / "job")
+    pod = inprocess_job(world_size=3, eval_s=0.4)
+    dirs = split_by_rank(pod, tmp_path / "job")
     shapes = computed(report.build(dirs, TARGETS), tmp_path / "report.html", tmp_path / "profile")
     drawn = assert_every_category_drawn_is_coloured(shapes)
     assert {"shutdown", "user_span", "absent", "productive", "lost", "restart", "init"} <= drawn
@@ -85,7 +87,7 @@ def test_every_category_and_span_the_report_and_status_page_draw_has_a_colour_an
         kind = s["cls"].split()[-1]
         assert any(kind in key.split() for key in legend), s  # the legend shows each kind drawn
 
-    write_journal(story(eval_s=0.4), tmp_path / "pod", evil=False)
+    write_journal(inprocess_job(eval_s=0.4), tmp_path / "pod", evil=False)
     live = Live(Engine(), JournalTail(tmp_path / "pod"), mono=lambda: 2000.0, wall=lambda: 1.7e9 + 2000.0)
     live.poll()
     page = status_page.render(live.view(), TARGETS)
@@ -110,6 +112,9 @@ def journal_facts(journal_dir) -> dict[str, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
+@pytest.mark.external
 def test_the_report_of_the_demo_renders_its_timeline(demo_run, tmp_path):
     out = tmp_path / "report.html"
     done = subprocess.run([sys.executable, "-m", "nvrx_slo", "report", str(demo_run.journal_dir), "-o", str(out)],

@@ -46,6 +46,7 @@ from typing import Any
 import pytest
 import yaml
 
+from needs import tool
 from nvrx_slo.alerts import generate, spec
 from nvrx_slo.alerts.conventions import (
     ERROR_BUDGET_REMAINING,
@@ -138,7 +139,7 @@ def _prometheus(stack: ExitStack, tmp: Path, name: str, config: dict[str, Any], 
     (tmp / f"{name}.yml").write_text(json.dumps(config))
     port = free_port()
     proc = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp / f'{name}.yml'}", f"--storage.tsdb.path={tmp / name}",
+        [tool("prometheus"), f"--config.file={tmp / f'{name}.yml'}", f"--storage.tsdb.path={tmp / name}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *flags],
         stdout=subprocess.DEVNULL, stderr=open(tmp / f"{name}.log", "wb"))
     stack.callback(stop, proc)
@@ -211,6 +212,9 @@ def _by_series(result: list[dict[str, Any]]) -> dict[tuple[tuple[str, str], ...]
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
+@pytest.mark.external
 def test_the_global_rulers_slis_over_the_period_equal_one_prometheuss(fleet):
     assert fleet["returncode"] == 0, fleet["stderr"][-3000:]
     s = fleet["spec"]
@@ -237,6 +241,9 @@ def test_the_global_rulers_slis_over_the_period_equal_one_prometheuss(fleet):
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
+@pytest.mark.external
 def test_the_node_loss_paged_from_the_global_ruler_as_from_one_prometheus(fleet):
     assert fleet["returncode"] == 0, fleet["stderr"][-3000:]
     page = f'max_over_time(ALERTS{{alertname="{Alert.EFFICIENCY_BURN.value}", alertstate="firing", ' \

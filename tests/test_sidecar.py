@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import threading
@@ -12,12 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from journal_fixtures import write_clean
+from needs import tool
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.trainer.journal import Identity, Journal
 from sidecar_process import SidecarProcess, counters, value
+from stories import crash_and_restart_records
 
 
 class LiveJob:
@@ -94,6 +96,7 @@ class LiveJob:
 
 
 @pytest.mark.slow
+@pytest.mark.external
 def test_kill_and_restart_midrun_counts_once_and_equals_an_uninterrupted_run(tmp_path):
     """Two sidecars follow one live journal (it rotates, old generations are deleted): one runs
     throughout, the other is SIGKILLed past the restart and started again on its saved state."""
@@ -145,9 +148,8 @@ def test_kill_and_restart_midrun_counts_once_and_equals_an_uninterrupted_run(tmp
         settled = sum(v for (n, ls), v in final.items() if n == "nvrx_time_seconds_total" and dict(ls)["rank"] == r)
         assert settled + value(final, "nvrx_unprotected_work_seconds", rank=r) == \
             pytest.approx(value(final, "nvrx_wall_seconds_total", rank=r), rel=1e-9)
-    if shutil.which("promtool"):
-        lint = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=60)
-        assert lint.returncode == 0 and lint.stdout + lint.stderr == b"", lint.stdout + lint.stderr
+    lint = subprocess.run([tool("promtool"), "check", "metrics"], input=body, capture_output=True, timeout=60)
+    assert lint.returncode == 0 and lint.stdout + lint.stderr == b"", lint.stdout + lint.stderr
 
 
 def _write(journal: Path, records: list[dict], shift: float = 0.0) -> None:
@@ -177,7 +179,6 @@ def _check_went_on(scrapes: list[dict]) -> None:
 
 
 def test_a_view_is_taken_at_the_start_of_the_last_poll_that_read_the_journal_to_its_end(tmp_path):
-    from test_sidecar_bad_input import write_clean
 
     write_clean(tmp_path / "journal")
     clock = [1000.0]
@@ -195,9 +196,8 @@ def test_wall_never_goes_down_when_a_scrape_comes_between_the_finish_and_its_rea
     """A job journaled up to now; its ends are written after a poll and scraped before the next
     one reads them. Wall counts to the poll's start (the read horizon), so the end, read later,
     lies after it: no counter goes back, and the finished wall is the journal's own, exactly."""
-    from test_sidecar_bad_input import story
 
-    body, ends = _ends(story())
+    body, ends = _ends(crash_and_restart_records())
     journal = tmp_path / "journal"
     journal.mkdir()
     ran = time.monotonic() - 1.0 - max(r["mono"] for r in body)
@@ -222,9 +222,8 @@ def test_wall_never_goes_down_when_the_finish_was_stamped_before_a_scrape_that_m
     """A journal stamped long before it is read (copied in, or a writer stalled between reading
     its clock and writing): the horizon promise does not hold, so the engine ends the finished
     job's wall where it last showed it running rather than take seconds back."""
-    from test_sidecar_bad_input import story
 
-    body, ends = _ends(story())  # stamped at 0..40 s of a clock that has run far longer
+    body, ends = _ends(crash_and_restart_records())  # stamped at 0..40 s of a clock that has run far longer
     journal = tmp_path / "journal"
     journal.mkdir()
     _write(journal, body)
@@ -244,9 +243,8 @@ def test_after_sigterm_the_job_end_is_read_and_served_to_two_more_scrapes(tmp_pa
     ``--final-scrape-timeout`` it reads the journal once more and serves until two scrapes have the
     finished job (its settled last seconds: the second keeps them fresh for the rules), then exits 0
     without waiting out the timeout."""
-    from test_sidecar_bad_input import story
 
-    body, ends = _ends(story())
+    body, ends = _ends(crash_and_restart_records())
     journal = tmp_path / "journal"
     journal.mkdir()
     ran = time.monotonic() - 1.0 - max(r["mono"] for r in body)
@@ -273,11 +271,10 @@ def test_after_sigterm_the_job_end_is_read_and_served_to_two_more_scrapes(tmp_pa
 
 
 def test_after_sigterm_without_a_scrape_the_sidecar_exits_at_the_final_scrape_timeout(tmp_path):
-    from test_sidecar_bad_input import story
 
     journal = tmp_path / "journal"
     journal.mkdir()
-    _write(journal, story())
+    _write(journal, crash_and_restart_records())
     with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "log", "--final-scrape-timeout", "1") as proc:
         proc.wait_ready()
         signalled = time.monotonic()

@@ -8,81 +8,16 @@ import os
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
-from journal_builder import Pod
+from journal_fixtures import by_file, make_unreadable, write_clean
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter import sidecar, state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.events import Event
-from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.views.collector import SnapshotCollector
-from nvrx_slo.exporter.views.exposition import TextRenderer
-from sidecar_process import SidecarProcess
-from test_tail import _make_unreadable
-
-IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
-
-
-def story() -> list[dict]:
-    """Two ranks: steps, an async save, a crash, an in-job restart from the save, a clean end."""
-    pod = Pod()
-    launcher = pod.launcher(0.0)
-    launcher.ev("launcher_worker_start", 0.1)
-    procs = [pod.proc(r) for r in (0, 1)]
-    for p in procs:
-        p.start(1.0)
-        p.restore(None, 1.1, 1.5)
-    t = 1.5
-    for step in range(1, 31):
-        for p in procs:
-            p.step(step, t, t + 0.5, data_s=0.05)
-        t += 0.5
-        if step == 20:
-            for p in procs:
-                p.save(step, t, t + 0.05, t + 1.0, t + 1.2)
-            t += 0.05
-        if step == 23:
-            for p in procs:
-                p.save_end()
-    for p in procs:
-        p.ev("fault_injected", t + 0.1, kind="crash", step=30)
-    launcher.ev("launcher_failure_detected", t + 0.6)
-    launcher.ev("launcher_workers_terminated", t + 0.9)
-    launcher.ev("launcher_rendezvous_start", t + 1.0)
-    launcher.ev("launcher_rendezvous_done", t + 1.5)
-    launcher.ev("launcher_worker_start", t + 1.6)
-    procs = [pod.proc(r, restart=1) for r in (0, 1)]
-    t += 2.0
-    for p in procs:
-        p.start(t)
-        p.restore(20, t + 0.1, t + 0.6)
-    t += 0.6
-    for step in range(21, 41):
-        for p in procs:
-            p.step(step, t, t + 0.5)
-        t += 0.5
-    for p in procs:
-        p.end(t + 0.1)
-    launcher.ev("launcher_exit", t + 0.5, code=0)
-    return pod.records
-
-
-def by_file(records: list[dict]) -> dict[str, list[dict]]:
-    files: dict[str, list[dict]] = {}
-    for r in records:
-        files.setdefault(schema.journal_file_name(r["pod"], r["rank"], r["pid"]), []).append(r)
-    return files
-
-
-def write_clean(directory: Path) -> None:
-    directory.mkdir()
-    for name, records in by_file(story()).items():
-        (directory / name).write_bytes(b"".join(schema.encode(r) for r in records))
-
+from sidecar_process import ACCOUNTING, SidecarProcess, scrape_in_process
+from stories import crash_and_restart_records
 
 GARBAGE = {  # reason -> lines (each a complete line, newline added)
     "malformed": [b'{"v":1,"type":"step","seq":3', b"\xff\xfe\xfd", b"NaN"],
@@ -102,7 +37,7 @@ def write_dirty(directory: Path) -> dict[str, int]:
     directory.mkdir()
     expected = {reason: len(lines) for reason, lines in GARBAGE.items()}
     garbage = [line for lines in GARBAGE.values() for line in lines]
-    for i, (name, records) in enumerate(by_file(story()).items()):
+    for i, (name, records) in enumerate(by_file(crash_and_restart_records()).items()):
         lines = [schema.encode({**r, "wall": r["wall"] + (3600 if j % 7 == 3 else 0)})  # wall jumps: ignored
                  for j, r in enumerate(records)]
         for j in range(2, len(lines) - 2, 9):  # neighbours out of order (well inside the reorder window)
@@ -120,31 +55,11 @@ def write_dirty(directory: Path) -> dict[str, int]:
             (directory / f"{stem}.2.jsonl").write_bytes(b"".join(lines[2 * third:]))
         else:
             (directory / name).write_bytes(b"".join(lines))
-    rest = garbage[len(by_file(story())):]
+    rest = garbage[len(by_file(crash_and_restart_records())):]
     (directory / "pod-0.rank-9.999.jsonl").write_bytes(b"".join(line + b"\n" for line in rest) + b'{"v":1,"ty')
-    _make_unreadable(directory / "pod-0.rank-8.998.jsonl")
+    make_unreadable(directory / "pod-0.rank-8.998.jsonl")
     expected["unreadable"] = 1
     return expected
-
-
-ACCOUNTING = ("nvrx_wall_seconds_total", "nvrx_time_seconds_total", "nvrx_unprotected_work_seconds",
-              "nvrx_steps_total", "nvrx_restarts_total", "nvrx_restart_duration_seconds_sum",
-              "nvrx_restart_phase_seconds_total", "nvrx_checkpoint_blocking_seconds_sum",
-              "nvrx_checkpoint_background_seconds_sum", "nvrx_step_duration_seconds_count",
-              "nvrx_training_step", "nvrx_checkpoint_last_step")
-
-
-def samples(text: str) -> dict:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
-
-
-def scrape_in_process(directory: Path) -> dict:
-    live = Live(Engine(), JournalTail(directory))
-    live.poll()
-    registry = CollectorRegistry()
-    registry.register(SnapshotCollector(live.view, IDENT))
-    return samples(TextRenderer().generate(registry).decode())
 
 
 def test_damage_is_counted_by_reason_and_accounting_is_unchanged(tmp_path):

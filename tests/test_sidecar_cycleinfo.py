@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from journal_fixtures import by_file
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine.engine import Engine
@@ -16,7 +17,7 @@ from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from test_sidecar_bad_input import by_file, story
+from stories import crash_and_restart_records
 
 IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
 OFFSET = 1.7e9  # the story's wall - mono
@@ -35,7 +36,7 @@ def write_cycle(directory: Path, cycle: int, start: float, end: float | None) ->
 
 
 def journal_without_launcher(directory: Path) -> list[dict]:
-    records = story()
+    records = crash_and_restart_records()
     directory.mkdir()
     for name, recs in by_file([r for r in records if r["rank"] is not None]).items():
         (directory / name).write_bytes(b"".join(schema.encode(r) for r in recs))
@@ -63,7 +64,7 @@ def test_cycles_give_the_restart_its_detect_and_rendezvous_phases(tmp_path):
     live = Live(Engine(), JournalTail(tmp_path / "journal"), cycles=reader)
     restart = injob_restart(live)
     assert RestartPhase.DETECT not in bare.phases and RestartPhase.RENDEZVOUS not in bare.phases
-    fault = min(r["mono"] for r in story() if r["type"] == "fault_injected")
+    fault = min(r["mono"] for r in crash_and_restart_records() if r["type"] == "fault_injected")
     assert restart.phases[RestartPhase.DETECT] == pytest.approx(at["launcher_failure_detected"] - OFFSET - fault)
     assert restart.phases[RestartPhase.RENDEZVOUS] == pytest.approx(
         at["launcher_rendezvous_done"] - at["launcher_failure_detected"])

@@ -3,7 +3,6 @@ and an in-process exception): what /metrics says, checked against the journal's 
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import time
@@ -13,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from needs import tool
 from nvrx_slo.contracts import schema
 from sidecar_process import SidecarProcess, counters, value
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx]
 
 
 def read_journal(directory: Path) -> list[dict]:
@@ -120,10 +120,9 @@ def test_efficiency_and_badput_split_agree_with_the_journal(facts, scraped):
         assert seconds["restart"] > 0 and seconds["checkpoint_restore"] > 0
 
 
+@pytest.mark.external
 def test_promtool_accepts_the_demo_scrape(scraped):
-    if shutil.which("promtool") is None:
-        pytest.skip("promtool (Debian prometheus) not installed")
-    lint = subprocess.run(["promtool", "check", "metrics"], input=scraped[1], capture_output=True, timeout=60)
+    lint = subprocess.run([tool("promtool"), "check", "metrics"], input=scraped[1], capture_output=True, timeout=60)
     assert lint.returncode == 0 and lint.stdout + lint.stderr == b"", lint.stdout + lint.stderr
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from journal_fixtures import step
+from journal_fixtures import by_file, step, write_clean
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter.server import Server
 from servers import burst
-from sidecar_process import SidecarProcess
-from test_sidecar_bad_input import ACCOUNTING, by_file, scrape_in_process, story, write_clean
+from sidecar_process import ACCOUNTING, SidecarProcess, scrape_in_process
+from stories import crash_and_restart_records
 
 IDENTITY = ("pod", "namespace", "job_name")
 
@@ -52,7 +52,8 @@ def write_with(directory: Path, extra: dict[str, list[bytes]]) -> None:
     """The clean journal, with ``extra`` lines inserted a third of the way into the named files
     (a file name not in the journal is a new file holding only those lines)."""
     directory.mkdir()
-    files = {name: [schema.encode(r) for r in records] for name, records in by_file(story()).items()}
+    files = {name: [schema.encode(r) for r in records]
+             for name, records in by_file(crash_and_restart_records()).items()}
     for name, lines in extra.items():
         body = files.setdefault(name, [])
         at = len(body) // 3
@@ -62,7 +63,7 @@ def write_with(directory: Path, extra: dict[str, list[bytes]]) -> None:
 
 
 def rank0_file() -> tuple[str, dict]:
-    name, records = next((n, rs) for n, rs in by_file(story()).items() if ".rank-0." in n)
+    name, records = next((n, rs) for n, rs in by_file(crash_and_restart_records()).items() if ".rank-0." in n)
     return name, records[len(records) // 3]
 
 
@@ -103,8 +104,8 @@ def test_a_state_file_holding_absurd_numbers_means_a_rebuild_not_a_crash(tmp_pat
 
 def test_absurd_but_schema_valid_times_are_rejected_as_implausible(tmp_path):
     name, near = rank0_file()
-    step = next(r for r in story() if r["type"] == "step" and r["rank"] == 0 and r["step"] == 10)
-    save = next(r for r in story() if r["type"] == "checkpoint_scheduled" and r["rank"] == 0)
+    step = next(r for r in crash_and_restart_records() if r["type"] == "step" and r["rank"] == 0 and r["step"] == 10)
+    save = next(r for r in crash_and_restart_records() if r["type"] == "checkpoint_scheduled" and r["rank"] == 0)
     future = time.monotonic() + 8000  # the sidecar's clock is this machine's: 8000 s ahead of it
     forged = [
         {**step, "mono": future, "start": future - 0.5},  # from the future: would stretch every rank's wall
@@ -245,7 +246,7 @@ def test_journal_strings_reach_the_text_report_and_the_log_escaped(tmp_path):
     evil = "\x1b[2J\x1b[31m\x07\nFORGED 2026-01-01 ERROR nvrx_slo: all good\u202e"
     journal = tmp_path / "journal"
     journal.mkdir()
-    for name, records in by_file(story()).items():
+    for name, records in by_file(crash_and_restart_records()).items():
         body = b"".join(schema.encode({**r, "job": "job" + evil, "pod": "pod" + evil}) for r in records)
         (journal / name).write_bytes(body)
     (journal / f"bad{evil}.jsonl").write_bytes(b"not json\n")

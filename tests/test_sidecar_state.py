@@ -32,7 +32,7 @@ def test_corrupt_or_foreign_files_give_no_state(tmp_path, caplog):
 def test_sigkill_while_saving_leaves_the_old_or_the_new_state(tmp_path):
     """A writer saving in a loop is killed at a random instant: the file always parses whole."""
     path = tmp_path / "state.json"
-    code = ("import sys; from exporter import state_store\n"
+    code = ("import sys; from nvrx_slo.exporter import state_store\n"
             "i = 0\n"
             "while True:\n"
             "    i += 1\n"

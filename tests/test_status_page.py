@@ -8,6 +8,7 @@ import html
 
 import pytest
 
+from journal_fixtures import write_journal
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter.engine.engine import Engine
@@ -16,12 +17,13 @@ from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.views import status_page
 from nvrx_slo.exporter.views.view import View
+from pages import assert_inert
 from snapshot_fixtures import TARGETS, histogram, snapshot
-from test_report import EVIL, assert_inert, story, write_journal
+from stories import EVIL, inprocess_job
 
 
 def test_a_hostile_journal_gives_an_escaped_inert_page_with_the_right_numbers(tmp_path):
-    write_journal(story(), tmp_path)
+    write_journal(inprocess_job(), tmp_path)
     with open(tmp_path / schema.journal_file_name("pod-0", 1, 102), "ab") as f:
         f.write(b'{"v":1,"type":"checkpoint_end","ckpt":"</td></tr></table><script>alert(4)</script>"\n')
         f.write(b"\x00" * 100 + b"\n")

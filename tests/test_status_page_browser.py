@@ -7,36 +7,12 @@ the two answers must agree exactly. A screenshot lands in ``test-artifacts/``.
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 
+from journal_fixtures import write_journal
+from pages import ARTIFACTS, assert_inert, dump_dom, inventory, screenshot
 from sidecar_process import SidecarProcess
-from test_report import EVIL, assert_inert, inventory, story, write_journal
-
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-
-
-def chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Debian's headless Chromium, offline and quiet, with a throwaway profile."""
-    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={profile}", *args, url]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done
-
-
-def dump_dom(url: str, profile: Path) -> str:
-    """The DOM after Chromium parsed and laid out the page (what a person sees, not what was sent)."""
-    return chromium(url, profile, "--dump-dom").stdout
-
-
-def screenshot(url: str, path: Path, profile: Path, height: int = 900) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    chromium(url, profile, f"--screenshot={path}", f"--window-size=1366,{height}")
-    assert path.stat().st_size > 10_000  # a blank page is a few kB
+from stories import EVIL, inprocess_job
 
 
 def total(samples: dict, name: str, **labels: str) -> float:
@@ -47,6 +23,9 @@ def total(samples: dict, name: str, **labels: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.nvrx
+@pytest.mark.external
 def test_the_live_page_shows_what_metrics_says(demo_run, tmp_path):
     with SidecarProcess(demo_run.journal_dir, tmp_path / "state.json", tmp_path / "sidecar.log") as sidecar:
         sidecar.wait_ready()
@@ -83,8 +62,9 @@ def test_the_live_page_shows_what_metrics_says(demo_run, tmp_path):
         assert num[f"seconds-{category}"] > 0 and f'class="seg c-{category}"' in dom
 
 
+@pytest.mark.external
 def test_journal_strings_cannot_script_the_live_page(tmp_path):
-    write_journal(story(), tmp_path / "journal")
+    write_journal(inprocess_job(), tmp_path / "journal")
     with SidecarProcess(tmp_path / "journal", tmp_path / "state.json", tmp_path / "sidecar.log") as sidecar:
         sidecar.wait_ready()
         dom = dump_dom(f"http://127.0.0.1:{sidecar.port}/", tmp_path / "profile")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from journal_fixtures import file_name, record, step, write
+from journal_fixtures import file_name, make_unreadable, record, step, write
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.events import Event
@@ -143,20 +143,8 @@ def test_a_file_deleted_with_a_partial_line_counts_it_as_malformed(tmp_path):
     assert dict(t.rejected) == {"malformed": 2} and t.offsets == {}
 
 
-def _make_unreadable(path: Path) -> None:
-    """A journal file this process cannot read, root or not."""
-    if os.geteuid() != 0:
-        path.write_bytes(b"{}\n")
-        path.chmod(0)
-        return
-    target = Path("/sys/bus/pci/rescan")  # write-only sysfs attribute: EACCES even for root
-    if not target.exists():
-        pytest.skip("needs /sys/bus/pci/rescan (a file root cannot read) or a non-root user")
-    path.symlink_to(target)
-
-
 def test_an_unreadable_file_is_counted_once_and_the_rest_still_read(tmp_path):
-    _make_unreadable(tmp_path / file_name(5, 55))
+    make_unreadable(tmp_path / file_name(5, 55))
     write(tmp_path / file_name(), step(0, 1.0, 0))
     sink, t = Sink(), JournalTail(tmp_path)
     t.poll(sink)

@@ -21,7 +21,7 @@ from nvrx_slo.trainer.reference import checkpoint
 from nvrx_slo.trainer.reference.checkpoint import METADATA, Checkpointer, CheckpointWorkerDied
 from nvrx_slo.trainer.reference.restore import complete_checkpoints, restore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,6 +50,7 @@ def async_ckpt(tmp_path_factory):
     ckpt.close()
 
 
+@pytest.mark.nvrx
 def test_an_async_save_holds_the_state_of_when_save_returned_not_what_training_did_next(async_ckpt):
     state = {"w": torch.zeros(1000)}
     async_ckpt.save(state, step=1)
@@ -74,6 +75,7 @@ def test_an_async_save_holds_the_state_of_when_save_returned_not_what_training_d
     assert torch.equal(loaded["w"], torch.full((1000,), 100.0))
 
 
+@pytest.mark.nvrx
 def test_a_write_that_fails_in_the_background_is_journaled_as_failed_and_training_goes_on(async_ckpt):
     state = {"w": torch.ones(10)}
     async_ckpt.save(state, step=2)
@@ -88,6 +90,7 @@ def test_a_write_that_fails_in_the_background_is_journaled_as_failed_and_trainin
     assert [step for step, _ in complete_checkpoints(async_ckpt.root)] == [10, 3, 1]
 
 
+@pytest.mark.nvrx
 def test_a_dead_writer_is_journaled_and_raised_instead_of_hanging(tmp_path):
     hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal"))
     ckpt = Checkpointer(hooks, tmp_path / "ckpt", "async", slow_storage_s=5.0)
@@ -107,6 +110,7 @@ def test_a_dead_writer_is_journaled_and_raised_instead_of_hanging(tmp_path):
     assert end["type"] == "checkpoint_end" and not end["ok"] and "died" in end["error"]
 
 
+@pytest.mark.nvrx
 def test_a_writer_stuck_on_an_abandoned_save_is_replaced_within_the_bound_not_waited_for(tmp_path, monkeypatch):
     """An in-process restart abandons a save whose write hangs (storage stalled): the next
     incarnation's ``start`` waits ``ABANDONED_WAIT_S`` at most (the Wrapper's soft timeout would
@@ -177,6 +181,7 @@ def test_the_sync_baseline_blocks_for_the_whole_write(tmp_path):
     assert (tmp_path / "ckpt" / "step-000005" / METADATA).is_file()
 
 
+@pytest.mark.nvrx
 def test_closing_after_the_writer_died_raises_at_once_instead_of_waiting_for_it(tmp_path):
     hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal"))
     ckpt = Checkpointer(hooks, tmp_path / "ckpt", "async", slow_storage_s=5.0)
@@ -217,6 +222,7 @@ def test_gathering_the_state_inside_the_save_is_counted_as_its_blocking_time(asy
         assert _spans(ckpt.hooks, "step-000011")[-1]["ok"]
 
 
+@pytest.mark.nvrx
 def test_a_poll_that_finishes_a_save_is_that_saves_cost_and_its_end_is_written_after_it(async_ckpt):
     async_ckpt.save({"w": torch.ones(10)}, step=12)
     before = time.monotonic()
@@ -335,6 +341,7 @@ def _blocking(hooks: Hooks) -> dict[str, float]:
             + (p["checkpoint_end"].get("waited_s") or 0.0) for ckpt, p in parts.items()}
 
 
+@pytest.mark.nvrx
 def test_sub_millisecond_polls_add_up_to_the_blocking_the_loop_measured_within_a_millisecond_per_save(
         reference_loop):
     from nvrx_slo.contracts.catalogue import Category
@@ -360,6 +367,7 @@ def test_sub_millisecond_polls_add_up_to_the_blocking_the_loop_measured_within_a
     assert abs(rank.seconds[Category.CHECKPOINT_BLOCKING] - sum(truth.values())) < 0.001 * len(truth)
 
 
+@pytest.mark.nvrx
 def test_the_first_save_after_a_start_blocks_no_longer_than_the_steady_ones(reference_loop):
     """``start`` early and ``ready(state)`` at the end of initialisation, as the reference job does:
     the writer's start-up, its first job and the first plan and staging are paid before the loop.

@@ -12,6 +12,8 @@ import pytest
 from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.reference.checkpoint import METADATA
 
+pytestmark = pytest.mark.torch
+
 
 def _nvrx_slo(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nvrx_slo", *args], capture_output=True, text=True,
@@ -24,8 +26,8 @@ def _nvrx_slo(*args: str, env: dict | None = None, timeout: float = 120) -> subp
     (["train", "--checkpoint-dir", "x", "--steps", "-1"], "--steps must be >= 0"),
     (["train", "--checkpoint-dir", "x", "--checkpoint-mode", "later"], "--checkpoint-mode: invalid choice"),
     (["demo", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["ft-launcher", "--no-such-flag", "--nproc-per-node", "2", "-m", "nvrx_slo", "train"],
-     "nvrx-slo ft-launcher: error: unrecognized arguments: --no-such-flag"),
+    pytest.param(["ft-launcher", "--no-such-flag", "--nproc-per-node", "2", "-m", "nvrx_slo", "train"],
+                 "nvrx-slo ft-launcher: error: unrecognized arguments: --no-such-flag", marks=pytest.mark.nvrx),
 ])
 @pytest.mark.slow
 def test_a_wrong_flag_is_named_and_exits_2(args, message):
@@ -45,6 +47,7 @@ def tiny_tmpfs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.nvrx
 def test_training_finishes_when_the_journal_is_unwritable_or_full(tmp_path, tiny_tmpfs):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

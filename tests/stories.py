@@ -1,12 +1,14 @@
-"""Hand-built pod journals, one per story the engine must tell right. Times are journal mono seconds.
+"""Hand-built pod journals, one per story a test tells the exporter. Times are journal mono seconds.
 
-Each function returns the ``Pod`` (its ``records`` in write order); the tests state what the
-engine must make of it.
+Each function returns the ``Pod`` (its ``records`` in write order), or its records; the tests state
+what the engine, the sidecar or a report must make of it. ``journal_fixtures`` writes them to disk.
 """
 
 from __future__ import annotations
 
 from journal_builder import Pod, Proc
+
+EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'  # in every string a page shows
 
 
 def _steps(procs: list[Proc], first: int, last: int, t: float, length: float = 1.0, data_s: float = 0.0) -> float:
@@ -204,3 +206,97 @@ def survivor_of_another_pods_fault() -> Pod:
     new.end(9.5)
     launcher.ev("launcher_exit", 10.0, code=0)
     return pod
+
+
+def inprocess_job(ranks: int = 2, steps: int = 60, ckpt_every: int = 20, fault_after: int = 50,
+          dt: float = 0.1, world_size: int = 2, eval_s: float = 0.0) -> Pod:
+    """Each rank trains ``steps`` steps, saving every ``ckpt_every``; after step ``fault_after``
+    an exception triggers an in-process restart that resumes from the last save; with ``eval_s``,
+    each rank evaluates that long after its last step (a user span). One launcher."""
+    pod = Pod()
+    t0 = 1000.0
+    launcher = pod.launcher(t0 - 1.0)
+    end_times = []
+    for rank in range(ranks):
+        p = pod.proc(rank)
+        p.start(t0, world_size=world_size)
+        p.restore(None, t0 + 0.2, t0 + 0.5)
+        t, n, saved, faulted = t0 + 0.5, 1, 0, False
+        pending = None  # (observed, proc) of a save whose end is still to be written
+        while n <= steps:
+            p.step(n, t, t + dt * 0.9, data_s=0.005)
+            t += dt
+            if pending is not None and pending <= t:
+                p.save_end()
+                pending = None
+            if n % ckpt_every == 0:
+                p.save(n, t, t + 0.02, t + 0.3, t + 0.31)
+                pending, saved, t = t + 0.31, n, t + 0.02
+            if n == fault_after and not faulted:
+                if pending is not None:  # the write lands before the fault
+                    t = max(t, pending)
+                    p.save_end()
+                    pending = None
+                faulted = True
+                p.ev("inprocess_abort", t + 0.2)
+                p.ev("inprocess_finalize", t + 0.6, cause=f"RuntimeError: injected {EVIL}")
+                p.ev("inprocess_rank_assignment", t + 0.8, cause=f"RuntimeError: injected {EVIL}")
+                p.iter = 1
+                p.ev("inprocess_initialize", t + 1.0)
+                p.restore(saved, t + 1.05, t + 1.3)
+                t, n = t + 1.3, saved
+            n += 1
+        if pending is not None:
+            p.save_end()
+            t = max(t, pending)
+        if eval_s:
+            p.ev("user_span", t + eval_s, name="eval", start=t)
+            t += eval_s
+        p.end(t + 0.1)
+        end_times.append(t + 0.1)
+    launcher.ev("launcher_exit", max(end_times) + 0.2, code=0)
+    return pod
+
+
+def crash_and_restart_records() -> list[dict]:
+    """Two ranks: steps, an async save, a crash, an in-job restart from the save, a clean end."""
+    pod = Pod()
+    launcher = pod.launcher(0.0)
+    launcher.ev("launcher_worker_start", 0.1)
+    procs = [pod.proc(r) for r in (0, 1)]
+    for p in procs:
+        p.start(1.0)
+        p.restore(None, 1.1, 1.5)
+    t = 1.5
+    for step in range(1, 31):
+        for p in procs:
+            p.step(step, t, t + 0.5, data_s=0.05)
+        t += 0.5
+        if step == 20:
+            for p in procs:
+                p.save(step, t, t + 0.05, t + 1.0, t + 1.2)
+            t += 0.05
+        if step == 23:
+            for p in procs:
+                p.save_end()
+    for p in procs:
+        p.ev("fault_injected", t + 0.1, kind="crash", step=30)
+    launcher.ev("launcher_failure_detected", t + 0.6)
+    launcher.ev("launcher_workers_terminated", t + 0.9)
+    launcher.ev("launcher_rendezvous_start", t + 1.0)
+    launcher.ev("launcher_rendezvous_done", t + 1.5)
+    launcher.ev("launcher_worker_start", t + 1.6)
+    procs = [pod.proc(r, restart=1) for r in (0, 1)]
+    t += 2.0
+    for p in procs:
+        p.start(t)
+        p.restore(20, t + 0.1, t + 0.6)
+    t += 0.6
+    for step in range(21, 41):
+        for p in procs:
+            p.step(step, t, t + 0.5)
+        t += 0.5
+    for p in procs:
+        p.end(t + 0.1)
+    launcher.ev("launcher_exit", t + 0.5, code=0)
+    return pod.records
