@@ -70,8 +70,12 @@ class _Sidecar:
         raise RuntimeError(f"the sidecar did not start; see {self.log_path}")
 
     def events_read(self) -> float:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+        """Journal records it has read so far: 0 while it cannot say (not ready: a 503; or gone)."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:  # URLError, HTTPError, a timeout
+            return 0.0
         match = re.search(r"^nvrx_exporter_events_total(?:\{[^}]*\})? (\S+)$", text, re.M)
         return float(match.group(1)) if match else 0.0
 
@@ -116,6 +120,20 @@ def _replayed(journal_dir: Path, at: tuple[float, float], reorder_window_s: floa
     return replay.view(at).snapshot
 
 
+def _stop_all(sidecars: dict[Path, _Sidecar]) -> dict[Path, str | None]:
+    """Stop every sidecar, whatever the job did; each one's report, or None where it wrote none
+    (said on stderr): one that cannot report never leaves the next one running."""
+    reports: dict[Path, str | None] = {}
+    for journal_dir, sidecar in sidecars.items():
+        records = len(job.read_journal(journal_dir)) if journal_dir.exists() else 0
+        try:
+            reports[journal_dir] = sidecar.stop(records)
+        except RuntimeError as exc:
+            print(f"nvrx-slo demo: {exc}", file=sys.stderr)
+            reports[journal_dir] = None
+    return reports
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -147,12 +165,6 @@ def main(argv: list[str], targets: Targets) -> int:
                         help="each sidecar's reorder window: how long records wait to be accounted, so how "
                              "late settled numbers reach Prometheus (default: %(default)s)")
     args = parser.parse_args(argv)
-    device = job.demo_device(job.visible_gpus()) if args.pods == 1 else job.CPU  # one GPU per rank
-    faults = device.faults if args.node_loss is None else ()
-    args.steps = device.steps if args.steps is None else args.steps
-    last = max(f.step for f in faults) if faults else LOSS_STEP
-    if args.steps <= last:
-        parser.error(f"--steps must be above {last}, the step of the last injected fault")
     if args.node_loss is not None and not 0 < args.node_loss < args.pods:
         parser.error(f"--node-loss must name a pod from 1 to --pods - 1 (pod 0 hosts the rendezvous), "
                      f"not {args.node_loss}")
@@ -162,7 +174,12 @@ def main(argv: list[str], targets: Targets) -> int:
         parser.error(f"--final-scrape-timeout must be from 0 to 60 seconds, not {args.final_scrape_timeout:g}")
     if not 0 <= args.reorder_window <= 60:
         parser.error(f"--reorder-window must be from 0 to 60 seconds, not {args.reorder_window:g}")
-
+    device = job.demo_device(job.visible_gpus()) if args.pods == 1 else job.CPU  # one GPU per rank
+    faults = device.faults if args.node_loss is None else ()
+    args.steps = device.steps if args.steps is None else args.steps
+    last = max(f.step for f in faults) if faults else LOSS_STEP
+    if args.steps <= last:
+        parser.error(f"--steps must be above {last}, the step of the last injected fault")
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     pods = args.pods
@@ -200,9 +217,11 @@ def main(argv: list[str], targets: Targets) -> int:
                                   checkpoint_every=device.checkpoint_every, timeout_s=device.timeout_s,
                                   extra_args=() if loss is None else ("--collective-timeout", "5"))
     finally:
-        records = {d: job.read_journal(d) if d.exists() else [] for d in sidecars}
-        slo_reports = {d: sidecar.stop(len(records[d])) for d, sidecar in sidecars.items() if d not in lost_at}
+        slo_reports = _stop_all({d: sidecar for d, sidecar in sidecars.items() if d not in lost_at})
     print()
+    if None in slo_reports.values():  # a job that failed before its sidecars could account it
+        print(f"the job failed (exit code {result.returncode}); see {result.log_path}", file=sys.stderr)
+        return result.returncode or 1
     if pods == 1:
         (journal_dir,) = sidecars
         print(slo_reports[journal_dir], end="")

@@ -140,9 +140,9 @@ def test_each_fault_is_one_restart_of_the_job_with_the_latency_the_raw_records_g
     (["--pods", "2", "--node-loss", "0"], "--node-loss", "pod 0 hosts the rendezvous"),
     (["--pods", "2", "--node-loss", "2"], "--node-loss", "from 1 to --pods - 1"),
     (["--pods", "2", "--node-loss", "1", "--replace-after", "-1"], "--replace-after", "not be negative"),
-    # one pod: the demo asks torch how many GPUs it may use before it checks these two
-    pytest.param(["--final-scrape-timeout", "-1"], "--final-scrape-timeout", "from 0 to 60", marks=pytest.mark.torch),
-    pytest.param(["--reorder-window", "61"], "--reorder-window", "from 0 to 60", marks=pytest.mark.torch),
+    # one pod: refused before the demo asks torch how many GPUs it may use
+    (["--final-scrape-timeout", "-1"], "--final-scrape-timeout", "from 0 to 60"),
+    (["--reorder-window", "61"], "--reorder-window", "from 0 to 60"),
 ])
 def test_a_wrong_flag_is_refused_naming_the_flag(args, flag, why):
     proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", *args], capture_output=True, text=True,
@@ -306,3 +306,38 @@ def test_the_node_loss_reports_list_the_saves_ranks_and_pods_the_journals_show(n
     assert {pod: (state, worker) for _, pod, state, worker in ranks} == {
         "pod-0": ("ended", "stopped"), "pod-1": ("lost", "lost"), "pod-1-replacement": ("ended", "stopped")}
     assert ">rank 1 · pod-1 (lost)<" in document and ">rank 1 · pod-1-replacement<" in document
+
+
+_REFUSE_TORCH = """import sys
+
+class _Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
+
+sys.meta_path.insert(0, _Refuse())
+"""
+
+
+def test_a_job_that_fails_before_its_first_record_stops_every_sidecar_and_says_so(tmp_path):
+    """Every launcher fails at once (torch refused in every process the demo starts): no journal is
+    ever written, so each sidecar is still unready (its /metrics answers 503) when the demo stops
+    them. Each is stopped all the same (one that answered 503 once left every sidecar running), and
+    the demo exits non-zero naming the failure and where to look."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_REFUSE_TORCH)
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    proc = subprocess.run([sys.executable, "-m", "nvrx_slo", "demo", "--pods", "2", "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0 and "the job failed" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert f"see {run_dir / 'demo.log'}" in proc.stderr
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run_dir).encode() in cmdline.read_bytes():
+                left.append(cmdline.parent.name)
+        except OSError:  # gone meanwhile
+            pass
+    assert not left, f"processes of the run still running: {left}"
