@@ -16,9 +16,13 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 PY=.venv/bin/python
 tag=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')
+# Every file with a test marked nvrx and not external (tests/test_compat_list.py holds this list to
+# that), the whole file; the external ones (Prometheus, Chromium) check what the sidecar renders,
+# which no NVRx release reaches, except the deploy flags that ft_launcher's own parser must accept.
 tests=(tests/test_nvrx_compat.py tests/test_hooks_inprocess.py tests/test_hooks_checkpoint.py tests/test_trainer_checkpoint.py
        tests/test_trainer_cli.py tests/test_reference_job.py tests/test_demo_command.py
-       tests/test_sidecar_demo.py tests/test_demo_pods.py
+       tests/test_sidecar_demo.py tests/test_demo_pods.py tests/test_launcher_edges.py tests/test_fault_dating.py
+       tests/test_gpu_check.py tests/test_cli.py
        "tests/test_deploy_images.py::test_every_trainer_flag_is_one_its_parser_accepts")
 versions=("$@")
 [ $# -gt 0 ] || versions=(0.4.1 0.5.0 0.6.0)
