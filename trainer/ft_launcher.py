@@ -231,8 +231,19 @@ def _int(value: Any) -> int | None:
         return None
 
 
+# NVRx 0.5's launcher sets up NVIDIA's own training telemetry (nv_one_logger) as it loads and, with
+# no exporter asked for (NVRX_TELEMETRY_EXPORTER), warns on stderr that it will collect nothing:
+# about NVRx's telemetry, not this job, on every start. That one message only.
+_TELEMETRY_LOGGER = "nv_one_logger.training_telemetry.api.training_telemetry_provider"
+
+
+def _not_the_no_exporter_warning(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("No exporters were provided")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    logging.getLogger(_TELEMETRY_LOGGER).addFilter(_not_the_no_exporter_warning)
     launcher = nvrx_compat.launcher()
     if launcher is None:
         print("nvrx-slo ft-launcher: nvidia-resiliency-ext is not installed", file=sys.stderr)
