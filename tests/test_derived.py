@@ -1,8 +1,11 @@
 """Derived signals: the formulas, checked against hand-computed values."""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 
 from nvrx_slo.exporter.engine import derived
 
@@ -51,3 +54,20 @@ def test_skew_is_each_ranks_mean_over_the_median():
     assert derived.skew_ratios({0: 1.0, 1: 1.0, 2: 2.0, 3: 1.0}) == {0: 1.0, 1: 1.0, 2: 2.0, 3: 1.0}
     assert derived.skew_ratios({}) == {}
     assert derived.skew_ratios({0: 0.0}) == {}
+
+
+def test_the_rules_young_daly_and_ettr_are_these_formulas():
+    """The job-level signals are recorded in PromQL (``alerts/signals.py``) and computed here in
+    Python for the report: the values the promtool suite holds the rules to (run by
+    tests/test_alerts_promtool.py) are these functions' values on that suite's own measured inputs."""
+    suite = yaml.safe_load((Path(__file__).parent / "promtool" / "default" / "signals.yaml").read_text())
+    expected = {}
+    for case in suite["tests"][0]["promql_expr_test"]:
+        match = re.fullmatch(r"round\((?:(\d+) \* )?namespace_job_name:nvrx_(\w+):mean30d\)", case["expr"])
+        if match and case["eval_time"] == "62m":
+            expected[match.group(2)] = case["exp_samples"][0]["value"] / int(match.group(1) or 1)
+    cost = expected["checkpoint_blocking_seconds_per_save"]
+    mtbf, interval = expected["mtbf_seconds"], expected["checkpoint_interval_seconds"]
+    restart = expected["restart_seconds_per_restart"]
+    assert round(100 * derived.young_daly_interval(cost, mtbf)) / 100 == expected["checkpoint_interval_optimal_seconds"]
+    assert round(10000 * derived.ettr(interval, cost, restart, mtbf)) / 10000 == expected["efficiency_predicted"]
