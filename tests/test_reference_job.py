@@ -56,9 +56,24 @@ def test_each_checkpoint_is_start_scheduled_end_with_a_background_write_stamped_
         assert scheduled["bytes"] > 1_000_000  # this rank's half of ~8 MB of model + optimizer state
         assert scheduled["mono"] < end["written"] <= end["mono"]  # stamped when the write finished
         assert 0 < end["waited_s"] < end["mono"] - scheduled["mono"]  # at least the poll that finalized it
-    # every wait is carried by the next record the loop wrote, and adds up to the saves' share
-    carried = sum(r.get("blocked_s", 0.0) for r in records if r["rank"] is not None)
-    assert carried == pytest.approx(sum(s[-1]["waited_s"] for s in spans.values() if "waited_s" in s[-1]), rel=0.01)
+    # every wait is carried by the next record the loop wrote, and adds up to the saves' shares in
+    # each process that ended every save it started; one killed with a save in flight (the crash at
+    # step 24 can come before step 19's save finalized) carried waits that save never journaled
+    carried, shares, unended = defaultdict(float), defaultdict(float), defaultdict(set)
+    for r in records:
+        if r["rank"] is not None:
+            carried[r["pid"]] += r.get("blocked_s", 0.0)
+    for (pid, _, ckpt), span in spans.items():
+        shares[pid] += span[-1].get("waited_s", 0.0)
+        if span[-1]["type"] != "checkpoint_end":
+            unended[pid].add(ckpt)
+    whole = [pid for pid in carried if not unended[pid]]
+    assert len(whole) >= 2  # at least the restarted incarnation of each rank, which ran to the end
+    for pid in carried:
+        if pid in whole:
+            assert carried[pid] == pytest.approx(shares[pid], rel=0.01, abs=1e-5), pid
+        else:
+            assert carried[pid] >= shares[pid] - 1e-5, pid
     # a checkpoint is complete on disk exactly when every rank journaled it ok
     ok_steps = {s[-1]["step"] for s in completed}
     assert ok_steps >= {9, 19, 29, 39, 49}
