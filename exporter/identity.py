@@ -7,7 +7,7 @@ field          env (Downward API ``fieldRef``)       else
 ============== ===================================== =============================================
 namespace      ``POD_NAMESPACE``                     the service account's ``namespace`` file
 pod            ``POD_NAME``                          ``HOSTNAME`` (Kubernetes sets it to the pod
-                                                     name), then the host name — as the trainer does
+                                                     name), then the host name (``pod_env``)
 node           ``NODE_NAME``                         ""
 job_name       ``NVRX_SLO_JOB`` (shared with the     label ``batch.kubernetes.io/job-name`` (or
                trainer)                              ``job-name``) in ``<podinfo>/labels``
@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from nvrx_slo.contracts import pod_env
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
@@ -89,9 +90,9 @@ def from_environment(env: Mapping[str, str] | None = None, podinfo_dir: Path | N
 
     return Identity(
         namespace=env.get("POD_NAMESPACE") or _read(service_account_namespace),
-        pod=env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname(),
-        node=env.get("NODE_NAME", ""),
-        job_name=env.get("NVRX_SLO_JOB") or label(JOB_NAME_LABELS),
+        pod=pod_env.pod(env),
+        node=pod_env.node(env),
+        job_name=pod_env.job(env) or label(JOB_NAME_LABELS),
         replica_index=_index(env.get("JOB_COMPLETION_INDEX", "")) if env.get("JOB_COMPLETION_INDEX")
         else _index(label(COMPLETION_INDEX_LABELS)),
     )

@@ -23,6 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from nvrx_slo.contracts import pod_env
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine import job as job_view
@@ -50,7 +51,7 @@ class _Sidecar:
         self.log_path = run_dir / "sidecar.log"
         self.final_scrape_s = final_scrape_s
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-        env.update({"NVRX_SLO_JOB": job.JOB_NAME, **({"POD_NAME": pod} if pod else {})})  # the Downward API's
+        env.update({pod_env.JOB: job.JOB_NAME, **({pod_env.POD: pod} if pod else {})})  # the Downward API's
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir), "--host", "127.0.0.1",

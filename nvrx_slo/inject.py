@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from nvrx_slo import generated
+from nvrx_slo.contracts import pod_env
 
 Obj = dict[str, Any]
 
@@ -145,7 +146,7 @@ def _downward(name: str, field_path: str) -> Obj:
 
 def parts_for(spec: Obj, controller: Controller, image: str) -> Parts:
     sidecar = {**copy.deepcopy(spec["sidecar"]), "image": image}
-    job = _downward("NVRX_SLO_JOB", controller.job_name)
+    job = _downward(pod_env.JOB, controller.job_name)
     sidecar["env"] += [job, _downward("JOB_COMPLETION_INDEX", controller.pod_index)]
     trainer = copy.deepcopy(spec["trainer"])
     return Parts(labels=dict(spec["labels"]), grace_s=spec["terminationGracePeriodSeconds"], sidecar=sidecar,

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+
+import pytest
+
 from nvrx_slo.exporter.identity import from_environment, parse_labels_file
+from nvrx_slo.trainer.journal import Identity
 
 
 def test_env_gives_every_field(tmp_path):
@@ -36,3 +41,16 @@ def test_outside_kubernetes_only_the_pod_is_known(tmp_path):
 
 def test_labels_file_values_are_go_quoted():
     assert parse_labels_file('a="x \\"y\\""\nb=plain\nnot a label\n') == {"a": 'x "y"', "b": "plain"}
+
+
+@pytest.mark.parametrize("env", [
+    {"POD_NAME": "llm-0-abcde", "NODE_NAME": "gpu-7", "NVRX_SLO_JOB": "llm", "HOSTNAME": "ignored"},
+    {"HOSTNAME": "llm-run-7-12-xyz", "NODE_NAME": "gpu-3"},
+    {},
+], ids=["downward-api", "hostname-only", "outside-kubernetes"])
+def test_the_trainer_and_the_sidecar_name_the_same_pod_node_and_job(tmp_path, env):
+    """The engine joins the journal's records to the sidecar's series by these three strings."""
+    sidecar = from_environment(env, None, service_account_namespace=tmp_path / "missing")
+    trainer = Identity.from_env(env)
+    assert (trainer.pod, trainer.node, trainer.job) == (sidecar.pod, sidecar.node, sidecar.job_name)
+    assert trainer.pod == (env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname())

@@ -22,12 +22,12 @@ import yaml
 import crd_schema
 from deploy_model import K8S_VERSIONS, OVERLAYS, ROOT, SIDECAR
 from nvrx_slo import inject
-from nvrx_slo.contracts import schema
+from nvrx_slo.contracts import pod_env, schema
 
 MANIFESTS = ROOT / "tests" / "manifests"
 CASES = ("aws-indexed-job.yaml", "pytorchjob.yaml", "jobset.yaml")
 OUR_VOLUMES = {"journal", "sidecar-state", "sidecar-api-token"}
-OUR_TRAINER_ENV = {schema.JOURNAL_DIR_ENV, "POD_NAME", "NODE_NAME", "NVRX_SLO_JOB"}
+OUR_TRAINER_ENV = {schema.JOURNAL_DIR_ENV, pod_env.POD, pod_env.NODE, pod_env.JOB}
 GRACE_S = 45  # the pod's grace period inject raises a shorter one to
 MONITOR_LABEL = ("nvrx-slo/monitor", "true")  # what deploy/base/podmonitor.yaml selects
 JOB_NAME_FIELD = {  # how each controller's pods learn their job's name (the controllers' documented labels)

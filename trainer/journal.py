@@ -21,7 +21,6 @@ import dataclasses
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
-from nvrx_slo.contracts import schema
+from nvrx_slo.contracts import pod_env, schema
 from nvrx_slo.contracts.schema import EventType
 
 log = logging.getLogger("nvrx_slo.journal")
@@ -97,11 +96,10 @@ class Identity:
         ``launcher=True`` is the ft_launcher process itself: it has no rank.
         """
         env = os.environ if env is None else env
-        pod = env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname()
         return cls(
-            job=env.get("NVRX_SLO_JOB", ""),
-            pod=pod,
-            node=env.get("NODE_NAME", ""),
+            job=pod_env.job(env),
+            pod=pod_env.pod(env),
+            node=pod_env.node(env),
             rank=None if launcher else (int_env(env, "RANK") or 0),
             local_rank=None if launcher else (int_env(env, "LOCAL_RANK") or 0),
             pid=os.getpid(),

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nvrx_slo.contracts import schema
+from nvrx_slo.contracts import pod_env, schema
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer.reference.faults import Fault
 
@@ -217,9 +217,9 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
         def launch(i: int, name: str, journal_dir: Path) -> subprocess.Popen[bytes]:
             # GROUP_RANK: the pod's node index. NVRx 0.5 refuses to rendezvous without an
             # infrastructure rank (GROUP_RANK or SLURM_PROCID); 0.4.1 ignores it, 0.6+ assigns ranks by it.
-            env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), "NVRX_SLO_JOB": JOB_NAME,
+            env = {**os.environ, schema.JOURNAL_DIR_ENV: str(journal_dir), pod_env.JOB: JOB_NAME,
                    "GROUP_RANK": str(i), "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
-                   **device.env, **({} if pods == 1 else {"POD_NAME": name}), **(extra_env or {})}
+                   **device.env, **({} if pods == 1 else {pod_env.POD: name}), **(extra_env or {})}
             return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
         procs = {"pod-0": launch(0, "pod-0", pod_journals[0])}

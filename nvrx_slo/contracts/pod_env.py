@@ -1,0 +1,31 @@
+"""Where a pod's processes read which job, pod and node they belong to.
+
+The trainer stamps these on every journal record and the sidecar on its series; the engine joins
+the two by them, so both read them here, and ``nvrx-slo inject`` and the demo set them by these
+names. In Kubernetes the Downward API sets ``POD_NAME`` and ``NODE_NAME``; ``nvrx-slo inject``
+sets ``NVRX_SLO_JOB`` from the controller's job-name label.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+
+JOB = "NVRX_SLO_JOB"
+POD = "POD_NAME"
+NODE = "NODE_NAME"
+
+
+def job(env: Mapping[str, str]) -> str:
+    """The job's name, "" where nothing set it."""
+    return env.get(JOB, "")
+
+
+def pod(env: Mapping[str, str]) -> str:
+    """The pod's name: ``HOSTNAME`` is the pod name in Kubernetes too; outside it, the host's name."""
+    return env.get(POD) or env.get("HOSTNAME") or socket.gethostname()
+
+
+def node(env: Mapping[str, str]) -> str:
+    """The node's name, "" outside Kubernetes."""
+    return env.get(NODE, "")
