@@ -137,9 +137,13 @@ def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run)
     """Both count the lost rank absent from the loss until the replacement pod runs it, from its
     launcher's start (the rules count a pod Prometheus first scraped later from its origin), so the
     replacement's start-up is its rank's init, not absent as well. Ground truth: the raw journals'
-    instants (the lost pod's last record, the replacement launcher's). Prometheus rounds each end
-    of an absent stretch to its 1 s evaluations; the upper bound also leaves each joining
-    launcher's time to its next record (its start record is written after its imports)."""
+    instants (the lost pod's last record, the replacement launcher's), counted at the evaluations
+    that recorded absent ranks, as the rules sample them (each end of a stretch rounded to the 1 s
+    evaluations). An evaluation before any pod has said the job's world size records none: its
+    ranks still starting more than a shortest window (10 s here) after the first launcher, the
+    other pods' few seconds of joining went unrecorded once on a clean clone (9 rank-s recorded
+    against the report's 12.02). The upper bound also leaves each joining launcher's time to its
+    next record (its start record is written after its imports)."""
     assert run["returncode"] == 0, run["stderr"][-3000:]
     report = run["stdout"].split("nvrx-slo SLO report — ")[1]
     absent = float(re.search(r"^  absent \(no pod ran the rank\)\s+([\d.]+) s", report, re.M).group(1))
@@ -153,10 +157,15 @@ def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run)
     # the evaluations at which the job's world size exceeded the ranks its pods ran, 1 s each
     (recorded,) = _query(run["prometheus"], f"sum_over_time({ABSENT_RANKS}[1h])")
     seconds = float(recorded["value"][1])
-    # a poll, a scrape (1 s) and an evaluation (1 s) at the loss and at each launcher
-    assert absent - 3.0 <= seconds <= absent + unread + 3.0, (seconds, absent, unread)
+    (samples,) = _query(run["prometheus"], f"{ABSENT_RANKS}[1h]")
+    base, interval = run["spec"].plan().base, run["spec"].evaluation_interval
+    rounded = absent + _absent_rounding(run["run_dir"], [float(t) for t, _ in samples["values"]], base, interval)
+    print(f"\n{run['pods']} pods: absent {seconds:.0f} rank-s recorded, {absent:.2f} in the report, {rounded:.2f}"
+          f" with each stretch's ends rounded to the evaluations; {unread:.2f} s unread")
+    # a scrape (1 s) and the demo's poll of the lost pod's journal (0.2 s) either way at the loss;
+    # early by the launchers' time to their next record
+    assert rounded - interval - 0.5 <= seconds <= rounded + unread + interval + 0.5, (seconds, rounded, absent, unread)
     assert seconds >= 8.0  # the replacement came 8 s after the loss
-    base = run["spec"].plan().base
     world = _query(run["prometheus"], f'max_over_time({sli_total_record(base)}{{slo="efficiency"}}[1h])')
     assert [float(w["value"][1]) for w in world] == [run["pods"]]  # the job's world size, not its live ranks
 
