@@ -125,13 +125,14 @@ def _ran_ranks(hold: int) -> str:
     a finished pod says it runs none). By then every pod that ran is scraped: a pod first scraped
     since (Prometheus discovers a target seconds after it starts; even one gone again) ran from its
     origin (``nvrx_job_start_timestamp_seconds``), whose time its own counters hold, so no second
-    is both absent and its ranks' init. Before the job's first scrape its world is the one its
+    is both absent and its ranks' init; with the most ranks it was seen running since, not its
+    newest count (a pod that has finished since says it runs none). Before the job's first scrape its world is the one its
     pods say now, once its first pod had started (``_absent_ranks``)."""
     ago = duration.format(hold)
     on_pod = f"on ({', '.join(cat.IDENTITY_LABELS)})"
     ran = {"scraped": f"{cat.POD_RANKS.name} offset {ago}"
                       f" and {on_pod} last_over_time({cat.POD_RANKS.name}[{ago}])",
-           "started": f"last_over_time({cat.POD_RANKS.name}[{ago}])"
+           "started": f"max_over_time({cat.POD_RANKS.name}[{ago}])"
                       f" and {on_pod} (last_over_time({cat.JOB_START_TIMESTAMP.name}[{ago}]) <= time() - {hold})"
                       f" unless {on_pod} {cat.POD_RANKS.name} offset {ago}"}
     return _added(ran)
