@@ -126,8 +126,8 @@ def _ran_ranks(hold: int) -> str:
     since (Prometheus discovers a target seconds after it starts; even one gone again) ran from its
     origin (``nvrx_job_start_timestamp_seconds``), whose time its own counters hold, so no second
     is both absent and its ranks' init; with the most ranks it was seen running since, not its
-    newest count (a pod that has finished since says it runs none). Before the job's first scrape its world is the one its
-    pods say now, once its first pod had started (``_absent_ranks``)."""
+    newest count (a pod that has finished since says it runs none). Before the job's first scrape
+    its world is the one its pods say now, once its first pod had started (``_absent_ranks``)."""
     ago = duration.format(hold)
     on_pod = f"on ({', '.join(cat.IDENTITY_LABELS)})"
     ran = {"scraped": f"{cat.POD_RANKS.name} offset {ago}"
