@@ -110,6 +110,15 @@ def _vanished(metric: str, hold: int, interval: int) -> str:
             f"  unless last_over_time({metric}[{duration.format(hold)}]))")
 
 
+def _target_sum(selector: str, interval: int) -> str:
+    """Each target's sum of ``selector``'s newest samples within two evaluations: a finished pod's
+    final scrapes are fresh for less than an evaluation interval at the deploy defaults (two 15 s
+    scrapes, 1 m evaluations), and an instant selector stops at the staleness marker its sidecar's
+    exit leaves, losing the job's last settlement; a range selector skips the marker. Two intervals,
+    not one: a sample stamped just before an evaluation may be stored just after it."""
+    return f"sum without ({cat.RANK_LABEL}, category) (last_over_time({selector}[{duration.format(2 * interval)}]))"
+
+
 def _increase(record: str, interval: int) -> str:
     """The job's sum of each target's increase of ``record`` since the evaluation ``interval`` ago:
     its value then (up to 5m back, across a failed scrape) is its base. A target's sum, not each
@@ -169,7 +178,7 @@ def _efficiency(plan: Plan) -> Sli:
     hold, e = plan.base, plan.evaluation_interval
     records = ((RAN_RANKS, _ran_ranks(hold)), (ABSENT_RANKS, _absent_ranks(hold)),
                (VANISHED_AT_RISK, _vanished(cat.WORK_AT_RISK.name, hold, e)),
-               (TARGET_BADPUT, f"sum without ({cat.RANK_LABEL}, category) ({badput})"),
+               (TARGET_BADPUT, _target_sum(badput, e)),
                (BADPUT_INCREASE, _increase(TARGET_BADPUT, e)))
 
     def bad(w: str) -> str:
