@@ -34,10 +34,11 @@ _monotonic = time.monotonic
 class Waits:
     """The loop's waits on saves that no record has carried yet (see the module docstring)."""
 
-    __slots__ = ("seconds", "_lock")
+    __slots__ = ("seconds", "blocks", "_lock")
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.blocks = 0  # save blocks under way (``CheckpointSave``): a wait inside one is the block's
         self._lock = threading.Lock()
 
     def add(self, seconds: float) -> None:
@@ -182,11 +183,13 @@ class CheckpointSave:
                            written=written, error=error, **({"waited_s": waited} if waited > 0.0 else {}))
 
     def __enter__(self) -> CheckpointSave:
+        self._waits.blocks += 1
         self._start = _monotonic()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        self._waits.blocks -= 1
         self._waits.take()  # waits inside the block are the block's: it is blocking already
         if exc is not None:  # the save call itself failed: over, and failed
             self.failed(exc)
