@@ -148,25 +148,28 @@ class SimCuda:
         self.device = device
 
     def current_stream(self, device: int | None = None) -> SimStream:
-        self.initialized = True
         self.calls["current_stream"] += 1
-        return self.streams[self.device if device is None else device]
+        return self._stream(device)
 
     def Event(self, enable_timing: bool = False) -> SimEvent:  # torch.cuda.Event: a class there
         return SimEvent(self, enable_timing)
 
     def synchronize(self, device: int | None = None) -> None:
-        self.current_stream(device).synchronize()
+        self._stream(device).synchronize()
 
     # --- what a training step does to it ---------------------------------------------------------
 
     def run(self, seconds: float, device: int | None = None) -> None:
         """Launch ``seconds`` of work on the current stream (of ``device``, default the current one)."""
-        self.current_stream(device).launch(seconds)
+        self._stream(device).launch(seconds)
 
     def item(self, device: int | None = None) -> None:
         """Read a device value (``.item()``, a host copy): the host waits for the stream."""
-        self.current_stream(device).synchronize()
+        self._stream(device).synchronize()
+
+    def _stream(self, device: int | None) -> SimStream:
+        self.initialized = True  # torch's lazy initialisation
+        return self.streams[self.device if device is None else device]
 
     def fail(self, method: str) -> None:
         if self.broken == method:
