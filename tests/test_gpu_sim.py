@@ -342,3 +342,43 @@ def test_a_process_that_exits_on_a_fault_journals_its_finished_steps(tmp_path):
     assert [r["step"] for r in steps] == list(range(5))
     for r in steps:
         assert abs(r["mono"] - ends[r["step"]]) < 0.002 and r["mono"] < fault
+
+
+# --- how each process timed its steps, as the sidecar shows it -------------------------------------
+
+
+def test_the_metrics_status_page_and_report_say_how_the_ranks_timed_their_steps(tmp_path, monkeypatch):
+    """Two ranks on one node of two simulated GPUs: rank 0 by CUDA events, rank 1 by host clocks in a
+    process that uses CUDA (``timing="host"``), which shows, on the page in red."""
+    from nvrx_slo.contracts import catalogue as cat
+    from nvrx_slo.exporter.engine.engine import Engine
+    from nvrx_slo.exporter.events import as_event
+    from nvrx_slo.exporter.views import slo_report, status_page
+    from nvrx_slo.exporter.views.view import View
+    from snapshot_fixtures import TARGETS
+    from test_collector import scrape, value
+
+    cuda = SimCuda(CLOCK, devices=2)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
+    for rank, timing in ((0, "auto"), (1, "host")):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setattr(os, "getpid", lambda rank=rank: 4000 + rank)  # two processes
+        cuda.set_device(rank)
+        slo = Hooks.start(world_size=2, journal_dir=str(tmp_path), timing=timing)
+        for step in range(3):
+            readme_step(slo, cuda, step, sync=True)
+        slo.close()
+    engine = Engine(reorder_window_s=0.0)
+    for record in sorted(read_records(tmp_path), key=lambda r: r["mono"]):
+        engine.ingest(as_event(record))
+    snap = engine.snapshot(CLOCK(), 0.0)
+    assert [r.step_timer for r in snap.ranks] == [cat.StepTimer.CUDA, cat.StepTimer.HOST_ON_GPU]
+    view = View(snap, {}, {}, {})
+    _, families = scrape(view)
+    assert value(families, cat.STEP_TIMING_RANKS, timer="cuda") == 1
+    assert value(families, cat.STEP_TIMING_RANKS, timer="host_on_gpu") == 1
+    page = status_page.render(view, TARGETS)
+    assert '<td class="">CUDA events</td>' in page and '<td class="fail">HOST CLOCKS on a GPU</td>' in page
+    report = slo_report.render(snap, TARGETS)
+    assert "steps timed by CUDA events on 1 rank(s), HOST CLOCKS on a GPU on 1 rank(s)" in report
