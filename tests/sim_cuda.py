@@ -34,7 +34,9 @@ import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+C = TypeVar("C", "SimCuda", "FreeCuda")
 
 
 class Clock(Protocol):
@@ -176,7 +178,7 @@ class SimCuda:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
 
-def fake_torch(cuda: SimCuda) -> types.ModuleType:
+def fake_torch(cuda: SimCuda | FreeCuda) -> types.ModuleType:
     """A ``torch`` module holding only ``cuda``: what the hooks look for in ``sys.modules``."""
     module = types.ModuleType("torch")
     module.cuda = cuda  # type: ignore[attr-defined]
@@ -184,7 +186,7 @@ def fake_torch(cuda: SimCuda) -> types.ModuleType:
 
 
 @contextmanager
-def installed(cuda: SimCuda) -> Iterator[SimCuda]:
+def installed(cuda: C) -> Iterator[C]:
     """``cuda`` as ``sys.modules["torch"].cuda`` for the block (the hooks never hold torch across calls)."""
     saved = sys.modules.get("torch")
     sys.modules["torch"] = fake_torch(cuda)
@@ -249,3 +251,45 @@ class SimQueue:
 
     def close(self) -> None:
         self.maybe_finalize_async_calls(blocking=True)
+
+
+class _FreeEvent:
+    __slots__ = ()
+
+    def record(self, stream: object = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: object) -> float:
+        return 0.0
+
+
+class FreeCuda:
+    """The simulated device with nothing simulated: one GPU, CUDA initialised, every method returns at
+    once (events done when recorded). ``bench/bench_hooks.py`` times the hooks over it: their own
+    Python, not a GPU's, which ``bench/gpu_check.py`` measures on one."""
+
+    _stream = object()
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def current_device(self) -> int:
+        return 0
+
+    def current_stream(self, device: int | None = None) -> object:
+        return self._stream
+
+    def Event(self, enable_timing: bool = False) -> _FreeEvent:  # torch.cuda.Event: a class there
+        return _FreeEvent()

@@ -90,6 +90,16 @@ def in_use() -> bool:
         return False
 
 
+def initialized_check() -> Callable[[], bool] | None:
+    """``torch.cuda.is_initialized`` once torch is imported (None before): what ``in_use`` asks, for a
+    caller that asks every step. Imports nothing."""
+    torch: Any = sys.modules.get("torch")
+    try:
+        return None if torch is None else torch.cuda.is_initialized
+    except Exception:
+        return None
+
+
 def pick_device(current: int, count: int, local_rank: int | None) -> tuple[int, str | None]:
     """The device a rank works on, and a warning where that is a guess.
 

@@ -134,17 +134,23 @@ class _CudaWatch(StepTimer):
     step on the CPU, a library that initialises CUDA late). ``timing="auto"`` then switches to
     CUDA events; ``timing="host"`` stays, and says so once."""
 
-    __slots__ = ("_hooks", "_timing")
+    __slots__ = ("_hooks", "_timing", "_initialized")
 
     def __init__(self, hooks: Hooks, timing: str) -> None:
         super().__init__(hooks.journal, hooks._waits)
         self._hooks = hooks
         self._timing = timing
+        self._initialized: Callable[[], bool] | None = None  # torch.cuda.is_initialized, once torch is imported
 
     def _reset(self, step: int) -> StepTimer | CudaStepTimer:  # type: ignore[override]
-        if cuda_timing.in_use():
+        initialized = self._initialized
+        if initialized is None:
+            initialized = self._initialized = cuda_timing.initialized_check()
+        if initialized is not None and initialized():
             return self._hooks._choose(self._timing, step, late=True)._reset(step)
-        return StepTimer._reset(self, step)
+        self._step = step
+        self._data.seconds = self._compute.seconds = self._optimizer.seconds = 0.0
+        return self
 
 
 class _Undecided:
