@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import inspect
 import logging
 import os
 import time
@@ -46,7 +45,7 @@ from nvrx_slo.contracts.schema import EventType, StepTimerKind
 from nvrx_slo.trainer import cuda_timing
 from nvrx_slo.trainer.cuda_timing import CudaStepTimer, DeviceEvent
 from nvrx_slo.trainer.journal import Journal, int_env, open_journal
-from nvrx_slo.trainer.saves import CheckpointSave, CheckpointWait, Waits
+from nvrx_slo.trainer.saves import CheckpointSave, CheckpointWait, SaveWait, Waits, observe_queue
 
 __all__ = ["TIMINGS", "CheckpointSave", "CheckpointWait", "Hooks", "Restored", "StepTimer"]
 
@@ -173,40 +172,6 @@ class _Undecided:
         """No step yet: nothing to journal."""
 
 
-class _SaveWait:
-    """``Hooks.checkpoint_wait()``: one per hooks, reentrant. Only the outermost wait books (a poll
-    of a handed-over queue inside the user's own ``checkpoint_wait()``), and none inside a save's
-    block, which is blocking already (NVRx's drain of its writer before a new save's staging)."""
-
-    __slots__ = ("_hooks", "_depth", "_wait")
-
-    def __init__(self, hooks: Hooks) -> None:
-        self._hooks = hooks
-        self._depth = 0
-        self._wait: CheckpointWait | None = None
-
-    def __enter__(self) -> None:
-        self._depth += 1
-        hooks = self._hooks
-        if self._depth > 1 or hooks._waits.blocks:
-            return
-        if hooks._pending:  # the poll would wait for the steps' queued work: theirs, not the save's
-            hooks._step.settle()
-        self._wait = CheckpointWait(hooks._pending)
-        self._wait.__enter__()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._depth -= 1
-        if self._depth:
-            return
-        wait, self._wait = self._wait, None
-        if wait is not None:
-            wait.__exit__(exc_type, exc, tb)
-        if exc_type is not None:
-            self._hooks._step.interrupted(f"a wait on a save raised {exc_type.__name__}")
-
-
 class Restored:
     """What a restore produced: set ``step`` (the step the loaded state holds) and ``path``.
 
@@ -280,7 +245,7 @@ class Hooks:
         self._step: StepTimer | CudaStepTimer | _Undecided = (
             StepTimer(journal, self._waits) if events is None or not journal.enabled
             else CudaStepTimer(journal, cuda_timing.event_seam(events), self._waits))
-        self._wait = _SaveWait(self)
+        self._wait = SaveWait(self._waits, self._pending, lambda: self._step)
         self._at_exit: Callable[[], None] | None = None
 
     @classmethod
@@ -367,7 +332,7 @@ class Hooks:
         self.journal.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode=mode, **self._waits.field())
         return CheckpointSave(self.journal, self._waits, self._pending, ckpt, step)
 
-    def checkpoint_wait(self) -> _SaveWait:
+    def checkpoint_wait(self) -> SaveWait:
         """``with hooks.checkpoint_wait():`` around each poll of an asynchronous save's writer
         between steps (NVRx's ``queue.maybe_finalize_async_calls(blocking=False)``, a wait on a
         previous save's future): checkpoint blocking, whatever its length, charged to the oldest
@@ -386,19 +351,7 @@ class Hooks:
         ``checkpoint_wait()``, wrapped by hand or not. Observed through that public method, set on
         this queue object (the class is left alone); handing it over twice changes nothing."""
         try:
-            poll = queue.maybe_finalize_async_calls  # type: ignore[attr-defined]
-            if not getattr(poll, "nvrx_slo_observed", False):
-                # a weak reference to the bound method: the queue's __del__ (NVRx closes it there) still runs
-                method: Callable[[], Any] = weakref.WeakMethod(poll) if inspect.ismethod(poll) else (lambda: poll)
-                wait = self.checkpoint_wait
-
-                @functools.wraps(poll)
-                def observed(*args: Any, **kwargs: Any) -> Any:
-                    with wait():
-                        return method()(*args, **kwargs)
-
-                observed.nvrx_slo_observed = True  # type: ignore[attr-defined]
-                queue.maybe_finalize_async_calls = observed  # type: ignore[attr-defined]
+            observe_queue(queue, self.checkpoint_wait)
         except Exception as exc:  # never raise into training
             self._warn(f"cannot observe the checkpoint queue ({type(exc).__name__}: {exc}); wrap each of its "
                        "polls in checkpoint_wait()")
