@@ -7,7 +7,12 @@
    (the sidecar's ``emptyDir`` is node disk too). Target: median <= 5 us.
 2. What a CPU job's steps cost with the default timing (``Hooks.start``: host clocks, chosen at the
    first step) against the host-clock timer itself, alternating in one process: the ratio.
-3. Per-step overhead on the reference model (TinyLM, FSDP2 ``fully_shard`` on one gloo rank):
+3. The CUDA timer's own host cost per step, ``Hooks.start`` over the simulated device of the tests
+   (``tests/sim_cuda.py``: ``FreeCuda``, whose methods return at once, so the figure is the hooks'
+   own Python: one stream lookup, four events, a query and four ``elapsed_time`` calls a step),
+   beside the host-clock timer, alternating in one process. Target: <= 15 us a step. What the CUDA
+   calls themselves cost on a GPU is ``bench/gpu_check.py``'s.
+4. Per-step overhead on the reference model (TinyLM, FSDP2 ``fully_shard`` on one gloo rank):
    steps alternate instrumented (``hooks.step`` with its three phases, journal enabled) and bare,
    so both see the same machine; the ratio of steps/s is instrumented / bare. A 2-core machine
    shared with other work makes a single step's time noisy, so the hook cost measured alone (the
@@ -19,8 +24,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -71,6 +78,27 @@ def default_timing(directory: str, rounds: int = 6, n: int = 20000) -> None:
           f"host-clock timer {host:.2f} us per step, ratio {auto / host:.3f}")
     for h in hooks.values():
         h.close()
+
+
+def cuda_path(directory: str, rounds: int = 6, n: int = 20000) -> None:
+    """The CUDA timer's host cost on the simulated device, its methods near-free, beside host clocks."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from sim_cuda import FreeCuda, installed
+
+    with installed(FreeCuda()):
+        hooks = {"cuda": Hooks.start(world_size=1, journal_dir=os.path.join(directory, "cuda")),
+                 "host": Hooks(open_journal(os.path.join(directory, "host")))}
+        empty_step_us(hooks["cuda"], 1)  # the first step chooses the timer
+        timer = type(hooks["cuda"]._step).__name__
+        samples: dict[str, list[float]] = {name: [] for name in hooks}
+        for round_ in range(rounds):
+            for name in sorted(hooks, reverse=bool(round_ % 2)):
+                samples[name].append(empty_step_us(hooks[name], n))
+        for h in hooks.values():
+            h.close()
+    cuda, host = statistics.median(samples["cuda"]), statistics.median(samples["host"])
+    print(f"hooks alone, {rounds} alternating rounds of {n}: CUDA path ({timer} on the simulated device, its "
+          f"methods near-free) {cuda:.2f} us, host clocks {host:.2f} us per step (target <= 15 us)")
 
 
 def journal_events(n: int, directory: str) -> None:
@@ -138,6 +166,8 @@ def main() -> None:
         journal_events(args.events, tmp)
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
         default_timing(tmp)
+    with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
+        cuda_path(tmp)
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
         step_overhead(args.steps, tmp)
 

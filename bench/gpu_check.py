@@ -8,19 +8,22 @@ to carry to an offline GPU machine and how to install it):
 (a) hook overhead on a real bf16 step (4 × TransformerEncoderLayer, d 2048), in blocks interleaved
     with a bare loop (ratio of steps/s), and the hooks alone on an empty step, host clocks vs CUDA events;
 (b) phase attribution against planted GPU work (12 ms compute, 4 ms optimizer as ``torch.cuda._sleep``,
-    an 8 ms host wait), truth from CUDA events around the planted work, host vs CUDA timing, for a
-    loop synchronised in its data phase and a GPU-bound one;
-(c) blocking per save for ``dcp.save``, ``dcp.async_save`` and NVRx async (the reference
-    Checkpointer) against the loop's own clock around its save and poll calls, 1 GiB of state on the GPU;
+    an 8 ms host wait), truth from CUDA events around the planted work, for ``Hooks.start``'s
+    default timing and for host clocks, a loop synchronised in its data phase and a GPU-bound one,
+    and the default timing with CUDA first used after the first step (in a fresh process on a GPU);
+(c) blocking per save for ``dcp.save``, ``dcp.async_save``, NVRx async (the reference Checkpointer)
+    and the README's NVRx pattern (polls wrapped, handed over, unwrapped) against the loop's own
+    clock around its save and poll calls, 1 GiB of state on the GPU (``gpu_check_saves.py``);
 (d) restart latency by phase on CUDA: the reference job under ft_launcher, a crash (in-job) and an
     exception (in-process), read back by the sidecar's engine;
 (e) NVML busy time against the journal's step phases over the same planted loop.
 
 Without CUDA every section but (e) runs its CPU fallback: (a) a small fp32 model, host clocks, the
-CUDA timer over a fake stream; (b) a fake stream on the host's real clock (the seam
-``cuda_timing.DeviceEvent``), the planted work as truth; (c) 64 MiB of state on gloo; (d) two CPU
-ranks. Those numbers say the check runs, not what a GPU does. Prints one table; ``--json`` writes
-every number. ``tests/test_gpu_check.py`` runs it on CPU so it cannot rot. Budget: 6 minutes on one H200.
+CUDA path over the tests' simulated device with its methods near-free; (b) the simulated device
+on the host's real clock (``tests/sim_cuda.py``), the planted work as truth; (c) 64 MiB of state
+on gloo; (d) two CPU ranks. Those numbers say the check runs, not what a GPU does. Prints one
+table; ``--json`` writes every number. ``tests/test_gpu_check.py`` runs it on CPU so it cannot
+rot. Budget: 6 minutes on one H200.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -38,120 +42,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from bench_hooks import empty_step_us  # bench/, this script's directory
+from gpu_check_parts import CUDA, PLANT, ROWS, CudaStream, SimStream, new_stream, row, skip, steps_of
+from gpu_check_saves import restarts, saves
 from torch import nn
 
-from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.trainer.cuda_timing import cuda_events
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import open_journal
-from nvrx_slo.trainer.reference import demo
-from nvrx_slo.trainer.reference.checkpoint import Checkpointer
-
-CUDA = torch.cuda.is_available()
-PLANT = {"data": 0.008, "compute": 0.012, "optimizer": 0.004}  # (b), (e): seconds per step
-
-
-class Row(dict[str, Any]):
-    """One line of the table: section, what, measured, target, verdict."""
-
-
-ROWS: list[Row] = []
-
-
-def row(section: str, what: str, measured: str, target: str = "", verdict: str = "measured", **numbers: Any) -> None:
-    ROWS.append(Row(section=section, what=what, measured=measured, target=target, verdict=verdict, **numbers))
-    print(f"  ({section}) {what}: {measured} {verdict}", flush=True)
-
-
-def skip(section: str, why: str) -> None:
-    row(section, "skipped", why, verdict="skipped")
-
-
-# --- a stream the loops launch work on: CUDA's, or a fake one on the host's real clock ------------------
-
-
-class FakeStream:
-    """One GPU stream on the host's monotonic clock (the CPU fallback): work queues behind work, an
-    event completes when the stream reaches it, ``elapsed_time`` is the stream's time between two."""
-
-    def __init__(self) -> None:
-        self.tail = 0.0
-
-    def run(self, seconds: float) -> None:
-        self.tail = max(self.tail, time.monotonic()) + seconds
-
-    def synchronize(self) -> None:
-        time.sleep(max(0.0, self.tail - time.monotonic()))
-
-    def event(self) -> FakeEvent:
-        return FakeEvent(self)
-
-
-class FakeEvent:
-    def __init__(self, stream: FakeStream) -> None:
-        self.stream = stream
-        self.at = 0.0
-
-    def record(self) -> None:
-        self.at = max(self.stream.tail, time.monotonic())
-
-    def query(self) -> bool:
-        return time.monotonic() >= self.at
-
-    def synchronize(self) -> None:
-        time.sleep(max(0.0, self.at - time.monotonic()))
-
-    def elapsed_time(self, end: FakeEvent) -> float:
-        return (end.at - self.at) * 1000.0
-
-
-class CudaStream:
-    """The current CUDA stream, with ``torch.cuda._sleep`` (a spinning kernel) as planted work."""
-
-    def __init__(self) -> None:
-        begin, end = self.event(), self.event()
-        begin.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        self.cycles_per_s = 10_000_000 / (begin.elapsed_time(end) / 1000.0)
-
-    def run(self, seconds: float) -> None:
-        torch.cuda._sleep(int(seconds * self.cycles_per_s))
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize()
-
-    def event(self) -> Any:
-        return torch.cuda.Event(enable_timing=True)
-
-
-def _hooks(directory: Path, timing: str, stream: Any) -> Hooks:
-    """Hooks timing steps by CUDA events (the fake stream's on CPU) or by host clocks."""
-    if CUDA:
-        return Hooks.start(world_size=1, journal_dir=str(directory), timing=timing)
-    return Hooks(open_journal(str(directory)), stream.event if timing == "cuda" else None)
-
-
-def _steps(directory: Path) -> list[dict[str, Any]]:
-    return [r for r in demo.read_journal(directory) if r["type"] == "step"]
-
-
-def _engine(*journals: Path) -> Engine:
-    """The sidecar's engine over finished journals, everything settled (one derivation of each number)."""
-    engine = Engine(reorder_window_s=0.0, keep_history=True)
-    for journal in journals:
-        tail = JournalTail(journal)
-        try:
-            tail.poll(lambda events: [engine.ingest(e) for e in events])
-        finally:
-            tail.close()
-    return engine
-
+from sim_cuda import FreeCuda, installed  # tests/, on the path gpu_check_parts made
 
 # --- (a) hook overhead --------------------------------------------------------------------------------
 
@@ -206,24 +104,25 @@ def overhead(work: Path) -> None:
     row("a", f"steps/s instrumented / bare, {steps} steps each, {kind}",
         f"{ratio:.4f} ({1e3 * spent['bare'] / steps:.1f} ms/step bare)", ">= 0.999 or within noise",
         "measured", ratio=ratio, step_ms=1e3 * spent["bare"] / steps)
-    stream = None if CUDA else FakeStream()
-    timers = {"host clocks": Hooks(open_journal(str(work / "a-host"))),
-              "CUDA events": Hooks(open_journal(str(work / "a-cuda")), cuda_events() if CUDA else stream.event)}
-    for name, timed in timers.items():
-        us = empty_step_us(timed, 5000)
-        timed.close()
-        what = name if CUDA or name == "host clocks" else "CUDA timer over a fake stream (Python cost only)"
-        row("a", f"hooks alone, empty step, {what}", f"{us:.1f} us per step", "", "measured", us=us, timer=name)
+    with contextlib.nullcontext() if CUDA else installed(FreeCuda()):
+        timers = {"host clocks": Hooks(open_journal(str(work / "a-host"))),
+                  "CUDA events": Hooks.start(world_size=1, journal_dir=str(work / "a-cuda"), timing="cuda")}
+        for name, timed in timers.items():
+            us = empty_step_us(timed, 5000)
+            timed.close()
+            what = name if CUDA or name == "host clocks" else "CUDA path on the simulated device (Python cost only)"
+            row("a", f"hooks alone, empty step, {what}", f"{us:.1f} us per step", "<= 15 us (CUDA path)",
+                "measured", us=us, timer=name)
 
 
 # --- (b) phases against planted work ------------------------------------------------------------------
 
 
-def _planted_loop(hooks: Hooks, stream: Any, steps: int, sync_in_data: bool) -> list[dict[str, float]]:
+def _planted_loop(hooks: Hooks, stream: Any, steps: range, sync_in_data: bool) -> list[dict[str, float]]:
     """Steps of planted work; returns, per step, the truth the stream's own events give."""
     truth = []
     prev_end = None
-    for step in range(steps):
+    for step in steps:
         marks = {}
         with hooks.step(step) as s:
             with s.data():
@@ -248,136 +147,57 @@ def _planted_loop(hooks: Hooks, stream: Any, steps: int, sync_in_data: bool) -> 
     return out
 
 
+def _errors_ms(directory: Path, truth: list[dict[str, float]]) -> dict[str, float]:
+    """Journal minus truth per steady step (the first and last wait on nothing or on close), by phase."""
+    journal, truth = steps_of(directory)[-len(truth):][5:-5], truth[5:-5]
+    errors = {}
+    for phase in ("data", "compute", "optimizer"):
+        measured = statistics.fmean(r[f"{phase}_s"] for r in journal)
+        true = statistics.fmean(t[phase] for t in truth if t[phase] is not None)
+        errors[phase] = 1e3 * (measured - true)
+    return errors
+
+
+def _phase_row(what: str, errors: dict[str, float], timing: str, **numbers: Any) -> None:
+    ok = all(abs(e) <= 0.5 for e in errors.values())
+    verdict = ("ok" if ok else "OFF") if timing == "auto" else "the misbooking CUDA timing avoids"
+    row("b", f"{what}: journal - truth per step (data / compute / optimizer)",
+        " / ".join(f"{e:+.2f}" for e in errors.values()) + " ms", "each within 0.5 ms (default timing)",
+        verdict, timing=timing, errors_ms=errors, **numbers)
+
+
+def late_cuda(directory: Path) -> dict[str, float]:
+    """The default timing where CUDA is first used after the first step (a warm-up on the CPU), in a
+    process that has not used CUDA yet: host clocks, then CUDA events from the step after."""
+    stream = SimStream() if not CUDA else None
+    with contextlib.nullcontext() if stream is None else stream.device():
+        hooks = Hooks.start(world_size=1, journal_dir=str(directory))
+        with hooks.step(0) as s:
+            with s.compute():
+                time.sleep(0.01)  # CPU work: CUDA not used yet
+        planted = stream or CudaStream()  # the model moves to the GPU
+        truth = _planted_loop(hooks, planted, range(1, 41), sync_in_data=True)
+        hooks.close()
+    return _errors_ms(directory, truth)
+
+
 def phases(work: Path, stream: Any) -> None:
     for loop, sync_in_data in (("sync in data phase", True), ("GPU-bound", False)):
-        for timing in ("host", "cuda"):
+        for timing in ("host", "auto"):
             directory = work / f"b-{loop.split()[0]}-{timing}"
-            hooks = _hooks(directory, timing, stream)
-            truth = _planted_loop(hooks, stream, 40, sync_in_data)
-            hooks.close()
-            journal = _steps(directory)[5:-5]  # steady steps: the first and last wait on nothing or on close
-            truth = truth[5:-5]
-            errors = {}
-            for phase in ("data", "compute", "optimizer"):
-                measured = statistics.fmean(r[f"{phase}_s"] for r in journal)
-                true = statistics.fmean(t[phase] for t in truth if t[phase] is not None)
-                errors[phase] = 1e3 * (measured - true)
-            ok = all(abs(e) <= 0.5 for e in errors.values())
-            verdict = ("ok" if ok else "OFF") if timing == "cuda" else "the misbooking CUDA timing avoids"
-            row("b", f"{loop}, {timing} timing: journal - truth per step (data / compute / optimizer)",
-                " / ".join(f"{e:+.2f}" for e in errors.values()) + " ms", "each within 0.5 ms (CUDA timing)",
-                verdict, loop=loop, timing=timing, errors_ms=errors)
-
-
-# --- (c) blocking per save ----------------------------------------------------------------------------
-
-
-def saves(work: Path, stream: Any, state_mib: int) -> None:
-    device = "cuda" if CUDA else "cpu"
-    dist.init_process_group("nccl" if CUDA else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        state = {f"t{i}": torch.randn(4 * 1024 * 1024, device=device) for i in range(state_mib // 16)}  # 16 MiB each
-        for path in ("dcp.save", "dcp.async_save", "NVRx async"):
-            _save_path(work / f"c-{path}", path, state, stream)
-    finally:
-        dist.destroy_process_group()
-
-
-def _save_path(directory: Path, path: str, state: dict[str, torch.Tensor], stream: Any) -> None:
-    """Three saves along ``path``, each after 10 steps, a poll (or a wait on the previous upload) after
-    every step. The truth charges every wait to the oldest save in flight, as the hooks do."""
-    hooks = Hooks.start(world_size=1, journal_dir=str(directory / "journal"))
-    ckpt = Checkpointer(hooks, directory / "ckpt", "async") if path == "NVRx async" else None
-    group = dist.new_group(backend="gloo") if path == "dcp.async_save" else None
-    uploads: list[Any] = []  # dcp.async_save's responses not waited for yet
-    in_flight: list[str] = []
-    truth: dict[str, float] = {}
-    if ckpt is not None:
-        ckpt.start()
-        ckpt.ready(state)
-
-    def timed(fn: Callable[[], Any], charge: str | None) -> None:
-        if CUDA:
-            torch.cuda.synchronize()  # the steps' queued work is theirs (the hooks fence there too)
-        t0 = time.monotonic()
-        fn()
-        if charge is not None:
-            truth[charge] += time.monotonic() - t0
-
-    def wait_upload() -> None:
-        with hooks.checkpoint_wait():
-            getattr(uploads[0], "upload_completion", uploads[0]).result()
-        uploads.pop(0)
-
-    def save(step: int, ckpt_id: str) -> None:
-        if ckpt is not None:
-            ckpt.save(state, step)
-        elif group is None:
-            with hooks.checkpoint(step, ckpt_id):
-                dcp.save(state, checkpoint_id=str(directory / "ckpt" / ckpt_id))
-        else:
-            with hooks.checkpoint(step, ckpt_id, mode="async") as s:
-                uploads.append(s.track(dcp.async_save(state, checkpoint_id=str(directory / "ckpt" / ckpt_id),
-                                                      process_group=group)))
-
-    def finish_waits(blocking: bool) -> None:
-        """The loop's waits after a step: charged to the oldest save in flight, which they may end."""
-        if ckpt is not None:
-            timed(lambda: ckpt.poll(blocking=blocking), in_flight[0] if in_flight else None)
-            del in_flight[:max(0, len(in_flight) - ckpt.in_flight)]
-        elif uploads and (blocking or len(uploads) > 1):  # wait before a second one is made
-            timed(wait_upload, in_flight.pop(0))
-
-    for step in range(30):
-        with hooks.step(step) as s:
-            with s.compute():
-                stream.run(0.01)
-                if not CUDA:
-                    stream.synchronize()  # the fake's steps take the host's time too
-        finish_waits(blocking=False)
-        if (step + 1) % 10 == 0:
-            ckpt_id = f"step-{step:06d}"
-            truth[ckpt_id] = 0.0
-            timed(lambda: save(step, ckpt_id), ckpt_id)  # noqa: B023 (called at once)
-            if group is not None or ckpt is not None:
-                in_flight.append(ckpt_id)
-    while in_flight:
-        finish_waits(blocking=True)
-    if ckpt is not None:
-        ckpt.close()
-    with hooks.step(30):  # carries the last wait
-        pass
-    hooks.close()
-    journaled = {c.ckpt: c.blocking_s for c in _engine(directory / "journal").history().checkpoints}
-    errors = [1e3 * (journaled[c] - t) for c, t in truth.items()]
-    # the median save: what a definition gets wrong (polls left out) moves every save, while the
-    # scheduler preempting the loop between its clock and the hooks' moves one (-5.4 ms once, CPU, load 3)
-    typical = statistics.median(errors)
-    row("c", f"{path}: blocking per save, journal vs the loop's clock ({len(errors)} saves)",
-        f"{1e3 * statistics.fmean(truth.values()):.1f} ms per save; journal - loop: "
-        + ", ".join(f"{e:+.2f}" for e in errors) + " ms", "median save within 5 ms",
-        "ok" if abs(typical) <= 5 else "OFF",
-        path=path, errors_ms=errors, blocking_ms=[1e3 * t for t in truth.values()])
-
-
-# --- (d) restart latency by phase ---------------------------------------------------------------------
-
-
-def restarts(work: Path) -> None:
-    device = demo.CPU
-    if CUDA:
-        device = demo.DemoDevice("cuda", torch.cuda.device_count(), 50, 10, demo.DEFAULT_FAULTS, timeout_s=300)
-    result = demo.run_demo(work / "d", device=device, steps=device.steps, checkpoint_every=device.checkpoint_every,
-                           faults=device.faults, timeout_s=device.timeout_s)
-    if result.returncode != 0:
-        row("d", "the reference job", f"exit {result.returncode}; see {result.log_path}", "exit 0", "OFF")
-        return
-    for record in _engine(result.journal_dir).history().restarts:
-        parts = ", ".join(f"{phase.value} {seconds:.2f}" for phase, seconds in record.phases.items())
-        row("d", f"{record.level.value} restart on {device.ranks} {device.kind} rank(s)",
-            f"{record.duration_s:.2f} s ({parts})", "recovery SLO: < 10 s", "measured",
-            level=record.level.value, seconds=record.duration_s,
-            phases={phase.value: seconds for phase, seconds in record.phases.items()})
+            with stream.device():
+                hooks = Hooks.start(world_size=1, journal_dir=str(directory), timing=timing)
+                truth = _planted_loop(hooks, stream, range(40), sync_in_data)
+                hooks.close()
+            _phase_row(f"{loop}, timing={timing!r}", _errors_ms(directory, truth), timing, loop=loop)
+    directory = work / "b-late"
+    if CUDA:  # a process that has not used CUDA yet
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            errors = pool.apply(late_cuda, (directory,))
+    else:
+        errors = late_cuda(directory)
+    _phase_row("sync in data phase, timing='auto', CUDA first used after step 0", errors, "auto",
+               loop="late CUDA")
 
 
 # --- (e) NVML against the journal ---------------------------------------------------------------------
@@ -420,11 +240,11 @@ def nvml(work: Path, stream: Any) -> None:
     except ImportError:
         skip("e", "nvidia-ml-py is not installed (docs/gpu.md lists it)")
         return
-    hooks = _hooks(work / "e", "cuda", stream)
+    hooks = Hooks.start(world_size=1, journal_dir=str(work / "e"))
     with _nvml_busy() as totals:
-        _planted_loop(hooks, stream, 400, sync_in_data=True)  # ~10 s
+        _planted_loop(hooks, stream, range(400), sync_in_data=True)  # ~10 s
     hooks.close()
-    journal = _steps(work / "e")
+    journal = steps_of(work / "e")
     span = journal[-1]["mono"] - journal[0]["start"]
     busy_journal = sum(r["compute_s"] + r["optimizer_s"] for r in journal) / span
     busy_nvml = totals[0] / totals[1]
@@ -445,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         work = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-check-")))
         work.mkdir(parents=True, exist_ok=True)
-        stream: Any = CudaStream() if CUDA else FakeStream()
+        stream = new_stream()
         sections: dict[str, Callable[[], None]] = {
             "a": lambda: overhead(work), "b": lambda: phases(work, stream),
             "c": lambda: saves(work, stream, 1024 if CUDA else 64), "d": lambda: restarts(work),

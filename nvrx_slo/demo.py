@@ -148,7 +148,14 @@ def main(argv: list[str], targets: Targets) -> int:
     parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"demo-{stamp}",
                         help="a fresh directory for the journal, checkpoints, logs and reports "
                              "(default: runs/demo-<time>)")
-    parser.add_argument("--steps", type=int, help="training steps (default: 50 on CPU, 3000 on GPUs)")
+    parser.add_argument("--steps", type=_positive, help="training steps (default: 50 on CPU, 1500 on GPUs)")
+    parser.add_argument("--size", choices=tuple(job.SIZES),
+                        help="the model: tiny (the CPU default), small, large (118 M parameters: the GPU default)")
+    parser.add_argument("--save-every", type=_positive, metavar="N",
+                        help="a checkpoint every N steps (default: 10 on CPU, 500 on GPUs)")
+    parser.add_argument("--faults", metavar="KIND@STEP,...",
+                        help="the faults to inject on the last rank, e.g. crash@24,exception@45, or none "
+                             "(default: crash@24,exception@45 on CPU, crash@600,exception@1100 on GPUs)")
     parser.add_argument("--pods", type=_positive, default=1,
                         help="pods of the job, each one launcher with its own journal and sidecar: 1 runs "
                              "2 ranks in one pod, N > 1 one rank in each of N pods (default: 1)")
@@ -175,9 +182,14 @@ def main(argv: list[str], targets: Targets) -> int:
         parser.error(f"--final-scrape-timeout must be from 0 to 60 seconds, not {args.final_scrape_timeout:g}")
     if not 0 <= args.reorder_window <= 60:
         parser.error(f"--reorder-window must be from 0 to 60 seconds, not {args.reorder_window:g}")
-    device = job.demo_device(job.visible_gpus()) if args.pods == 1 else job.CPU  # one GPU per rank
+    try:
+        chosen = None if args.faults is None else job.parse_faults(args.faults)
+    except ValueError as exc:
+        parser.error(f"--faults: {exc}")
+    device = job.demo_device(job.visible_gpus() if args.pods == 1 else 0,  # one GPU per rank; pods: CPU
+                             size=args.size, steps=args.steps, checkpoint_every=args.save_every, faults=chosen)
     faults = device.faults if args.node_loss is None else ()
-    args.steps = device.steps if args.steps is None else args.steps
+    args.steps = device.steps
     last = max(f.step for f in faults) if faults else LOSS_STEP
     if args.steps <= last:
         parser.error(f"--steps must be above {last}, the step of the last injected fault")

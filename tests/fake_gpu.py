@@ -59,7 +59,7 @@ class FakeEvent:
         assert self.at is not None, "never recorded"
         return CLOCK() >= self.at
 
-    def record(self) -> None:
+    def record(self, stream: object = None) -> None:
         self._call("record")
         self.at = max(self.gpu.tail, CLOCK())
 

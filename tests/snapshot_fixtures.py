@@ -37,7 +37,7 @@ def rank(r: int, *, wall: float = 100.0, productive: float = 90.0, unprotected: 
                         last_step_wall=1.7e9 + r, step_duration=histogram(cat.STEP_BUCKETS, [0.2, 0.3, 0.9 + r]),
                         worker_alive=r != 1, skew_ratio=1.0 + r / 10, gpu_idle_s=5.0 + r, state=RankState.TRAINING,
                         pid=1000 + r, restart=0, iter=0, last_restore_wall=None, user_spans={"eval": 0.0},
-                        first_step_wall=None)
+                        first_step_wall=None, step_timer=cat.StepTimer.CUDA if r != 1 else cat.StepTimer.HOST_ON_GPU)
 
 
 def snapshot(n_ranks: int = 2, **kw: object) -> Snapshot:

@@ -24,8 +24,9 @@ def test_a_step_journals_its_span_and_phases(tmp_path):
         with s.optimizer():
             CLOCK.sleep(0.01)
     hooks.close()
-    start, step, end = _records(tmp_path)
+    start, timing, step, end = _records(tmp_path)
     assert (start["type"], start["world_size"], end["type"]) == ("process_start", 2, "process_end")
+    assert (timing["type"], timing["timer"], timing["step"]) == ("step_timing", "host", 5)
     assert step["type"] == "step" and step["step"] == 5
     assert 0.02 <= step["data_s"] < 0.06 and 0.03 <= step["compute_s"] < 0.07 and 0.01 <= step["optimizer_s"] < 0.05
     span = step["mono"] - step["start"]

@@ -182,7 +182,7 @@ def cuda_in_use(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
     """A process that uses CUDA, as ``cuda_timing`` sees one: its check says so, its events are the fake's."""
     gpu = FakeGpu()
     monkeypatch.setattr(cuda_timing, "in_use", lambda: True)
-    monkeypatch.setattr(cuda_timing, "cuda_events", lambda: gpu.event)
+    monkeypatch.setattr(cuda_timing, "cuda_device", lambda local_rank: (cuda_timing.event_seam(gpu.event), None))
     return gpu
 
 
@@ -202,8 +202,10 @@ def test_a_process_without_cuda_times_its_steps_by_host_clocks_without_a_warning
     with hooks.step(0) as s:
         with s.compute():
             CLOCK.sleep(0.02)
-    assert [r["type"] for r in read_records(tmp_path)] == ["process_start", "step"]  # written at its exit
-    assert read_records(tmp_path)[1]["compute_s"] >= 0.02
+    records = read_records(tmp_path)
+    assert [r["type"] for r in records] == ["process_start", "step_timing", "step"]  # written at its exit
+    assert (records[1]["timer"], records[1]["cuda"], records[1]["device"]) == ("host", False, None)
+    assert records[2]["compute_s"] >= 0.02
 
 
 def test_host_timing_in_a_process_that_uses_cuda_warns_once_in_the_journal_and_the_log(tmp_path, cuda_in_use,
@@ -225,8 +227,9 @@ def test_cuda_timing_without_cuda_says_so_and_times_steps_by_host_clocks(tmp_pat
         with s.compute():
             CLOCK.sleep(0.02)
     hooks.close()
-    start, warning, step, _ = read_records(tmp_path)
+    start, warning, timing, step, _ = read_records(tmp_path)
     assert warning["type"] == "warning" and "timing='cuda'" in warning["message"] and step["compute_s"] >= 0.02
+    assert (timing["type"], timing["timer"], timing["step"]) == ("step_timing", "host", 0)
     if "torch" in sys.modules and not sys.modules["torch"].cuda.is_available():
         assert "CUDA is not available" in warning["message"]
 

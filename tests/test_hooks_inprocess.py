@@ -12,10 +12,13 @@ import pytest
 from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
 
+from fake_gpu import FakeGpu
 from nvrx_slo.contracts import schema
 from nvrx_slo.trainer import inprocess_callbacks
+from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.inprocess_callbacks import inprocess_wrapper_kwargs
 from nvrx_slo.trainer.journal import Identity, Journal
+from virtual_clock import CLOCK
 
 pytestmark = [pytest.mark.torch, pytest.mark.nvrx]
 
@@ -90,6 +93,28 @@ def test_without_user_callbacks_nvrx_defaults_stay_in_place(tmp_path):
     ctx = inprocess.rank_assignment.RankAssignmentCtx(_state(), Store([]), set())
     out = kwargs["rank_assignment"](ctx)  # NVRx's ActivateAllRanks + ShiftRanks, then ours
     assert out.state.active_rank == 1 and out.state.active_world_size == 2
+
+
+@pytest.mark.usefixtures("virtual_time")
+def test_handed_the_hooks_finalize_first_journals_the_steps_the_gpu_finished_with_their_own_times(tmp_path):
+    """A fault outside a step (a collective between steps): the steps the GPU finished before it are
+    journaled at finalize with their own times, before the restart's records (fake GPU on a virtual clock)."""
+    gpu = FakeGpu()
+    hooks = Hooks(Journal(tmp_path, Identity.from_env({"RANK": "1"})), gpu.event)
+    ends = []
+    for step in range(3):
+        with hooks.step(step) as s:
+            with s.compute():
+                gpu.run(0.05)
+        ends.append(gpu.tail)
+    CLOCK.sleep(0.5)  # the collective waits for the dead peer; the GPU finishes meanwhile
+    kwargs = inprocess_wrapper_kwargs(hooks)
+    kwargs["abort"](_state())
+    assert [r["type"] for r in _records(hooks.journal)] == ["inprocess_abort"]
+    kwargs["finalize"](_state(exc=RuntimeError("peer gone")))
+    records = _records(hooks.journal)
+    assert [r["type"] for r in records] == ["inprocess_abort", "step", "step", "step", "inprocess_finalize"]
+    assert [r["mono"] for r in records[1:4]] == pytest.approx(ends, abs=1e-4)
 
 
 @pytest.mark.parametrize("name", CALLBACKS)

@@ -1,37 +1,41 @@
 """Steps timed by the GPU: what ``Hooks.start`` picks where the process uses CUDA (see ``hooks.py``).
 
 Why: on a GPU, host clocks around ``s.compute()`` time kernel *launches*. The queued work is paid
-at the next synchronisation (the next step's data phase, an ``.item()`` in the optimizer, a
+at the next synchronisation (the next step's data phase, an ``.item()``, NVRx's poll, a
 checkpoint's staging copy), and booked there: as data wait, or as checkpoint blocking, which pages.
 
 What a step's record means here (the record format is the host timer's):
 
-* Each phase records a CUDA event (``torch.cuda.Event(enable_timing=True)``, on the current stream)
-  as it begins and as it ends; it lasts the GPU's ``elapsed_time`` between the two: the time the
-  stream took from one boundary to the other. ``data`` is the time the GPU waited for input (near 0
-  while it still runs earlier work); ``compute`` and ``optimizer`` hold the work launched in them,
-  wherever the host waited for it.
-* A step is journaled once the event recorded at its exit has completed, checked with ``query()``
-  (never blocking) at every hook call of the steps that follow. Its span ends when its GPU work was
-  *seen* finished (the record's ``mono``: it is written then) and starts where the host entered the
-  step, or where the previous step was seen finished if that is later: spans never overlap, and
-  the records tile the time the GPU worked. A record's phases are those the GPU finished in its
-  span: the step's own, and any of the next step's already done when it is written (typically that
-  step's data wait), so each phase second is booked once, in the span it happened in.
-* Fences (``synchronize()``, blocking): ``settle()`` — before a checkpoint, a user span or an
-  injected fault, and at close — so that the GPU work of the steps before is booked to them and not
-  to what follows; and on the oldest step once more than ``MAX_PENDING`` wait, which caps the
-  host's lead at that many steps. Neither idles the GPU: a save or an evaluation would wait for that
-  work anyway (its first copy or kernel queues behind it), and behind the oldest step the newer ones
-  are still queued. The host loses the lead it had over the GPU, no more.
-* Approximate: a span ends late by the time until a hook call sees the step's work done (at most
-  the host's time between two hook calls; the next span is shorter by as much): sums over steps are
-  right, a single step's span (the step-duration histogram) is not. Host time between steps
-  (logging) while the GPU still ran the step counts to the step. GPU work a user span leaves queued
-  is booked to the next step. Work on a stream the current stream does not wait for is not seen.
-* Never raises into training: a step that raises writes the steps still waiting without waiting
-  for the GPU (host clocks for those whose work is not seen finished, and a warning), and a CUDA
-  error switches this process to host clocks for good, with one warning.
+* The device: the one the rank works on (``pick_device``): its current device, or its local rank's
+  on a node of several GPUs where the current device is still 0 (a script that moves work with
+  ``.to(f"cuda:{local_rank}")`` and never calls ``torch.cuda.set_device``), with one warning
+  whenever the two differ. Every event is recorded on that device's current stream, looked up
+  once per step.
+* Each phase records one CUDA event as it begins, and the step one as it ends (four a step in the
+  usual loop). A phase lasts the GPU's ``elapsed_time`` from its event to the next one: the time
+  the stream took between those boundaries. ``data`` is the GPU's wait for input (near 0 while it
+  still runs earlier work); ``compute`` holds the work launched from its start to the optimizer's
+  (the loop's own work between the two included); ``optimizer`` the work to the step's end.
+* A step is written once its end event completed, checked with ``query()`` (never blocking) as
+  each later step begins, and dated by the GPU: its ``mono`` is the instant the stream reached its
+  end (an *anchor*'s host instant plus ``elapsed_time`` from the anchor's event), its ``start``
+  where the host entered it or where the previous step ended on the GPU, if later. So spans never
+  overlap, they tile the GPU's work, and a record written late (after a fault) keeps its own times.
+  Anchor: an event whose host instant is known, taken at the first step (an event on an idle
+  stream, or one the host waited for: work queued before the first step is waited for once) and at
+  every fence that waits.
+* Fences (``settle()``: a wait on the newest step's end event): before a checkpoint, a wait on a
+  save in flight (NVRx's poll drains the queue anyway), a user span, an injected fault, and at
+  close, so that the steps' GPU work is theirs and not what follows; and once more than
+  ``MAX_PENDING`` steps wait, which only a loop that never reads a device value reaches. Neither
+  idles the GPU: the host loses the lead it had over it, no more.
+* Faults (``interrupted()``: a step, a wait or a span that raised, the in-process Wrapper's
+  finalize, the process's exit): bounded work, never a wait for the GPU. The steps whose work is
+  done are written with their own times; any other is written with host clocks, with a warning.
+  A CUDA error switches the process to host clocks for good, with a warning and a
+  ``step_timing`` record.
+* Work on a stream the timed stream does not wait for is not seen. A CUDA graph's capture cannot
+  hold an event record: time the graph's replay, not its capture (``docs/gpu.md``).
 """
 
 from __future__ import annotations
@@ -44,11 +48,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.contracts.schema import EventType, StepTimerKind
 from nvrx_slo.trainer.journal import Journal
 from nvrx_slo.trainer.saves import Waits
 
-MAX_PENDING = 2  # steps left by the host whose GPU work may still run; one more is a fence
+MAX_PENDING = 16  # steps left by the host whose GPU work may still run; one more is a fence
 
 _monotonic = time.monotonic
 
@@ -56,13 +60,24 @@ _monotonic = time.monotonic
 class DeviceEvent(Protocol):
     """What a step needs of ``torch.cuda.Event(enable_timing=True)``; tests pass a fake."""
 
-    def record(self) -> None: ...
+    def record(self, stream: Any = None) -> None: ...
 
     def query(self) -> bool: ...
 
     def synchronize(self) -> None: ...
 
     def elapsed_time(self, end_event: Any) -> float: ...  # milliseconds
+
+
+class CudaDevice:
+    """The device a rank's steps are timed on: its current stream (``stream()``) and new timing events."""
+
+    __slots__ = ("index", "stream", "event")
+
+    def __init__(self, index: int | None, stream: Callable[[], Any], event: Callable[[], DeviceEvent]) -> None:
+        self.index = index
+        self.stream = stream
+        self.event = event
 
 
 def in_use() -> bool:
@@ -75,79 +90,111 @@ def in_use() -> bool:
         return False
 
 
-def cuda_events() -> Callable[[], DeviceEvent]:
-    """New timing events for the current CUDA stream, or ``RuntimeError`` saying why there are none.
+def initialized_check() -> Callable[[], bool] | None:
+    """``torch.cuda.is_initialized`` once torch is imported (None before): what ``in_use`` asks, for a
+    caller that asks every step. Imports nothing."""
+    torch: Any = sys.modules.get("torch")
+    try:
+        return None if torch is None else torch.cuda.is_initialized
+    except Exception:
+        return None
 
-    The one place torch is imported, and only where CUDA is in use or a script asks for CUDA timing."""
+
+def pick_device(current: int, count: int, local_rank: int | None) -> tuple[int, str | None]:
+    """The device a rank works on, and a warning where that is a guess.
+
+    One GPU visible, or the current device its local rank's: the current device. Otherwise the
+    current device if the script chose one (``set_device`` to another than 0), else the local
+    rank's (torchrun's convention: a script that moves work with ``.to(f"cuda:{local_rank}")``
+    and leaves the current device at 0), with a warning naming the fix either way."""
+    if local_rank is None or count < 2 or not 0 <= local_rank < count or current == local_rank:
+        return current, None
+    chosen = current if current != 0 else local_rank
+    return chosen, (f"the current CUDA device is {current} but LOCAL_RANK is {local_rank} on a node with {count} "
+                    f"GPUs: steps are timed on the stream of cuda:{chosen}; call torch.cuda.set_device(local_rank) "
+                    "before the first step, so that the rank's work, NCCL and the step timing use one device")
+
+
+def cuda_device(local_rank: int | None) -> tuple[CudaDevice, str | None]:
+    """The device this rank works on (``pick_device``) and its warning, or ``RuntimeError`` saying
+    why there is none. The one place torch is imported, and only where CUDA is in use or a script
+    asks for CUDA timing."""
     try:
         import torch
     except ImportError as exc:
         raise RuntimeError(f"torch is not importable ({exc})") from None
-    if not torch.cuda.is_available():
+    cuda = torch.cuda
+    if not cuda.is_available():
         raise RuntimeError("CUDA is not available")
-    return functools.partial(torch.cuda.Event, enable_timing=True)
+    index, warning = pick_device(cuda.current_device(), cuda.device_count(), local_rank)
+    return CudaDevice(index, functools.partial(cuda.current_stream, index),
+                      functools.partial(cuda.Event, enable_timing=True)), warning
+
+
+def event_seam(events: Callable[[], DeviceEvent]) -> CudaDevice:
+    """Timing events recorded where they record themselves (``Hooks(journal, events)``: a test's fake)."""
+    return CudaDevice(None, lambda: None, events)
 
 
 class _Left:
     """A step the host has left, waiting for its GPU work to finish."""
 
-    __slots__ = ("step", "start", "host", "end")
+    __slots__ = ("step", "start", "exit", "host", "marks", "end")
 
-    def __init__(self, step: int, start: float, host: list[float], end: DeviceEvent) -> None:
+    def __init__(self, step: int, start: float, exit_: float, host: list[float],
+                 marks: list[tuple[int, DeviceEvent]], end: DeviceEvent) -> None:
         self.step = step
         self.start = start
-        self.host = host  # host-clock phases: what the record says if CUDA fails
+        self.exit = exit_  # when the host left it: the earliest its work can end
+        self.host = host  # host-clock phases: what the record says if its GPU work is not seen done
+        self.marks = marks  # (phase, event recorded as it began), in order
         self.end = end
 
 
 class _CudaPhase:
-    """One phase: an event at each boundary, and the host clock for the fallback."""
+    """One phase: an event as it begins, and the host clock for the fallback."""
 
-    __slots__ = ("_timer", "_index", "_t0", "_begin")
+    __slots__ = ("_timer", "_index", "_t0")
 
     def __init__(self, timer: CudaStepTimer, index: int) -> None:
         self._timer = timer
         self._index = index
         self._t0 = 0.0
-        self._begin: DeviceEvent | None = None
 
     def __enter__(self) -> None:
-        self._timer._poll()
-        self._begin = self._timer._record()
+        self._timer._mark(self._index)
         self._t0 = _monotonic()
 
     def __exit__(self, *exc: object) -> None:
-        timer = self._timer
-        timer._host[self._index] += _monotonic() - self._t0
-        end = timer._record()
-        if end is not None and self._begin is not None:
-            timer._marks.append((self._index, self._begin, end))
-        timer._poll()
+        self._timer._host[self._index] += _monotonic() - self._t0
 
 
 class CudaStepTimer:
     """``StepTimer`` with its phases timed by CUDA events: used the same way, writes the same records
     (see the module docstring for what they mean here)."""
 
-    __slots__ = ("_journal", "_waits", "_new_event", "_free", "_pending", "_marks", "_step", "_start", "_host",
-                 "_seen", "_data", "_compute", "_optimizer")
+    __slots__ = ("_journal", "_waits", "_device", "_stream", "_free", "_pending", "_marks", "_step", "_start",
+                 "_host", "_end", "_anchor", "_data", "_compute", "_optimizer")
 
-    def __init__(self, journal: Journal, new_event: Callable[[], DeviceEvent], waits: Waits) -> None:
+    def __init__(self, journal: Journal, device: CudaDevice, waits: Waits) -> None:
         self._journal = journal
         self._waits = waits  # the loop's waits on saves: carried by the next record written
-        self._new_event: Callable[[], DeviceEvent] | None = new_event  # None: CUDA failed, host clocks
+        self._device: CudaDevice | None = device  # None: CUDA failed, host clocks
+        self._stream: Any = None  # the device's current stream, looked up as each step begins
         self._free: list[DeviceEvent] = []  # completed events, to record again
         self._pending: deque[_Left] = deque()
-        self._marks: deque[tuple[int, DeviceEvent, DeviceEvent]] = deque()  # (phase, begin, end), not yet booked
+        self._marks: list[tuple[int, DeviceEvent]] = []
         self._step = 0
         self._start = 0.0
         self._host = [0.0, 0.0, 0.0]
-        self._seen = 0.0  # when the last step journaled from events was written
+        self._end = 0.0  # where the last step written ended
+        self._anchor: tuple[DeviceEvent, float] | None = None  # (event, the host instant the stream reached it)
         self._data, self._compute, self._optimizer = _CudaPhase(self, 0), _CudaPhase(self, 1), _CudaPhase(self, 2)
 
     def _reset(self, step: int) -> CudaStepTimer:
         self._step = step
-        self._host = [0.0, 0.0, 0.0]  # a fresh list: a waiting step keeps its own
+        self._host = [0.0, 0.0, 0.0]  # fresh lists: a waiting step keeps its own
+        self._marks = []
         return self
 
     def data(self) -> _CudaPhase:
@@ -166,105 +213,148 @@ class CudaStepTimer:
         """Fence: wait for the GPU work of the steps the host has left, and journal them."""
         self._fence(0)
 
-    def __enter__(self) -> CudaStepTimer:
+    def interrupted(self, why: str) -> None:
+        """A fault (``why``): journal every waiting step without waiting for the GPU: with its own
+        times if its work is done, else with host clocks and a warning."""
         self._poll()
+        if self._pending:
+            unseen = [left.step for left in self._pending]
+            self._journal.emit(EventType.WARNING, message=f"steps {unseen}: GPU work not seen finished when "
+                               f"{why}; journaled with host clocks"[:500])
+            self._write_host()
+
+    def __enter__(self) -> CudaStepTimer:
+        if self._pending:
+            self._poll()
+        device = self._device
+        if device is not None:
+            try:
+                self._stream = device.stream()
+                if self._anchor is None:
+                    self._take_anchor(device)
+            except Exception as exc:  # never raise into training
+                self._fail(exc)
         self._start = _monotonic()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if exc_type is not None:
-            self._at_fault()
+            self.interrupted(f"step {self._step} failed")  # and drop the failed step's events
             self._journal.emit(EventType.STEP_FAILED, step=self._step, start=self._start,
                                error=f"{exc_type.__name__}: {exc}"[:300], **self._waits.field())
             return
-        end = self._record()
+        left = _monotonic()
+        end = self._event()
         if end is None:  # host clocks: written now, as StepTimer writes it
             host = self._host
             self._journal.step(self._step, self._start, host[0], host[1], host[2], self._waits.take())
             return
-        self._pending.append(_Left(self._step, self._start, self._host, end))
+        self._pending.append(_Left(self._step, self._start, left, self._host, self._marks, end))
         if len(self._pending) > MAX_PENDING:
             self._fence(MAX_PENDING)
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _record(self) -> DeviceEvent | None:
-        """An event recorded now on the current stream; None on host clocks."""
-        if self._new_event is None:
+    def _event(self) -> DeviceEvent | None:
+        """An event recorded now on the step's stream; None on host clocks."""
+        device = self._device
+        if device is None:
             return None
         try:
-            event = self._free.pop() if self._free else self._new_event()
-            event.record()
+            event = self._free.pop() if self._free else device.event()
+            event.record(self._stream)
             return event
         except Exception as exc:  # never raise into training
             self._fail(exc)
             return None
+
+    def _mark(self, index: int) -> None:
+        event = self._event()
+        if event is not None:
+            self._marks.append((index, event))
+
+    def _take_anchor(self, device: CudaDevice) -> None:
+        """The first anchor: an event on the stream, done at once if the stream is idle, else
+        waited for (the work queued before the first step: once). Raises what CUDA raised."""
+        event = device.event()
+        event.record(self._stream)
+        if not event.query():
+            event.synchronize()
+        self._anchor = (event, _monotonic())
 
     def _poll(self) -> None:
         """Journal the waiting steps whose GPU work has finished, oldest first, without blocking."""
         pending = self._pending
         try:
             while pending and pending[0].end.query():
-                self._write(pending[0], _monotonic())
+                self._write(pending[0])
                 pending.popleft()
         except Exception as exc:  # never raise into training
             self._fail(exc)
 
     def _fence(self, keep: int) -> None:
-        """Wait for the oldest waiting steps' GPU work until ``keep`` remain, and journal them."""
+        """Wait for the oldest waiting steps' GPU work until ``keep`` remain, and journal them; a
+        wait that was needed gives a fresh anchor (the host saw the stream reach that event)."""
         pending = self._pending
+        if len(pending) <= keep:
+            return
         try:
+            newest = pending[len(pending) - keep - 1].end
+            waited = not newest.query()
+            if waited:
+                newest.synchronize()
+            seen = _monotonic()
             while len(pending) > keep:
-                pending[0].end.synchronize()
-                self._write(pending[0], _monotonic())
+                self._write(pending[0])
                 pending.popleft()
+            if waited and self._anchor is not None:
+                self._free.remove(newest)  # the anchor from now on
+                self._free.append(self._anchor[0])
+                self._anchor = (newest, seen)
         except Exception as exc:  # never raise into training
             self._fail(exc)
 
-    def _write(self, left: _Left, seen: float) -> None:
-        """Journal ``left``, its GPU work seen finished at ``seen``, with the phases the GPU finished in
-        its span: its own, and any of the next steps' already done. Raises what CUDA raised."""
+    def _write(self, left: _Left) -> None:
+        """Journal ``left``, its GPU work done, dated by the GPU. Raises what CUDA raised."""
+        assert self._anchor is not None  # taken at the first step, before any step waits
         phases = [0.0, 0.0, 0.0]
-        marks, free = self._marks, self._free
-        first = marks[0][0] if marks else 0
-        while marks and marks[0][2].query():
-            index, begin, end = marks[0]
-            phases[index] += max(0.0, begin.elapsed_time(end) / 1000.0)
-            free += (begin, end)
-            marks.popleft()
-        start = max(left.start, self._seen)
-        span = seen - start
-        excess = phases[0] + phases[1] + phases[2] - span
-        if excess > 0.0:  # the first phase began before the span: the previous record holds that part
-            phases[first] -= min(excess, phases[first])
-            total = phases[0] + phases[1] + phases[2]
-            if total > span:  # float noise, or the clocks drifting apart
-                phases = [p * span / total for p in phases]
-        self._journal.step(left.step, start, phases[0], phases[1], phases[2], self._waits.take())
-        self._seen = _monotonic()  # not before the record's mono: the next span starts after it
-        free.append(left.end)
+        marks, end = left.marks, left.end
+        for k, (index, event) in enumerate(marks):
+            following = marks[k + 1][1] if k + 1 < len(marks) else end
+            phases[index] += max(0.0, event.elapsed_time(following) / 1000.0)
+        anchor, at = self._anchor
+        start = max(left.start, self._end)
+        finished = max(min(at + anchor.elapsed_time(end) / 1000.0, _monotonic()), left.exit, start)
+        span, total = finished - start, phases[0] + phases[1] + phases[2]
+        if total > span:  # the anchor's error, or the clocks drifting apart
+            phases = [p * span / total for p in phases]
+        self._journal.step(left.step, start, phases[0], phases[1], phases[2], self._waits.take(), at=finished)
+        self._end = finished
+        free = self._free
+        free += (event for _, event in marks)
+        free.append(end)
 
     def _write_host(self) -> None:
-        """Journal every waiting step with its host-clock phases; the events are dropped (maybe unfinished)."""
-        self._marks.clear()
+        """Journal every waiting step with its host-clock phases, ending where the host left it; the
+        events are dropped (maybe unfinished)."""
         while self._pending:
             left = self._pending.popleft()
-            self._journal.step(left.step, left.start, left.host[0], left.host[1], left.host[2], self._waits.take())
-
-    def _at_fault(self) -> None:
-        """A step raised: the GPU may be faulted, so journal the waiting steps without waiting for it."""
-        self._poll()
-        if self._pending:
-            unseen = [left.step for left in self._pending]
-            self._journal.emit(EventType.WARNING, message=f"steps {unseen}: GPU work not seen finished when step "
-                               f"{self._step} failed; journaled with host clocks"[:500])
-        self._write_host()  # and drop the failed step's events
+            start = max(left.start, self._end)
+            self._end = finished = max(left.exit, start)
+            self._journal.step(left.step, start, left.host[0], left.host[1], left.host[2], self._waits.take(),
+                               at=finished)
 
     def _fail(self, exc: BaseException) -> None:
         """CUDA failed: host clocks for the rest of this process, with one warning."""
-        self._new_event = None
+        device, self._device = self._device, None
         self._free.clear()
+        self._marks = []
+        self._anchor = None
+        self._stream = None
         self._journal.emit(EventType.WARNING, message=f"CUDA step timing failed ({type(exc).__name__}: {exc}); "
                            "steps are timed by host clocks from here"[:500])
+        self._journal.emit(EventType.STEP_TIMING, step=self._step, timer=StepTimerKind.HOST.value, cuda=True,
+                           device=None if device is None else device.index,
+                           reason=f"CUDA error: {type(exc).__name__}: {exc}"[:300])
         self._write_host()

@@ -17,10 +17,11 @@ Usage (see the README, "Instrumenting your training script")::
             queue.maybe_finalize_async_calls(blocking=False)
     slo.close()
 
-Steps are timed by CUDA events where the process uses CUDA, by host clocks otherwise, decided at
-the first step (``Hooks.start``'s ``timing``): on a GPU, host clocks around a phase time kernel
-launches, not the work. ``nvrx_slo.trainer.cuda_timing`` says what the records mean then, where
-queued work is booked and what the fences cost.
+Steps are timed by CUDA events where the process uses CUDA, by host clocks otherwise: decided at
+the first step, and again at the first step after CUDA appears (``Hooks.start``'s ``timing``); each
+choice is journaled (``step_timing``). On a GPU, host clocks around a phase time kernel launches,
+not the work. ``nvrx_slo.trainer.cuda_timing`` says what the records mean then, where queued work
+is booked and what the fences cost.
 
 Why context managers: a span is written once, at its end, so a step that raises (a fault, an
 in-process restart) leaves no record at all instead of a half one. Every method is safe to call
@@ -30,20 +31,25 @@ the journal counts its own failures.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.contracts.schema import EventType, StepTimerKind
 from nvrx_slo.trainer import cuda_timing
 from nvrx_slo.trainer.cuda_timing import CudaStepTimer, DeviceEvent
 from nvrx_slo.trainer.journal import Journal, int_env, open_journal
-from nvrx_slo.trainer.saves import CheckpointSave, CheckpointWait, Waits
+from nvrx_slo.trainer.saves import CheckpointSave, CheckpointWait, SaveWait, Waits, observe_queue
 
 __all__ = ["TIMINGS", "CheckpointSave", "CheckpointWait", "Hooks", "Restored", "StepTimer"]
+
+Q = TypeVar("Q")
 
 log = logging.getLogger("nvrx_slo.hooks")
 
@@ -103,6 +109,9 @@ class StepTimer:
     def settle(self) -> None:
         """Nothing waits on host clocks: every step is journaled at its exit."""
 
+    def interrupted(self, why: str) -> None:
+        """Nothing waits on host clocks."""
+
     def __enter__(self) -> StepTimer:
         self._start = _monotonic()
         return self
@@ -118,6 +127,31 @@ class StepTimer:
                                error=f"{exc_type.__name__}: {exc}"[:300], **self._waits.field())
 
 
+class _CudaWatch(StepTimer):
+    """Host clocks in a process that does not use CUDA (yet), looking for CUDA as each step begins:
+    a script may move its model to the GPU after its first step (lazy initialisation, a warm-up
+    step on the CPU, a library that initialises CUDA late). ``timing="auto"`` then switches to
+    CUDA events; ``timing="host"`` stays, and says so once."""
+
+    __slots__ = ("_hooks", "_timing", "_initialized")
+
+    def __init__(self, hooks: Hooks, timing: str) -> None:
+        super().__init__(hooks.journal, hooks._waits)
+        self._hooks = hooks
+        self._timing = timing
+        self._initialized: Callable[[], bool] | None = None  # torch.cuda.is_initialized, once torch is imported
+
+    def _reset(self, step: int) -> StepTimer | CudaStepTimer:  # type: ignore[override]
+        initialized = self._initialized
+        if initialized is None:
+            initialized = self._initialized = cuda_timing.initialized_check()
+        if initialized is not None and initialized():
+            return self._hooks._choose(self._timing, step, late=True)._reset(step)
+        self._step = step
+        self._data.seconds = self._compute.seconds = self._optimizer.seconds = 0.0
+        return self
+
+
 class _Undecided:
     """The step timer until the first step, which picks the real one (``Hooks.start``'s ``timing``):
     a script usually starts the hooks before it moves its model to the GPU."""
@@ -129,11 +163,13 @@ class _Undecided:
         self._timing = timing
 
     def _reset(self, step: int) -> StepTimer | CudaStepTimer:
-        timer = self._hooks._step = self._hooks._timer(self._timing)
-        return timer._reset(step)
+        return self._hooks._choose(self._timing, step)._reset(step)
 
     def settle(self) -> None:
         """No step yet: nothing to wait for."""
+
+    def interrupted(self, why: str) -> None:
+        """No step yet: nothing to journal."""
 
 
 class Restored:
@@ -200,14 +236,17 @@ class Hooks:
     """One per rank process: owns the journal and hands out the timers."""
 
     def __init__(self, journal: Journal, events: Callable[[], DeviceEvent] | None = None) -> None:
-        """``events`` makes new CUDA timing events (``cuda_events()``, a fake in tests): steps are
-        then timed by the GPU; without it, or with the journal disabled, by host clocks."""
+        """``events`` makes new CUDA timing events that record themselves where their device works
+        (a fake in tests): steps are then timed by them; without it, or with the journal disabled,
+        by host clocks. ``Hooks.start`` is the way in for a training script."""
         self.journal = journal
         self._waits = Waits()
         self._pending: list[CheckpointSave] = []  # asynchronous saves not ended yet, oldest first
         self._step: StepTimer | CudaStepTimer | _Undecided = (
             StepTimer(journal, self._waits) if events is None or not journal.enabled
-            else CudaStepTimer(journal, events, self._waits))
+            else CudaStepTimer(journal, cuda_timing.event_seam(events), self._waits))
+        self._wait = SaveWait(self._waits, self._pending, lambda: self._step)
+        self._at_exit: Callable[[], None] | None = None
 
     @classmethod
     def start(cls, world_size: int, journal_dir: str | None = None, *, timing: str = "auto") -> Hooks:
@@ -215,15 +254,17 @@ class Hooks:
         with the pod's worker count from the launcher's ``$LOCAL_WORLD_SIZE``.
 
         ``timing`` decides at the first step how steps are timed (most scripts start the hooks
-        before they move the model to the GPU):
+        before they move the model to the GPU), and again at the first step after CUDA appears:
 
-        * ``"auto"``: by CUDA events if the process uses CUDA by then (torch imported, CUDA
-          initialised), else by host clocks. It never imports torch itself.
+        * ``"auto"``: by CUDA events if the process uses CUDA (torch imported, CUDA initialised),
+          else by host clocks until it does. It never imports torch itself.
         * ``"cuda"``: by CUDA events (imports torch); without CUDA, host clocks and a warning.
         * ``"host"``: by host clocks. In a process that uses CUDA they time kernel launches, not
           the work, and book queued work where the host waits for it (data wait, checkpoint
           blocking): one warning says so.
 
+        Each choice is journaled (``step_timing``: the timer, the device, why). The events are
+        recorded on the stream of the device the rank works on (``cuda_timing.pick_device``).
         ``ValueError`` for another ``timing`` (a mistake in the script, found at its start)."""
         if timing not in TIMINGS:
             raise ValueError(f"timing must be one of {', '.join(TIMINGS)}; got {timing!r}")
@@ -232,23 +273,43 @@ class Hooks:
                            local_world_size=int_env(os.environ, "LOCAL_WORLD_SIZE"))
         if hooks.journal.enabled:
             hooks._step = _Undecided(hooks, timing)
+            hooks._at_exit = functools.partial(_interrupted_at_exit, weakref.ref(hooks))
+            atexit.register(hooks._at_exit)
         return hooks
 
-    def _timer(self, timing: str) -> StepTimer | CudaStepTimer:
-        """The step timer ``timing`` picks now (see ``start``); never raises into training."""
+    def _choose(self, timing: str, step: int, late: bool = False) -> StepTimer | CudaStepTimer:
+        """The step timer ``timing`` picks at ``step`` (see ``start``), journaled; ``late``: CUDA
+        appeared after the first step. Never raises into training."""
+        timer = self._step = self._timer(timing, step, late)
+        return timer
+
+    def _timer(self, timing: str, step: int, late: bool) -> StepTimer | CudaStepTimer:
         cuda = cuda_timing.in_use()
+        when = f"by step {step}" if late else "at the first step"
         if timing == "host" or (timing == "auto" and not cuda):
             if cuda:
                 self._warn("timing='host' in a process that uses CUDA: steps are timed by host clocks, which "
                            "time kernel launches and book queued GPU work where the host waits for it (data "
                            "wait, checkpoint blocking); timing='auto' times them by CUDA events")
-            return StepTimer(self.journal, self._waits)
+            self._timing(step, StepTimerKind.HOST, cuda, None, f"timing={timing!r}; CUDA "
+                         + (f"in use {when}" if cuda else "not in use at the first step"))
+            return StepTimer(self.journal, self._waits) if cuda else _CudaWatch(self, timing)
         try:
-            events = cuda_timing.cuda_events()
+            device, warning = cuda_timing.cuda_device(int_env(os.environ, "LOCAL_RANK"))
         except Exception as exc:  # never raise into training
             self._warn(f"timing={timing!r}: {exc}; steps are timed by host clocks")
+            self._timing(step, StepTimerKind.HOST, cuda, None, f"timing={timing!r}: {exc}")
             return StepTimer(self.journal, self._waits)
-        return CudaStepTimer(self.journal, events, self._waits)
+        if warning is not None:
+            self._warn(warning)
+        self._timing(step, StepTimerKind.CUDA, True, device.index,
+                     f"timing={timing!r}; CUDA in use {when}" if cuda else f"timing={timing!r}")
+        return CudaStepTimer(self.journal, device, self._waits)
+
+    def _timing(self, step: int, timer: StepTimerKind, cuda: bool, device: int | None, reason: str) -> None:
+        log.info("nvrx-slo: steps from %d timed by %s (%s)", step, timer.value, reason)
+        self.journal.emit(EventType.STEP_TIMING, step=step, timer=timer.value, cuda=cuda, device=device,
+                          reason=reason[:300])
 
     def _warn(self, message: str) -> None:
         log.warning("nvrx-slo: %s", message)
@@ -271,14 +332,30 @@ class Hooks:
         self.journal.emit(EventType.CHECKPOINT_START, ckpt=ckpt, step=step, mode=mode, **self._waits.field())
         return CheckpointSave(self.journal, self._waits, self._pending, ckpt, step)
 
-    def checkpoint_wait(self) -> CheckpointWait:
+    def checkpoint_wait(self) -> SaveWait:
         """``with hooks.checkpoint_wait():`` around each poll of an asynchronous save's writer
         between steps (NVRx's ``queue.maybe_finalize_async_calls(blocking=False)``, a wait on a
         previous save's future): checkpoint blocking, whatever its length, charged to the oldest
         save of this process still in flight (nothing is booked when none is). A save that ends
         inside the block (NVRx runs its finalize functions in the poll) is journaled at its end,
-        with this wait counted. No record per poll: see ``nvrx_slo.trainer.saves``."""
-        return CheckpointWait(self._pending)
+        with this wait counted. No record per poll: see ``nvrx_slo.trainer.saves``.
+
+        While a save is in flight, entering it first waits for the GPU work the steps queued and
+        books it to them (a poll that reads a device value waits for it anyway): the wait is the
+        save's own cost. With none in flight it costs nothing. Nested waits book once."""
+        return self._wait
+
+    def checkpoint_queue(self, queue: Q) -> Q:
+        """Hand over NVRx's ``AsyncCallsQueue`` once, and get it back: every poll and finalize of it
+        (``maybe_finalize_async_calls``, also the one its ``close()`` makes) is then a
+        ``checkpoint_wait()``, wrapped by hand or not. Observed through that public method, set on
+        this queue object (the class is left alone); handing it over twice changes nothing."""
+        try:
+            observe_queue(queue, self.checkpoint_wait)
+        except Exception as exc:  # never raise into training
+            self._warn(f"cannot observe the checkpoint queue ({type(exc).__name__}: {exc}); wrap each of its "
+                       "polls in checkpoint_wait()")
+        return queue
 
     def span(self, name: str) -> _UserSpan:
         """``with hooks.span("eval"):`` around planned work that is not training (evaluation, an SDC
@@ -295,6 +372,12 @@ class Hooks:
         """Something the operator should know (a fallback restore, a missing NVRx feature)."""
         self.journal.emit(EventType.WARNING, message=message, **fields)
 
+    def interrupted(self) -> None:
+        """A fault left the loop outside a step (the in-process Wrapper's ``finalize`` calls it, and
+        the process's exit): journal now, without waiting for the GPU, every step whose GPU work is
+        done, with its own times (a step still running on the GPU: with host clocks)."""
+        self._step.interrupted("the loop was interrupted outside a step")
+
     def fault_injected(self, kind: str, step: int) -> None:
         """The reference job is about to inject a fault (tests and demos only)."""
         self._step.settle()
@@ -305,3 +388,13 @@ class Hooks:
         self._step.settle()
         self.journal.emit(EventType.PROCESS_END, **self._waits.field())
         self.journal.close()
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
+
+
+def _interrupted_at_exit(hooks: weakref.ref[Hooks]) -> None:
+    """At the exit of a process that never closed its hooks (an exception outside any step)."""
+    alive = hooks()
+    if alive is not None:
+        alive.interrupted()

@@ -1,6 +1,6 @@
 """Journaling callbacks for NVRx ``inprocess.Wrapper``, composed with the user's own.
 
-``inprocess_wrapper_kwargs(journal, **user_kwargs)`` returns the keyword arguments for ``Wrapper(...)``
+``inprocess_wrapper_kwargs(hooks, **user_kwargs)`` returns the keyword arguments for ``Wrapper(...)``
 with every callback (``abort``, ``finalize``, ``rank_assignment``, ``initialize``, ``completion``,
 ``terminate``) composed with the user's (or NVRx's default), so one restart leaves, in order:
 
@@ -18,9 +18,12 @@ event                      thread            meaning
 
 Each callback journals and returns its input. None raises (a failure is counted by the
 journal), none blocks, and the abort callback (monitor thread) touches nothing but the journal —
-never ``torch.distributed``. ``inprocess_wrapper`` builds the Wrapper too, fitted to restart on a
-host without a GPU (a CI runner): that fit is here, not with the reference job's CPU shims,
-because a user's own job needs it as much.
+never ``torch.distributed``. Handed the hooks (not only their journal), the finalize callback
+first journals the steps whose GPU work finished before the fault, with their own times
+(``Hooks.interrupted``): a fault outside a step would otherwise leave them to be written after the
+restart. ``inprocess_wrapper`` builds the Wrapper too, fitted to restart on a host without a GPU
+(a CI runner): that fit is here, not with the reference job's CPU shims, because a user's own job
+needs it as much.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer import nvrx_compat
+from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import Journal
 
 log = logging.getLogger("nvrx_slo.inprocess")
@@ -39,8 +43,9 @@ def _cause(exc: BaseException | None) -> str | None:
     return None if exc is None else f"{type(exc).__name__}: {exc}"[:300]
 
 
-def inprocess_wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
-    """``inprocess.Wrapper`` keyword arguments: ``kwargs`` with journaling composed into each callback.
+def inprocess_wrapper_kwargs(hooks: Hooks | Journal, **kwargs: Any) -> dict[str, Any]:
+    """``inprocess.Wrapper`` keyword arguments: ``kwargs`` with journaling composed into each callback
+    (``hooks``: the process's ``Hooks``, or only their journal).
 
     Callbacks the caller leaves out keep NVRx's defaults (``AbortTorchDistributed`` for abort,
     ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest). Build
@@ -49,6 +54,8 @@ def inprocess_wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
     ip: Any = nvrx_compat.inprocess()  # callback base classes come from the installed NVRx
     if ip is None:
         return kwargs
+    journal = hooks.journal if isinstance(hooks, Hooks) else hooks
+    interrupted = hooks.interrupted if isinstance(hooks, Hooks) else None
     ra: Any = ip.rank_assignment
 
     class JournalAbort(ip.abort.Abort):
@@ -58,6 +65,8 @@ def inprocess_wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
 
     class JournalFinalize(ip.finalize.Finalize):
         def __call__(self, state: Any) -> Any:
+            if interrupted is not None:
+                interrupted()  # never raises
             journal.emit(EventType.INPROCESS_FINALIZE, cause=_cause(getattr(state, "fn_exception", None)))
             return state
 
@@ -113,13 +122,13 @@ def inprocess_wrapper_kwargs(journal: Journal, **kwargs: Any) -> dict[str, Any]:
     return kwargs
 
 
-def inprocess_wrapper(journal: Journal, **kwargs: Any) -> Any:
-    """``inprocess.Wrapper(**inprocess_wrapper_kwargs(journal, **kwargs))``, able to restart in-process on a
+def inprocess_wrapper(hooks: Hooks | Journal, **kwargs: Any) -> Any:
+    """``inprocess.Wrapper(**inprocess_wrapper_kwargs(hooks, **kwargs))``, able to restart in-process on a
     host without a GPU (``_without_gpu_health_checks``), or None without ``inprocess``."""
     ip = nvrx_compat.inprocess()
     if ip is None:
         return None
-    return _without_gpu_health_checks(ip.Wrapper(**inprocess_wrapper_kwargs(journal, **kwargs)))
+    return _without_gpu_health_checks(ip.Wrapper(**inprocess_wrapper_kwargs(hooks, **kwargs)))
 
 
 def _without_gpu_health_checks(wrapper: Any) -> Any:

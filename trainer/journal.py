@@ -200,14 +200,15 @@ class Journal:
             self._fail(exc)
 
     def step(self, step: int, start: float, data_s: float, compute_s: float, optimizer_s: float,
-             blocked_s: float = 0.0) -> None:
+             blocked_s: float = 0.0, at: float | None = None) -> None:
         """``emit(EventType.STEP, ...)`` with a pre-compiled template: the one event written every step
-        (``blocked_s`` only when the loop waited on a save since its previous record)."""
+        (``blocked_s`` only when the loop waited on a save since its previous record). ``at``: when
+        the step ended, if before now (``emit_at``: a step timed by the GPU is written once seen done)."""
         if self.directory is None:
             return
         try:
             body = _STEP_BODY % (step, start, data_s, compute_s, optimizer_s)
-            self._append("step", body + _BLOCKED % blocked_s if blocked_s > 0.0 else body)
+            self._append("step", body + _BLOCKED % blocked_s if blocked_s > 0.0 else body, at)
         except Exception as exc:  # never raise into training
             self._fail(exc)
 

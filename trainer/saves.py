@@ -14,16 +14,22 @@ per save — so each wait is booked without a record of its own, whatever its le
   blocking after its block), which is why an end arriving during a wait is written when the wait
   is over (``CheckpointSave._hold``).
 
+``SaveWait`` is ``Hooks.checkpoint_wait()`` (reentrant; with a save in flight it first settles the
+steps' GPU work), and ``observe_queue`` makes every poll of a handed-over NVRx queue one.
+
 Every method is safe from any thread and never raises into training.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer.journal import Journal
@@ -34,10 +40,11 @@ _monotonic = time.monotonic
 class Waits:
     """The loop's waits on saves that no record has carried yet (see the module docstring)."""
 
-    __slots__ = ("seconds", "_lock")
+    __slots__ = ("seconds", "blocks", "_lock")
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.blocks = 0  # save blocks under way (``CheckpointSave``): a wait inside one is the block's
         self._lock = threading.Lock()
 
     def add(self, seconds: float) -> None:
@@ -182,11 +189,13 @@ class CheckpointSave:
                            written=written, error=error, **({"waited_s": waited} if waited > 0.0 else {}))
 
     def __enter__(self) -> CheckpointSave:
+        self._waits.blocks += 1
         self._start = _monotonic()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        self._waits.blocks -= 1
         self._waits.take()  # waits inside the block are the block's: it is blocking already
         if exc is not None:  # the save call itself failed: over, and failed
             self.failed(exc)
@@ -227,3 +236,67 @@ class CheckpointWait:
         if save is not None:
             save.waited(self._start)
             save._release()
+
+
+class StepTimerLike(Protocol):
+    """What a wait asks of the hooks' step timer."""
+
+    def settle(self) -> None: ...
+
+    def interrupted(self, why: str) -> None: ...
+
+
+class SaveWait:
+    """``Hooks.checkpoint_wait()``: one per hooks, reentrant. Only the outermost wait books (a poll
+    of a handed-over queue inside the user's own ``checkpoint_wait()``), and none inside a save's
+    block, which is blocking already (NVRx's drain of its writer before a new save's staging).
+    ``timer`` gives the hooks' step timer now: with a save in flight, a wait first settles the
+    steps' GPU work (a poll that reads a device value waits for it anyway, and it is theirs)."""
+
+    __slots__ = ("_waits", "_pending", "_timer", "_depth", "_wait")
+
+    def __init__(self, waits: Waits, pending: list[CheckpointSave], timer: Callable[[], StepTimerLike]) -> None:
+        self._waits = waits
+        self._pending = pending
+        self._timer = timer
+        self._depth = 0
+        self._wait: CheckpointWait | None = None
+
+    def __enter__(self) -> None:
+        self._depth += 1
+        if self._depth > 1 or self._waits.blocks:
+            return
+        if self._pending:
+            self._timer().settle()
+        self._wait = CheckpointWait(self._pending)
+        self._wait.__enter__()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        wait, self._wait = self._wait, None
+        if wait is not None:
+            wait.__exit__(exc_type, exc, tb)
+        if exc_type is not None:
+            self._timer().interrupted(f"a wait on a save raised {exc_type.__name__}")
+
+
+def observe_queue(queue: Any, wait: Callable[[], SaveWait]) -> None:
+    """Set on ``queue`` (NVRx's ``AsyncCallsQueue``) a ``maybe_finalize_async_calls`` that runs its
+    own inside ``wait()``; once (a queue observed already is left as it is). Raises what the queue
+    raised (no such method)."""
+    poll = queue.maybe_finalize_async_calls
+    if getattr(poll, "nvrx_slo_observed", False):
+        return
+    # a weak reference to the bound method: the queue's __del__ (NVRx closes it there) still runs
+    method: Callable[[], Any] = weakref.WeakMethod(poll) if inspect.ismethod(poll) else (lambda: poll)
+
+    @functools.wraps(poll)
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        with wait():
+            return method()(*args, **kwargs)
+
+    observed.nvrx_slo_observed = True  # type: ignore[attr-defined]
+    queue.maybe_finalize_async_calls = observed

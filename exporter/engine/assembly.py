@@ -40,7 +40,8 @@ def rank(led: Ledger, preview: Ledger, lane: Lane, origin: float, end: float, fi
         steps=lane.steps, step=lane.step, last_step_wall=lane.step_wall,
         step_duration=lane.hist.frozen(), worker_alive=lane.worker_alive(), skew_ratio=skew, gpu_idle_s=idle,
         state=led.state, pid=lane.newest_pid, restart=lane.newest_restart, iter=lane.newest_iter,
-        last_restore_wall=lane.last_restore_wall, user_spans=dict(led.user), first_step_wall=lane.first_step_wall)
+        last_restore_wall=lane.last_restore_wall, user_spans=dict(led.user), first_step_wall=lane.first_step_wall,
+        step_timer=lane.step_timer())
 
 
 def blocking_cost(ck: CheckpointsView) -> float | None:

@@ -23,8 +23,16 @@ from typing import Annotated
 
 import msgspec
 
-from nvrx_slo.contracts.catalogue import STEP_BUCKETS
-from nvrx_slo.contracts.schema import CheckpointWorker, EventType, ProcessStart, Restore, Step
+from nvrx_slo.contracts.catalogue import STEP_BUCKETS, StepTimer
+from nvrx_slo.contracts.schema import (
+    CheckpointWorker,
+    EventType,
+    ProcessStart,
+    Restore,
+    Step,
+    StepTimerKind,
+    StepTiming,
+)
 from nvrx_slo.exporter.engine.accounting import Ledger, RestartSink
 from nvrx_slo.exporter.engine.histogram import StepBuckets
 from nvrx_slo.exporter.events import BEFORE_ALL, Event
@@ -90,6 +98,9 @@ class Lane:
     worker: bool | None = None
     worker_mono: float = BEFORE_ALL
     worker_pid: int = -1
+    timer: StepTimer | None = None  # how its newest step_timing said steps are timed ...
+    timer_mono: float = BEFORE_ALL
+    timer_pid: int = -1  # ... and by which process
     local_world_size: int = 0  # the most workers its pod was said to run (0: not said)
     last_restore_wall: float | None = None  # Unix time of its newest restore
     first_step_wall: float | None = None  # Unix time its first step began
@@ -113,6 +124,11 @@ class Lane:
         elif isinstance(record, CheckpointWorker):
             if mono > self.worker_mono:
                 self.worker, self.worker_mono, self.worker_pid = record.alive, mono, record.pid
+        elif isinstance(record, StepTiming):
+            if mono > self.timer_mono:
+                self.timer_mono, self.timer_pid = mono, record.pid
+                self.timer = (StepTimer.CUDA if record.timer == StepTimerKind.CUDA.value
+                              else StepTimer.HOST_ON_GPU if record.cuda else StepTimer.HOST)
         elif isinstance(record, ProcessStart):
             self.local_world_size = max(self.local_world_size, record.local_world_size or 0)
         elif isinstance(record, Restore):
@@ -168,6 +184,10 @@ class Lane:
         """The process this rank ran at ``mono`` (the newest one started by then), None if none yet."""
         started = [(first, pid) for pid, first in self.pids.items() if first <= mono]
         return max(started)[1] if started else None
+
+    def step_timer(self) -> StepTimer | None:
+        """How the newest process times its steps (None: it has not said)."""
+        return self.timer if self.timer_pid == self.newest_pid else None
 
     def worker_alive(self) -> bool | None:
         """The newest process's async checkpoint worker, as it last reported (None: not yet)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
-from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase, StepTimer
 
 K = TypeVar("K")
 
@@ -99,6 +99,7 @@ class RankSnapshot:
     user_spans: Mapping[str, float]  # the user_span category by span name
     first_step_wall: float | None  # Unix time the rank's first step (in this pod) began
     pod: str = ""  # in a job's snapshot: the pod that ran it (a lost pod's rank and its replacement's differ)
+    step_timer: StepTimer | None = None  # how its newest process times its steps (None: not journaled)
 
     @property
     def efficiency(self) -> float | None:

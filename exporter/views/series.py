@@ -143,6 +143,9 @@ def series(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
     per_rank_values(cat.STEPS, of_ranks(lambda r: r.steps))
     single(cat.TRAINING_STEP, snap.latest_step)
     per_rank_values(cat.LAST_STEP_TIMESTAMP, of_ranks(lambda r: r.last_step_wall))
+    timers = [r.step_timer for r in ranks]
+    for timer in sorted({t for t in timers if t is not None}):
+        single(cat.STEP_TIMING_RANKS, timers.count(timer), (("timer", timer.value),))
     if ranks:
         steps = out[cat.STEP_DURATION.name].histograms
         if split:

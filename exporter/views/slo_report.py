@@ -13,7 +13,7 @@ from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.printable import printable
-from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, RECENT_ROWS, breakdown, slo_results
+from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, RECENT_ROWS, breakdown, slo_results, step_timing
 
 
 def _pct(part: float, whole: float) -> str:
@@ -50,6 +50,7 @@ def render(snap: Snapshot, targets: Targets) -> str:
     for category, seconds in sorted(parts.items(), key=lambda kv: (kv[0] is not Category.PRODUCTIVE, -kv[1])):
         lines.append(f"  {CATEGORY_STYLES[category].label:<{width}}  {seconds:10.2f} s  {_pct(seconds, wall)}")
     lines.append(f"  {'total':<{width}}  {sum(parts.values()):10.2f} s  {_pct(sum(parts.values()), wall)}")
+    lines.append(f"  steps timed by {step_timing(snap)}")
 
     ck = snap.checkpoints
     lines += [

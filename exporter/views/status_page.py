@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 
-from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase, StepTimer
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot, RankState, Snapshot
 from nvrx_slo.exporter.views.view import View
@@ -295,6 +295,23 @@ def _restart_section(snap: Snapshot, targets: Targets) -> str:
             f'{_num("mtbf", rs.mtbf_s, _secs(rs.mtbf_s))}</p><p class="sub">{legend}</p>{table}</section>')
 
 
+_TIMER_LABEL = {StepTimer.CUDA: "CUDA events", StepTimer.HOST: "host clocks",
+                StepTimer.HOST_ON_GPU: "HOST CLOCKS on a GPU"}
+# host clocks on a GPU time kernel launches: its phases are misbooked, and that shows
+_TIMER_CLASS: dict[StepTimer | None, str] = {StepTimer.HOST_ON_GPU: "fail"}
+
+
+def _timer(timer: StepTimer | None) -> str:
+    return "—" if timer is None else _TIMER_LABEL[timer]
+
+
+def step_timing(snap: Snapshot) -> str:
+    """How the ranks' steps are timed, in one line: ``CUDA events on 2 rank(s)``."""
+    timers = [r.step_timer for r in snap.ranks]
+    return ", ".join(f"{_timer(t) if t else 'not journaled'} on {timers.count(t)} rank(s)"
+                     for t in dict.fromkeys(timers)) or "no rank yet"
+
+
 def _ranks_section(snap: Snapshot) -> str:
     rows = []
     job = any(r.pod for r in snap.ranks)  # a job's ranks: each with the pod that ran it
@@ -308,14 +325,15 @@ def _ranks_section(snap: Snapshot) -> str:
                     f'<td class="num">{"—" if r.step is None else r.step}</td><td class="num">{_pct(eff)}</td>'
                     f'<td class="num">{_secs(r.unprotected_s)}</td>'
                     f'<td class="num">{"—" if r.skew_ratio is None else f"{r.skew_ratio:.2f}"}</td>'
-                    f'<td>{worker}</td><td class="num">{_secs(r.gpu_idle_s)}</td>'
+                    f'<td>{worker}</td><td class="{_TIMER_CLASS.get(r.step_timer, "")}">{_timer(r.step_timer)}</td>'
+                    f'<td class="num">{_secs(r.gpu_idle_s)}</td>'
                     f'<td class="num">{r.restart}/{r.iter}</td><td>{_when(r.last_step_wall, snap.now_wall)}</td></tr>')
     more = (f'<p class="sub">{len(snap.ranks) - MAX_RANK_ROWS} more ranks not listed.</p>'
             if len(snap.ranks) > MAX_RANK_ROWS else "")
     return ('<section class="card wide"><h2>Ranks</h2><table><tr><th>rank</th>'
             f'{"<th>pod</th>" if job else ""}<th>state</th><th class="num">step</th>'
             '<th class="num">efficiency</th><th class="num">unprotected</th><th class="num">step-time skew</th>'
-            '<th>ckpt worker</th><th class="num">accel. idle</th><th class="num">restart/iter</th>'
+            '<th>ckpt worker</th><th>step timing</th><th class="num">accel. idle</th><th class="num">restart/iter</th>'
             '<th>last step</th></tr>'
             f'{"".join(rows)}</table>{more}</section>')
 

@@ -81,6 +81,16 @@ class RestartPhase(str, Enum):
     RESTORE = "restore"  # checkpoint load in the restarted loop (its time is category checkpoint_restore)
 
 
+class StepTimer(str, Enum):
+    """How a rank's newest process times its steps (the journal's ``step_timing``)."""
+
+    CUDA = "cuda"  # CUDA events on the stream of its device: the GPU's time
+    HOST = "host"  # host clocks, in a process that does not use CUDA
+    # host clocks in a process that uses CUDA: its phases time kernel launches, and the queued GPU
+    # work lands where the host waits for it (data wait, checkpoint blocking)
+    HOST_ON_GPU = "host_on_gpu"
+
+
 class GpuIdleSource(str, Enum):
     NVML = "nvml"  # sampled utilisation from NVML
     STEP_PHASES = "step_phases"  # inferred from the journal: every second not in compute/optimizer
@@ -131,6 +141,12 @@ STEPS = _m("steps_total", Kind.COUNTER, "Training steps completed (including ste
 TRAINING_STEP = _m("training_step", Kind.GAUGE, "Latest training step number reached by the pod's most advanced rank.")
 LAST_STEP_TIMESTAMP = _m("last_step_timestamp_seconds", Kind.GAUGE, "Unix time of the latest completed step.",
                          per_rank=True)
+# Per pod, not per rank: the status page names the ranks; the series budget stays (8 ranks, 250 series).
+STEP_TIMING_RANKS = _m("step_timing_ranks", Kind.GAUGE,
+                       "Ranks of the pod whose newest process times its steps so, by timer: cuda (CUDA events on "
+                       "its device's stream), host (host clocks, no CUDA) or host_on_gpu (host clocks in a process "
+                       "that uses CUDA: phases time kernel launches, and queued GPU work lands in data wait or "
+                       "checkpoint blocking).", labels=("timer",))
 STEP_DURATION = _m("step_duration_seconds", Kind.SUMMARY, "Duration of one training step.", per_rank=True)
 JOB_START_TIMESTAMP = _m("job_start_timestamp_seconds", Kind.GAUGE,
                          "Unix time of the job's first process start (the origin of wall time).")

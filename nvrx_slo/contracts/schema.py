@@ -73,6 +73,7 @@ class EventType(str, Enum):
     INPROCESS_COMPLETION = "inprocess_completion"
     INPROCESS_TERMINATE = "inprocess_terminate"
     WARNING = "warning"
+    STEP_TIMING = "step_timing"
     # --- the ft_launcher process (rank and local_rank null) --------------------------------
     LAUNCHER_START = "launcher_start"
     LAUNCHER_FAILURE_DETECTED = "launcher_failure_detected"
@@ -320,6 +321,26 @@ class OperatorWarning(Record):
 
     __slots__ = ()
     message: str
+
+
+class StepTimerKind(str, Enum):
+    """How a process times its steps (``step_timing.timer``)."""
+
+    CUDA = "cuda"  # CUDA events on the stream of the rank's device: the GPU's time
+    HOST = "host"  # host clocks: in a process that uses CUDA, they time kernel launches, not the work
+
+
+@_event(EventType.STEP_TIMING)
+class StepTiming(Record):
+    """How this process times its steps from ``step`` on, written when the hooks choose (at the
+    first step) and whenever that changes (CUDA initialised after the first step, a CUDA error)."""
+
+    __slots__ = ()
+    step: int  # the first step timed so
+    timer: str  # a ``StepTimerKind``
+    cuda: bool  # the process used CUDA then: host clocks time its kernel launches, not its work
+    device: int | None  # the CUDA device whose stream is timed (timer "cuda"), else null
+    reason: str  # why this timer: the ``timing`` asked for, what was found
 
 
 @_event(EventType.LAUNCHER_START)

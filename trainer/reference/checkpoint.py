@@ -91,6 +91,11 @@ def _warm_up(*_: Any) -> None:
     nvrx_async.async_checkpointing()
 
 
+def _rehearsal_write(*_: Any, **__: Any) -> None:
+    """A rehearsal's write (``Checkpointer.ready``, on a GPU host): the writer ran the save's preload
+    before it, which is what the rehearsal is for; nothing is written."""
+
+
 def _warm_results_queue(api: Any) -> None:
     if api.get_results_queue is None:
         return
@@ -204,9 +209,11 @@ class Checkpointer:
     def ready(self, state_dict: dict[str, Any] | Callable[[], dict[str, Any]] | None = None) -> None:
         """Wait until the writer ``start`` started runs, finalize its first job and, given the
         state a save will write (or the function that gathers it), rehearse a save of it without
-        writing: plan it (the first plan pays imports and allocations later ones do not) and, on
-        a CPU host, stage it (allocating the staging buffers saves then reuse). The first save then
-        costs what a later one does. Collective: call it on every rank, at the end of
+        writing: plan it (the first plan pays imports and allocations later ones do not) and stage
+        it: on a CPU host in the staging buffers saves then reuse, on a GPU host by the writer's
+        own preload (its first allocates pinned host buffers and opens CUDA IPC handles), handed
+        to the writer with a write that writes nothing. The first save then costs what a later one
+        does. Collective: call it on every rank, at the end of
         initialisation. Raises ``CheckpointWorkerDied`` if the writer died starting (a thread still
         waiting for it is left behind: it is a daemon)."""
         if self._queue is None:
@@ -229,9 +236,14 @@ class Checkpointer:
             writer = api.FileSystemWriterAsync(str(path), thread_count=1)
             api.save_state_dict_async_plan(state_dict, writer)  # creates the directory on every rank
             _, preload, args = writer.get_save_function_and_args()
-            buckets = nvrx_async.write_buckets(preload, list(args)) if cpu_shims.needed() else None
-            if buckets is not None:
-                self._stager.stage(buckets, reuse=False)
+            if cpu_shims.needed():
+                buckets = nvrx_async.write_buckets(preload, list(args))
+                if buckets is not None:
+                    self._stager.stage(buckets, reuse=False)
+            elif preload is not None:  # the writer preloads: its first time, here and not in the first save
+                self._queue.schedule_async_request(api.AsyncRequest(_rehearsal_write, tuple(args), [],
+                                                                    preload_fn=preload))
+                self._queue.maybe_finalize_async_calls(blocking=True)  # every rank: ready() is collective
         finally:
             shutil.rmtree(path, ignore_errors=True)
 

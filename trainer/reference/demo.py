@@ -49,21 +49,44 @@ class DemoDevice:
 
 CPU = DemoDevice("cpu", 2, 50, 10, DEFAULT_FAULTS, env={"CUDA_VISIBLE_DEVICES": ""})
 # On a GPU: 118 M parameters (1.4 GB of model and optimizer state to save), 16 K tokens a step, TF32
-# matmuls: about 1.3e13 FLOP a step, estimated at 50-150 ms on an H200 (not measured: see docs/gpu.md).
-# A save every 1,000 steps (a minute or two) keeps a steady save's blocking (the state's copy to host
-# memory, planning, polls: a few hundred ms) under 1% of the time between saves, so a healthy run is
-# > 99% productive between saves; 3,000 steps, a crash after the first save and an exception after
-# the second take a few minutes.
-GPU_MODEL = ("--vocab", "8192", "--d-model", "1024", "--heads", "16", "--layers", "8", "--seq", "1024",
-             "--batch", "16")
-GPU_FAULTS = (Fault("crash", 1200), Fault("exception", 2200))
+# matmuls: about 1.3e13 FLOP a step, estimated at 50-150 ms on an H100/H200 (not measured: see
+# docs/gpu.md). A save every 500 steps (25-75 s) keeps a steady save's blocking (the state's copy to
+# host memory, planning, polls: a few hundred ms) near 1% of the time between saves; 1,500 steps, a
+# crash after the first save and an exception after the second: an estimated 2-5 minutes.
+SIZES = {  # nvrx-slo train's model flags, by ``--size``
+    "tiny": (),  # the reference job's defaults: the CPU demo
+    "small": ("--vocab", "8192", "--d-model", "512", "--heads", "8", "--layers", "4", "--seq", "512", "--batch", "8"),
+    "large": ("--vocab", "8192", "--d-model", "1024", "--heads", "16", "--layers", "8", "--seq", "1024",
+              "--batch", "16"),
+}
+GPU_FAULTS = (Fault("crash", 600), Fault("exception", 1100))
+GPU = DemoDevice("cuda", 1, 1500, 500, GPU_FAULTS, SIZES["large"], timeout_s=900.0)
 
 
-def demo_device(gpus: int) -> DemoDevice:
-    """The one-pod demo for a host with ``gpus`` visible CUDA devices: each its rank, or 2 CPU ranks."""
-    if gpus < 1:
-        return CPU
-    return DemoDevice("cuda", gpus, 3000, 1000, GPU_FAULTS, GPU_MODEL, timeout_s=900.0)
+def demo_device(gpus: int, *, size: str | None = None, steps: int | None = None, checkpoint_every: int | None = None,
+                faults: Sequence[Fault] | None = None) -> DemoDevice:
+    """The one-pod demo for a host with ``gpus`` visible CUDA devices, each its rank (else 2 CPU ranks),
+    at that device's defaults but for what is given: the model ``size`` (``SIZES``), the ``steps``, a
+    save every ``checkpoint_every`` steps, the ``faults`` (on the last rank)."""
+    base = CPU if gpus < 1 else dataclasses.replace(GPU, ranks=gpus)
+    return dataclasses.replace(
+        base, train_args=base.train_args if size is None else SIZES[size],
+        steps=base.steps if steps is None else steps,
+        checkpoint_every=base.checkpoint_every if checkpoint_every is None else checkpoint_every,
+        faults=base.faults if faults is None else tuple(faults))
+
+
+def parse_faults(text: str) -> tuple[Fault, ...]:
+    """``crash@600,exception@1100`` (kinds: crash, exception, hang), or ``none``; ``ValueError`` else."""
+    if text.strip() == "none":
+        return ()
+    faults = []
+    for part in text.split(","):
+        kind, _, step = part.strip().partition("@")
+        if kind not in _FLAGS or not step.strip().isdigit():
+            raise ValueError(f"{part.strip()!r} is not KIND@STEP with KIND one of {', '.join(_FLAGS)}")
+        faults.append(Fault(kind, int(step)))
+    return tuple(faults)
 
 
 def visible_gpus() -> int:

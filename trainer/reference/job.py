@@ -179,7 +179,7 @@ def _run_inprocess(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer) -> None:
             return state
 
     wrapped = inprocess_wrapper(
-        hooks.journal,
+        hooks,
         finalize=AbandonSaves(),
         store_kwargs={"port": port, "timeout": timeout},
         soft_timeout=datetime.timedelta(seconds=60), hard_timeout=datetime.timedelta(seconds=90),
