@@ -193,6 +193,7 @@ class Dashboard(str, Enum):
     CHECKPOINTING = "nvrx-slo-checkpointing"
     RECOVERY = "nvrx-slo-recovery"
     RANKS = "nvrx-slo-ranks"
+    FLEET = "nvrx-slo-fleet"
 
 
 DASHBOARD_OF: dict[Alert, Dashboard] = {
@@ -284,3 +285,15 @@ BUDGET_ACCELERATOR_HOURS = f"{_LEVEL}:nvrx_slo_error_budget_accelerator_hours:pe
 BUDGET_COST = f"{_LEVEL}:nvrx_slo_error_budget_cost:period"
 SPENT_ACCELERATOR_HOURS = f"{_LEVEL}:nvrx_slo_error_budget_spent_accelerator_hours:period"
 SPENT_COST = f"{_LEVEL}:nvrx_slo_error_budget_spent_cost:period"
+
+
+def cost_records(plan: Plan) -> dict[str, tuple[str, ...]]:
+    """Every job-level cost record -> the labels it has beyond the job's (and ``slo``)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for of, label in ((CostOf.CATEGORY, CATEGORY_LABEL), (CostOf.CAUSE, CAUSE_LABEL)):
+        for money in (False, True):
+            labels = (label, PRICE_SOURCE_LABEL) if money else (label,)
+            out[cost_increase(of, money)] = labels
+            out.update({cost_over(of, money, w): labels for w in plan.windows})
+    out.update(dict.fromkeys((BUDGET_COST, SPENT_COST, JOB_RANK_PRICE), (PRICE_SOURCE_LABEL,)))
+    return out

@@ -1,5 +1,6 @@
 """What badput costs: accelerator-hours and money per job, per category and per cause, over the SLO
-windows, and the efficiency error budget in both (one generation step: ``cost_group``).
+windows (one generation step: ``cost_group``), and the efficiency error budget in both
+(``budget_rules``, which the efficiency group records after its ratios).
 
 Prices. Where OpenCost runs, a pod's accelerator-hour costs its node's ``node_gpu_hourly_cost``
 (joined to the pod through kube-state-metrics' ``kube_pod_info{node}``); elsewhere the spec's cost
@@ -22,7 +23,8 @@ evaluation on its edge is read by one window only (``[a, b]`` before Prometheus 
 since); a longer window adds the tile records at tile-aligned instants (a subquery), so a 30-day
 window reads 720 samples of each series, not 43,200 — and ends at the last whole tile: it lags by
 up to a tile. The error budget over the period is (1 − target) × the job's most ranks in the
-period × its accelerators per rank × the period; what it spent is the period's badput.
+period × its accelerators per rank × the period; what it spent, the SLI's error ratio over the
+period × the same, so it agrees with the budget the burn-rate alerts read, to the second.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from nvrx_slo.alerts.conventions import (
     PriceSource,
     cost_increase,
     cost_over,
+    error_ratio_record,
     sli_total_record,
 )
 from nvrx_slo.alerts.plan import Plan
@@ -186,38 +189,48 @@ def _windows(of: CostOf, money: bool, plan: Plan) -> list[Rule]:
     return rules
 
 
-def _budget(spec: Spec, plan: Plan) -> list[Rule]:
-    """The efficiency SLO's error budget over the period, in accelerator-hours and money, and its
-    spend. Global: joined on every label but their own (a global ruler's shards add theirs)."""
+def _most(selector: str, tile: int, period: int) -> str:
+    """The most ``selector`` was over the period: at each whole tile's end, and all through the last
+    tile (so a job younger than a tile has one) — a subquery of 720 points, not 43,200 samples."""
+    recent = _part("recent", f"max_over_time({selector}[{_just_under(tile)}])")
+    tiles = _part("tiles", f"max_over_time({selector}[{_just_under(period)}:{duration.format(tile)}])")
+    return f"max without (part) ({recent} or {tiles})"
+
+
+def budget_rules(spec: Spec, plan: Plan) -> list[tuple[Tier, Rule]]:
+    """The efficiency SLO's error budget over the period, in accelerator-hours and money, and what
+    of it was spent: the SLI's own error ratio over the period in the same units, so spent over
+    budget is the burn rate and 1 − that the budget remaining the alerts read. For the efficiency
+    group, after its ratios (``generate.rule_groups``). Global: joined on every label but their own
+    (a global ruler's shards add theirs)."""
     budget = spec.objectives[Slo.EFFICIENCY].budget
     tile, period = plan.burn_windows[0].long, plan.period
-    over = f"[{_just_under(period)}:{duration.format(tile)}]"
-    ranks = f'max_over_time({sli_total_record(plan.base)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}{over})'
     mine = {SLO_LABEL: Slo.EFFICIENCY.value}
+    ranks = _most(f'{sli_total_record(plan.base)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}', tile, period)
     rank_hours = f"{ranks} * {budget:g} * {period / 3600:g}"
-    price = f"topk without ({PRICE_SOURCE_LABEL}) (1, max_over_time({JOB_RANK_PRICE}{over}))"
-    return [
+    price = f"topk without ({PRICE_SOURCE_LABEL}) (1, {_most(JOB_RANK_PRICE, tile, period)})"
+    ratio = f'{error_ratio_record(period)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'
+    return tiered(Tier.GLOBAL, [
         {"record": BUDGET_ACCELERATOR_HOURS,
-         "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}) group_left max_over_time({JOB_ACCELERATORS}{over})",
+         "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}) group_left {_most(JOB_ACCELERATORS, tile, period)}",
          "labels": mine},
         {"record": BUDGET_COST,
-         "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}, {PRICE_SOURCE_LABEL}) "
-                 f"group_left ({PRICE_SOURCE_LABEL}) {price}",
+         "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}, {PRICE_SOURCE_LABEL}) group_left ({PRICE_SOURCE_LABEL})\n"
+                 f"{price}", "labels": mine},
+        {"record": SPENT_ACCELERATOR_HOURS, "expr": f"{ratio} / {budget:g} * {BUDGET_ACCELERATOR_HOURS}",
          "labels": mine},
-        {"record": SPENT_ACCELERATOR_HOURS,
-         "expr": f"sum without ({CATEGORY_LABEL}) ({cost_over(CostOf.CATEGORY, False, period)})", "labels": mine},
         {"record": SPENT_COST,
-         "expr": f"sum without ({CATEGORY_LABEL}) ({cost_over(CostOf.CATEGORY, True, period)})", "labels": mine},
-    ]
+         "expr": f"{BUDGET_COST}\n* ignoring ({PRICE_SOURCE_LABEL}) group_left {ratio} / {budget:g}", "labels": mine},
+    ])
 
 
 def cost_group(spec: Spec, plan: Plan) -> Group:
-    """The prices and increments read the pods' series (``Tier.LOCAL``); the windows and budgets
-    only the increments (``Tier.GLOBAL``). The absent ranks and a vanished pod's work at risk come
+    """The prices and increments read the pods' series (``Tier.LOCAL``); the windows only the
+    increments (``Tier.GLOBAL``). The absent ranks and a vanished pod's work at risk come
     from the efficiency group's records of this evaluation or the one before."""
     increments = [{"record": cost_increase(of, money), "expr": _increase(of, money, plan)}
                   for of in CostOf for money in (False, True)]
     windows = [rule for of in CostOf for money in (False, True) for rule in _windows(of, money, plan)]
     return Group("nvrx-slo-cost", plan.evaluation_interval,
                  (*tiered(Tier.LOCAL, [*_spec_prices(spec), *_targets(spec, plan), *increments]),
-                  *tiered(Tier.GLOBAL, [*windows, *_budget(spec, plan)])))
+                  *tiered(Tier.GLOBAL, windows)))

@@ -242,7 +242,7 @@ def test_every_alert_carries_severity_and_the_four_annotations(alerting_rules: l
 
 def test_dashboard_uids_are_the_agreed_ones() -> None:
     assert {d.value for d in Dashboard} == {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery",
-                                            "nvrx-slo-ranks"}
+                                            "nvrx-slo-ranks", "nvrx-slo-fleet"}
 
 
 _NVRX_NAME = re.compile(r"\bnvrx_[a-z_]+\b")
