@@ -98,8 +98,9 @@ def evaluations(slo: str, window: int, plan: Plan) -> str:
 RAN_RANKS = f"{_LEVEL}:nvrx_pod_ranks:sum"
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
-# Each scrape target's badput rank-seconds, its ranks' and categories' counters summed: the one
-# rule that reads them, so each is read once per evaluation (rule cost is per series read).
+# Each scrape target's badput rank-seconds by category, its ranks' counters summed: the one rule that
+# reads them, so each is read once per evaluation (rule cost is per series read); and all of them.
+TARGET_CATEGORY = f"{_LEVEL}_pod_category:nvrx_badput_seconds_total:sum"
 TARGET_BADPUT = f"{_LEVEL}_pod:nvrx_badput_seconds_total:sum"
 # The job's badput rank-seconds since the evaluation before: each target's sum less its value
 # then (a series new to a target counts from 0), so the increments add up exactly, however bursty.
@@ -250,8 +251,7 @@ TARGET_ACCELERATORS = f"{_LEVEL}_pod:nvrx_rank_accelerators:last"
 TARGET_RANK_PRICE = f"{_LEVEL}_pod:nvrx_rank_price:hourly"
 JOB_ACCELERATORS = f"{_LEVEL}:nvrx_rank_accelerators:max"
 JOB_RANK_PRICE = f"{_LEVEL}:nvrx_rank_price:hourly"
-# Each target's badput rank-seconds by category, and its fault seconds by cause (newest samples).
-TARGET_CATEGORY = f"{_LEVEL}_pod_category:nvrx_badput_seconds_total:sum"
+# Each target's fault seconds by cause (newest samples).
 TARGET_CAUSE = f"{_LEVEL}_pod_cause:nvrx_fault_seconds_total:last"
 
 

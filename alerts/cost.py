@@ -1,6 +1,8 @@
 """What badput costs: accelerator-hours and money per job, per category and per cause, over the SLO
-windows (one generation step: ``cost_group``), and the efficiency error budget in both
-(``budget_rules``, which the efficiency group records after its ratios).
+windows (one generation step: ``cost_group``), and the efficiency error budget in both. The badput
+increments by category and the budget are the efficiency group's (``efficiency_rules``, recorded
+after its own records, which they read: a group reads its own records of this evaluation, another
+group's of this one or the one before).
 
 Prices. Where OpenCost runs, a pod's accelerator-hour costs its node's ``node_gpu_hourly_cost``
 (joined to the pod through kube-state-metrics' ``kube_pod_info{node}``); elsewhere the spec's cost
@@ -8,14 +10,15 @@ section prices it, by the pod's accelerator model (``nvrx_rank_accelerators``' l
 default. Every cost series says which priced it (``price_source``); a pod that neither prices has
 accelerator-hours and no cost. Accelerator-seconds are rank-seconds × the pod's accelerators per rank.
 
-Counting, as the efficiency SLI counts its badput (``alerts/sli.py``): each scrape target's
-counters, newest samples within two evaluations, are read once per evaluation and summed per
-target; the job's increment is each target's increase since the evaluation before, priced at
-that target's price, so bursts add up exactly. A fault cause a target has not reported before
-counts from 0 if the target was there the evaluation before (the sidecar exports only the causes
-it has seen). Rank-seconds no pod accounted are the efficiency group's records: the absent ranks
-(category ``absent``) and a vanished pod's work at risk (category ``lost``), both caused by a pod
-or node gone (``pod_lost``), priced at the job's highest rank-hour price and accelerators per rank.
+Counting, as the efficiency SLI counts its badput (``alerts/sli.py``), from its own per-target
+record by category: each scrape target's counters, newest samples within two evaluations, read
+once per evaluation; the job's increment is each target's increase since the evaluation before,
+priced at that target's price, so bursts add up exactly and add up to the SLI's badput. A fault
+cause a target has not reported before counts from 0 if the target was there the evaluation before
+(the sidecar exports only the causes it has seen). Rank-seconds no pod accounted are the
+efficiency group's records: the absent ranks (category ``absent``) and a vanished pod's work at
+risk (category ``lost``), both caused by a pod or node gone (``pod_lost``), priced at the job's
+highest rank-hour price and accelerators per rank.
 
 Windows. Each increment is summed over each SLO window up to the first page pair's long window
 (the tile: 1h for a 30-day period) directly, a window just short of the window read so that an
@@ -116,9 +119,9 @@ def _spec_prices(spec: Spec) -> list[Rule]:
 
 
 def _targets(spec: Spec, plan: Plan) -> list[Rule]:
-    """Each target's accelerators, price and counters, read once per evaluation; the job's."""
+    """Each target's accelerators, price and fault seconds, read once per evaluation; the job's.
+    Its badput by category is the efficiency group's record (``TARGET_CATEGORY``): read once, there."""
     fresh = duration.format(2 * plan.evaluation_interval)
-    badput = "|".join(c.value for c in cat.BADPUT_CATEGORIES)
     price = _priced(spec)
     return [
         {"record": TARGET_ACCELERATORS, "expr": f"last_over_time({cat.RANK_ACCELERATORS.name}[{fresh}])"},
@@ -128,18 +131,17 @@ def _targets(spec: Spec, plan: Plan) -> list[Rule]:
         {"record": JOB_ACCELERATORS, "expr": f"max {_by()} ({TARGET_ACCELERATORS})"},
         {"record": JOB_RANK_PRICE,
          "expr": f"topk {_by()} (1, max {_by(PRICE_SOURCE_LABEL)} ({TARGET_RANK_PRICE}))"},
-        {"record": TARGET_CATEGORY, "expr": f"sum without ({cat.RANK_LABEL}) "
-                                            f'(last_over_time({cat.TIME.name}{{category=~"{badput}"}}[{fresh}]))'},
         {"record": TARGET_CAUSE, "expr": f"last_over_time({cat.FAULT_TIME.name}[{fresh}])"},
     ]
 
 
 def _pods(of: CostOf, plan: Plan) -> str:
-    """Each target's badput rank-seconds by ``of`` since the evaluation before."""
+    """Each target's badput rank-seconds by ``of`` since the evaluation before (by category: in the
+    efficiency group, which records ``TARGET_CATEGORY`` just before)."""
     e = duration.format(plan.evaluation_interval)
     if of is CostOf.CATEGORY:
-        then = f"last_over_time({TARGET_CATEGORY}[5m] offset {e})"
-        return f"clamp_min({TARGET_CATEGORY} - {then}, 0)"
+        mine = f'{TARGET_CATEGORY}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'
+        return f"sum without ({SLO_LABEL}) (clamp_min({mine} - last_over_time({mine}[5m] offset {e}), 0))"
     there = f"last_over_time({TARGET_ACCELERATORS}[5m] offset {e})"  # the target was there: a new cause from 0
     then = (f"last_over_time({TARGET_CAUSE}[5m] offset {e})\n"
             f"    or 0 * {TARGET_CAUSE} and ignoring ({CAUSE_LABEL}, {ACCELERATOR_LABEL}) {there}")
@@ -197,12 +199,11 @@ def _most(selector: str, tile: int, period: int) -> str:
     return f"max without (part) ({recent} or {tiles})"
 
 
-def budget_rules(spec: Spec, plan: Plan) -> list[tuple[Tier, Rule]]:
+def _budget(spec: Spec, plan: Plan) -> list[Rule]:
     """The efficiency SLO's error budget over the period, in accelerator-hours and money, and what
     of it was spent: the SLI's own error ratio over the period in the same units, so spent over
-    budget is the burn rate and 1 − that the budget remaining the alerts read. For the efficiency
-    group, after its ratios (``generate.rule_groups``). Global: joined on every label but their own
-    (a global ruler's shards add theirs)."""
+    budget is the burn rate and 1 − that the budget remaining the alerts read. Global: joined on
+    every label but their own (a global ruler's shards add theirs)."""
     budget = spec.objectives[Slo.EFFICIENCY].budget
     tile, period = plan.burn_windows[0].long, plan.period
     mine = {SLO_LABEL: Slo.EFFICIENCY.value}
@@ -210,7 +211,7 @@ def budget_rules(spec: Spec, plan: Plan) -> list[tuple[Tier, Rule]]:
     rank_hours = f"{ranks} * {budget:g} * {period / 3600:g}"
     price = f"topk without ({PRICE_SOURCE_LABEL}) (1, {_most(JOB_RANK_PRICE, tile, period)})"
     ratio = f'{error_ratio_record(period)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'
-    return tiered(Tier.GLOBAL, [
+    return [
         {"record": BUDGET_ACCELERATOR_HOURS,
          "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}) group_left {_most(JOB_ACCELERATORS, tile, period)}",
          "labels": mine},
@@ -221,15 +222,24 @@ def budget_rules(spec: Spec, plan: Plan) -> list[tuple[Tier, Rule]]:
          "labels": mine},
         {"record": SPENT_COST,
          "expr": f"{BUDGET_COST}\n* ignoring ({PRICE_SOURCE_LABEL}) group_left {ratio} / {budget:g}", "labels": mine},
-    ])
+    ]
+
+
+def efficiency_rules(spec: Spec, plan: Plan) -> list[tuple[Tier, Rule]]:
+    """For the efficiency group, after its own rules (``generate.rule_groups``): the badput increments
+    by category, and the error budget in accelerator-hours and money."""
+    increments = [{"record": cost_increase(CostOf.CATEGORY, money), "expr": _increase(CostOf.CATEGORY, money, plan)}
+                  for money in (False, True)]
+    return [*tiered(Tier.LOCAL, increments), *tiered(Tier.GLOBAL, _budget(spec, plan))]
 
 
 def cost_group(spec: Spec, plan: Plan) -> Group:
-    """The prices and increments read the pods' series (``Tier.LOCAL``); the windows only the
-    increments (``Tier.GLOBAL``). The absent ranks and a vanished pod's work at risk come
-    from the efficiency group's records of this evaluation or the one before."""
-    increments = [{"record": cost_increase(of, money), "expr": _increase(of, money, plan)}
-                  for of in CostOf for money in (False, True)]
+    """The prices and the increments by cause read the pods' series (``Tier.LOCAL``); the windows
+    only the increments, the efficiency group's by category too (``Tier.GLOBAL``). The absent ranks
+    and a vanished pod's work at risk come from the efficiency group's records of this evaluation or
+    the one before."""
+    increments = [{"record": cost_increase(CostOf.CAUSE, money), "expr": _increase(CostOf.CAUSE, money, plan)}
+                  for money in (False, True)]
     windows = [rule for of in CostOf for money in (False, True) for rule in _windows(of, money, plan)]
     return Group("nvrx-slo-cost", plan.evaluation_interval,
                  (*tiered(Tier.LOCAL, [*_spec_prices(spec), *_targets(spec, plan), *increments]),

@@ -10,7 +10,7 @@ from typing import Any
 
 from nvrx_slo import generated
 from nvrx_slo.alerts import alertmanager, sli
-from nvrx_slo.alerts.cost import budget_rules, cost_group
+from nvrx_slo.alerts.cost import cost_group, efficiency_rules
 from nvrx_slo.alerts.plain import plain_group
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.rules import slo_group
@@ -33,9 +33,8 @@ def rule_groups(spec: Spec, plan: Plan, tiers: frozenset[Tier] = frozenset(Tier)
     slis = sli.build(spec, plan)
     groups = [slo_group(s, spec, plan) for s in slis.values()] + [signals_group(plan), plain_group(spec, plan),
                                                                    cost_group(spec, plan)]
-    efficiency = groups[list(slis).index(Slo.EFFICIENCY)]  # its budget in accelerator-hours and money, after its ratios
-    groups[list(slis).index(Slo.EFFICIENCY)] = Group(efficiency.name, efficiency.interval,
-                                                     (*efficiency.rules, *budget_rules(spec, plan)))
+    i = list(slis).index(Slo.EFFICIENCY)  # what its badput and budget cost, after its own records
+    groups[i] = Group(groups[i].name, groups[i].interval, (*groups[i].rules, *efficiency_rules(spec, plan)))
     return [part for part in (g.part(tiers) for g in groups) if part is not None]
 
 
