@@ -89,7 +89,7 @@ def _part(name: str, expr: str) -> str:
     return f'label_replace({expr}, "part", "{name}", "", "")'
 
 
-def _priced(spec: Spec) -> str | None:
+def _priced(spec: Spec) -> str:
     """Each target's price of one accelerator-hour, with the source that priced it."""
     accelerators = f"0 * {TARGET_ACCELERATORS}"
     parts = [f"label_replace(\n  {accelerators}\n  + on (namespace, pod) group_left\n"
@@ -111,10 +111,10 @@ def _spec_prices(spec: Spec) -> list[Rule]:
     price = spec.price
     if price is None:
         return []
-    rules = [{"record": SPEC_PRICE, "expr": f"vector({value:g})", "labels": {ACCELERATOR_LABEL: model}}
+    rules = [{"record": SPEC_PRICE, "expr": f"vector({value!r})", "labels": {ACCELERATOR_LABEL: model}}
              for model, value in sorted(price.by_model.items())]
     if price.default is not None:
-        rules.append({"record": SPEC_DEFAULT_PRICE, "expr": f"vector({price.default:g})"})
+        rules.append({"record": SPEC_DEFAULT_PRICE, "expr": f"vector({price.default!r})"})
     return rules
 
 
@@ -208,7 +208,7 @@ def _budget(spec: Spec, plan: Plan) -> list[Rule]:
     tile, period = plan.burn_windows[0].long, plan.period
     mine = {SLO_LABEL: Slo.EFFICIENCY.value}
     ranks = _most(f'{sli_total_record(plan.base)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}', tile, period)
-    rank_hours = f"{ranks} * {budget:g} * {period / 3600:g}"
+    rank_hours = f"{ranks} * {budget:g} * {period / 3600!r}"  # the budget as the burn rates divide by it
     price = f"topk without ({PRICE_SOURCE_LABEL}) (1, {_most(JOB_RANK_PRICE, tile, period)})"
     ratio = f'{error_ratio_record(period)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'
     return [
