@@ -59,7 +59,7 @@ def _caused(pod: Pod) -> tuple[dict[FaultCause, float], FaultCause]:
     (restart,) = snap.restarts.recent
     assert restart.level is RestartLevel.INJOB
     by: dict[FaultCause, float] = {}
-    for (category, cause), seconds in snap.caused.items():
+    for (_, cause), seconds in snap.caused.items():
         by[cause] = by.get(cause, 0.0) + seconds
     assert sum(by.values()) == pytest.approx(snap.seconds[Category.LOST] + snap.seconds[Category.RESTART])
     # the restart's own: all but the unfinished step a rank's own fault booked before it began
