@@ -98,8 +98,9 @@ def evaluations(slo: str, window: int, plan: Plan) -> str:
 RAN_RANKS = f"{_LEVEL}:nvrx_pod_ranks:sum"
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
-# Each scrape target's badput rank-seconds, its ranks' and categories' counters summed: the one
-# rule that reads them, so each is read once per evaluation (rule cost is per series read).
+# Each scrape target's badput rank-seconds by category, its ranks' counters summed: the one rule that
+# reads them, so each is read once per evaluation (rule cost is per series read); and all of them.
+TARGET_CATEGORY = f"{_LEVEL}_pod_category:nvrx_badput_seconds_total:sum"
 TARGET_BADPUT = f"{_LEVEL}_pod:nvrx_badput_seconds_total:sum"
 # The job's badput rank-seconds since the evaluation before: each target's sum less its value
 # then (a series new to a target counts from 0), so the increments add up exactly, however bursty.
@@ -193,6 +194,7 @@ class Dashboard(str, Enum):
     CHECKPOINTING = "nvrx-slo-checkpointing"
     RECOVERY = "nvrx-slo-recovery"
     RANKS = "nvrx-slo-ranks"
+    FLEET = "nvrx-slo-fleet"
 
 
 DASHBOARD_OF: dict[Alert, Dashboard] = {
@@ -224,3 +226,74 @@ def stamp_links(rule: dict[str, Any], spec: Spec) -> dict[str, Any]:
     annotations["runbook_url"] = spec.runbook_url.replace("{alert}", alert.value)
     annotations["dashboard_url"] = f"{spec.grafana_url}/d/{DASHBOARD_OF[alert].value}{_DASHBOARD_QUERY}"
     return {**rule, "annotations": annotations}
+
+
+# --- What badput costs (alerts/cost.py): accelerator-hours and money, per job, category and cause ---
+CATEGORY_LABEL = catalogue.TIME.labels[0]
+CAUSE_LABEL = catalogue.FAULT_TIME.labels[0]
+ACCELERATOR_LABEL = catalogue.RANK_ACCELERATORS.labels[0]
+PRICE_SOURCE_LABEL = "price_source"
+
+
+class PriceSource(str, Enum):
+    """Which price a cost series was priced by (its ``price_source`` label)."""
+
+    OPENCOST = "opencost"  # OpenCost's node_gpu_hourly_cost of the pod's node
+    SPEC = "spec"  # the SLO spec's cost section: the pod's accelerator model, else its default
+
+
+# The spec's price of one accelerator-hour: by model (label ``accelerator``), and the default.
+SPEC_PRICE = "nvrx_slo:accelerator_price:hourly"
+SPEC_DEFAULT_PRICE = "nvrx_slo:accelerator_price_default:hourly"
+# Each scrape target's accelerators per rank (label ``accelerator``: the model), and what one of its
+# rank-hours costs (label ``price_source``); the job's most of each (what its absent ranks cost).
+TARGET_ACCELERATORS = f"{_LEVEL}_pod:nvrx_rank_accelerators:last"
+TARGET_RANK_PRICE = f"{_LEVEL}_pod:nvrx_rank_price:hourly"
+JOB_ACCELERATORS = f"{_LEVEL}:nvrx_rank_accelerators:max"
+JOB_RANK_PRICE = f"{_LEVEL}:nvrx_rank_price:hourly"
+# Each target's fault seconds by cause (newest samples).
+TARGET_CAUSE = f"{_LEVEL}_pod_cause:nvrx_fault_seconds_total:last"
+
+
+class CostOf(str, Enum):
+    """What a cost series counts: badput by category (every badput second, absent ones included)
+    or by the cause of the fault that cost it (lost, restart and absent seconds only)."""
+
+    CATEGORY = "category"
+    CAUSE = "cause"
+
+
+_COST_METRIC = {CostOf.CATEGORY: "nvrx_badput", CostOf.CAUSE: "nvrx_fault"}
+
+
+def cost_increase(of: CostOf, money: bool) -> str:
+    """The job's badput accelerator-seconds (or money) since the evaluation before, by ``of`` (a
+    label of that name: ``nvrx_badput_…`` by category, ``nvrx_fault_…`` by cause)."""
+    what = "cost" if money else "accelerator_seconds"
+    return f"{_LEVEL}:{_COST_METRIC[of]}_{what}:increase"
+
+
+def cost_over(of: CostOf, money: bool, window: int) -> str:
+    """The job's badput accelerator-hours (or money) over ``window``, by ``of``."""
+    what = "cost" if money else "accelerator_hours"
+    return f"{_LEVEL}:{_COST_METRIC[of]}_{what}:sum{duration.format(window)}"
+
+
+# The efficiency SLO's error budget over the period in accelerator-hours and money, and how much of it
+# the period's badput spent (the cost records summed over categories).
+BUDGET_ACCELERATOR_HOURS = f"{_LEVEL}:nvrx_slo_error_budget_accelerator_hours:period"
+BUDGET_COST = f"{_LEVEL}:nvrx_slo_error_budget_cost:period"
+SPENT_ACCELERATOR_HOURS = f"{_LEVEL}:nvrx_slo_error_budget_spent_accelerator_hours:period"
+SPENT_COST = f"{_LEVEL}:nvrx_slo_error_budget_spent_cost:period"
+
+
+def cost_records(plan: Plan) -> dict[str, tuple[str, ...]]:
+    """Every job-level cost record -> the labels it has beyond the job's (and ``slo``)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for of, label in ((CostOf.CATEGORY, CATEGORY_LABEL), (CostOf.CAUSE, CAUSE_LABEL)):
+        for money in (False, True):
+            labels = (label, PRICE_SOURCE_LABEL) if money else (label,)
+            out[cost_increase(of, money)] = labels
+            out.update({cost_over(of, money, w): labels for w in plan.windows})
+    out.update(dict.fromkeys((BUDGET_COST, SPENT_COST, JOB_RANK_PRICE), (PRICE_SOURCE_LABEL,)))
+    return out

@@ -10,12 +10,13 @@ from typing import Any
 
 from nvrx_slo import generated
 from nvrx_slo.alerts import alertmanager, sli
+from nvrx_slo.alerts.cost import cost_group, efficiency_rules
 from nvrx_slo.alerts.plain import plain_group
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.rules import slo_group
 from nvrx_slo.alerts.signals import signals_group
-from nvrx_slo.alerts.spec import Spec
-from nvrx_slo.alerts.tiers import Tier
+from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.alerts.tiers import Group, Tier
 
 RULES = Path("alerts/generated/rules.yaml")
 # The same rules for more than one Prometheus (docs/scaling.md): the pods' tier and the jobs' tier.
@@ -30,7 +31,10 @@ PROMETHEUS_RULE_NAME = "nvrx-slo"
 def rule_groups(spec: Spec, plan: Plan, tiers: frozenset[Tier] = frozenset(Tier)) -> list[dict[str, Any]]:
     """Every group with its rules of ``tiers`` (all: the one-Prometheus file), groups without any left out."""
     slis = sli.build(spec, plan)
-    groups = [slo_group(s, spec, plan) for s in slis.values()] + [signals_group(plan), plain_group(spec, plan)]
+    groups = [slo_group(s, spec, plan) for s in slis.values()] + [signals_group(plan), plain_group(spec, plan),
+                                                                   cost_group(spec, plan)]
+    i = list(slis).index(Slo.EFFICIENCY)  # what its badput and budget cost, after its own records
+    groups[i] = Group(groups[i].name, groups[i].interval, (*groups[i].rules, *efficiency_rules(spec, plan)))
     return [part for part in (g.part(tiers) for g in groups) if part is not None]
 
 

@@ -30,6 +30,7 @@ from nvrx_slo.alerts.conventions import (
     RAN_RANKS,
     SLO_LABEL,
     TARGET_BADPUT,
+    TARGET_CATEGORY,
     VANISHED_AT_RISK,
     evaluations,
     le_regex,
@@ -110,13 +111,15 @@ def _vanished(metric: str, hold: int, interval: int) -> str:
             f"  unless last_over_time({metric}[{duration.format(hold)}]))")
 
 
-def _target_sum(selector: str, interval: int) -> str:
-    """Each target's sum of ``selector``'s newest samples within two evaluations: a finished pod's
-    final scrapes are fresh for less than an evaluation interval at the deploy defaults (two 15 s
-    scrapes, 1 m evaluations), and an instant selector stops at the staleness marker its sidecar's
-    exit leaves, losing the job's last settlement; a range selector skips the marker. Two intervals,
-    not one: a sample stamped just before an evaluation may be stored just after it."""
-    return f"sum without ({cat.RANK_LABEL}, category) (last_over_time({selector}[{duration.format(2 * interval)}]))"
+def _target_categories(selector: str, interval: int) -> str:
+    """Each target's sum over its ranks of ``selector``'s newest samples within two evaluations, by
+    category: a finished pod's final scrapes are fresh for less than an evaluation interval at the
+    deploy defaults (two 15 s scrapes, 1 m evaluations), and an instant selector stops at the
+    staleness marker its sidecar's exit leaves, losing the job's last settlement; a range selector
+    skips the marker. Two intervals, not one: a sample stamped just before an evaluation may be
+    stored just after it. By category, so the cost rules (alerts/cost.py) read the counters no
+    second time."""
+    return f"sum without ({cat.RANK_LABEL}) (last_over_time({selector}[{duration.format(2 * interval)}]))"
 
 
 def _increase(record: str, interval: int) -> str:
@@ -178,7 +181,8 @@ def _efficiency(plan: Plan) -> Sli:
     hold, e = plan.base, plan.evaluation_interval
     records = ((RAN_RANKS, _ran_ranks(hold)), (ABSENT_RANKS, _absent_ranks(hold)),
                (VANISHED_AT_RISK, _vanished(cat.WORK_AT_RISK.name, hold, e)),
-               (TARGET_BADPUT, _target_sum(badput, e)),
+               (TARGET_CATEGORY, _target_categories(badput, e)),
+               (TARGET_BADPUT, f"sum without (category) ({TARGET_CATEGORY})"),
                (BADPUT_INCREASE, _increase(TARGET_BADPUT, e)))
 
     def bad(w: str) -> str:

@@ -19,7 +19,7 @@ import yaml
 from nvrx_slo.alerts import duration
 from nvrx_slo.alerts.plan import Plan, plan_for
 from nvrx_slo.contracts import catalogue
-from nvrx_slo.contracts.targets import Targets
+from nvrx_slo.contracts.targets import Price, Targets
 
 VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("slo.yaml")
@@ -90,6 +90,7 @@ class Spec:
     grafana_url: str
     release: str
     routing: Routing
+    price: Price | None = None  # the optional ``cost`` section
 
     @property
     def targets(self) -> Targets:
@@ -98,7 +99,7 @@ class Spec:
         return Targets(efficiency=o[Slo.EFFICIENCY].target, recovery=o[Slo.RECOVERY].target,
                        recovery_threshold_s=self.recovery_threshold,
                        checkpoint_blocking=o[Slo.CHECKPOINT_BLOCKING].target,
-                       checkpoint_overlap=o[Slo.CHECKPOINT_OVERLAP].target)
+                       checkpoint_overlap=o[Slo.CHECKPOINT_OVERLAP].target, price=self.price)
 
     def plan(self) -> Plan:
         """The windows of this spec (``plan.plan_for``): generation makes it once and hands it to every builder."""
@@ -178,6 +179,27 @@ def _restart_bucket(s: _Section, key: str) -> float:
     return seconds
 
 
+MAX_PRICE = 1e6  # per accelerator-hour: more is a typo (a monthly price, cents)
+
+
+def _price(root: _Section) -> Price | None:
+    """The optional ``cost`` section: a currency and each model's price per accelerator-hour."""
+    if "cost" not in root._data:
+        return None
+    cost = root.section("cost")
+    currency = cost.string("currency")
+    if not (currency.isalpha() and currency.isupper() and len(currency) == 3):
+        raise cost.error("currency", f"must be an ISO 4217 code such as USD, got {currency!r}")
+    prices = cost.section("accelerator_hour")
+    by_model = {str(model): prices.number(str(model), 0.0, MAX_PRICE) for model in list(prices._data)}
+    prices.done()
+    cost.done()
+    if not by_model:
+        raise cost.error("accelerator_hour", "must price at least one model, or default")
+    default = by_model.pop("default", None)
+    return Price(currency, default, by_model)
+
+
 def _plain(s: _Section) -> PlainAlerts:
     stalled, stale = s.section("training_stalled"), s.section("checkpoint_stale")
     dead = s.section("checkpoint_worker_dead")
@@ -243,6 +265,7 @@ def from_dict(data: Any) -> Spec:
             page_repeat_interval=am.duration("page_repeat_interval"),
             ticket_repeat_interval=am.duration("ticket_repeat_interval"),
         ),
+        price=_price(root),
     )
     for section in (links, kubernetes, am, root):
         section.done()

@@ -22,14 +22,14 @@ from grafanalib._gen import DashboardEncoder
 from nvrx_slo import generated
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import Spec
-from nvrx_slo.dashboards import checkpointing, overview, ranks, recovery
+from nvrx_slo.dashboards import checkpointing, fleet, overview, ranks, recovery
 
 JSON_DIR = Path("dashboards/generated")
 CONFIGMAPS = Path("deploy/base/generated/grafana-dashboards.yaml")
 CONFIGMAP_LIMIT_BYTES = 256 * 1024
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}  # kube-prometheus-stack's sidecar convention
 COMMAND = "nvrx-slo generate dashboards"
-MODULES = (overview, checkpointing, recovery, ranks)
+MODULES = (overview, checkpointing, recovery, ranks, fleet)
 
 
 def dashboards(spec: Spec, plan: Plan) -> list[g.Dashboard]:

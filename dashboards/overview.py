@@ -6,7 +6,19 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import ERROR_BUDGET_REMAINING, Dashboard, burn_rate_record
+from nvrx_slo.alerts.conventions import (
+    BUDGET_ACCELERATOR_HOURS,
+    BUDGET_COST,
+    CAUSE_LABEL,
+    ERROR_BUDGET_REMAINING,
+    PRICE_SOURCE_LABEL,
+    SPENT_ACCELERATOR_HOURS,
+    SPENT_COST,
+    CostOf,
+    Dashboard,
+    burn_rate_record,
+    cost_increase,
+)
 from nvrx_slo.alerts.plan import Plan, Severity
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.contracts import catalogue as cat
@@ -91,10 +103,44 @@ def _time(spec: Spec) -> list[object]:
     ]
 
 
+def _cost(spec: Spec, plan: Plan) -> list[object]:
+    """What badput cost: the dashboard range's accelerator-hours and money, by cause, and the error
+    budget in both (alerts/cost.py's records)."""
+    period = duration.format(plan.period)
+    currency = spec.price.currency if spec.price is not None else "the price's currency"
+    money = f"In {currency}; price_source says what priced it (OpenCost's node_gpu_hourly_cost, or the SLO spec)."
+    hours = cost_increase(CostOf.CATEGORY, False)
+    return [
+        p.stat("Badput accelerator-hours (time range)", "Accelerator-hours of badput in the dashboard's time "
+               "range: rank-seconds of every badput category (absent ranks included) × the accelerators each "
+               "rank holds. " + _RECORDED.format(name=hours),
+               [p.Query(q.over_range(hours, (), per=3600))], p.COUNT, decimals=3),
+        p.stat("Badput cost (time range)", f"What the badput in the time range cost. {money} "
+               + _RECORDED.format(name=cost_increase(CostOf.CATEGORY, True)),
+               [p.Query(q.over_range(cost_increase(CostOf.CATEGORY, True), (PRICE_SOURCE_LABEL,)),
+                        "{{price_source}}")], p.COUNT, decimals=2),
+        p.stat(f"Error budget ({period}) in accelerator-hours", f"The efficiency error budget over the {period} "
+               "period in accelerator-hours (1 − objective of the job's most ranks × accelerators per rank × the "
+               "period), and how much of it badput spent. " + _RECORDED.format(name=BUDGET_ACCELERATOR_HOURS),
+               [p.Query(q.slo_record(BUDGET_ACCELERATOR_HOURS, Slo.EFFICIENCY), "budget"),
+                p.Query(q.slo_record(SPENT_ACCELERATOR_HOURS, Slo.EFFICIENCY), "spent")], p.COUNT, decimals=2),
+        p.stat(f"Error budget ({period}) in money", f"The same budget and spend at the job's price per rank-hour. "
+               f"{money} " + _RECORDED.format(name=BUDGET_COST),
+               [p.Query(q.slo_record(BUDGET_COST, Slo.EFFICIENCY), "budget ({{price_source}})"),
+                p.Query(q.slo_record(SPENT_COST, Slo.EFFICIENCY), "spent ({{price_source}})")], p.COUNT, decimals=2),
+        p.timeseries("Badput cost by cause", "What each cause of fault cost per interval (lost, restart and "
+                     f"absent time; pod_lost: a node or pod gone). {money} "
+                     + _RECORDED.format(name=cost_increase(CostOf.CAUSE, True)),
+                     [p.Query(q.per_interval(cost_increase(CostOf.CAUSE, True), (CAUSE_LABEL,)), "{{cause}}")],
+                     p.COUNT, stack=True, bars=True, w=24),
+    ]
+
+
 def dashboard(spec: Spec, plan: Plan) -> g.Dashboard:
     target = spec.objectives[Slo.EFFICIENCY].target
     return p.dashboard(
         uid=UID, title="nvrx-slo / SLO overview", module="overview",
         description=f"Training efficiency SLO ({target:.0%} of accelerator time trains the model) for one job.",
-        panels=[p.row("Efficiency SLO"), *_efficiency(spec, plan), p.row("Time accounting and alerts"), *_time(spec)],
+        panels=[p.row("Efficiency SLO"), *_efficiency(spec, plan), p.row("Time accounting and alerts"), *_time(spec),
+                p.row("What badput cost"), *_cost(spec, plan)],
     )

@@ -98,13 +98,16 @@ def stat(title: str, description: str, queries: Sequence[Query], unit: str, *,
     )
 
 
-def table(title: str, description: str, query: Query, *, w: int = 12, h: int = 8) -> g.Table:
-    """A table of one instant query, one row per series (labels as columns)."""
+def table(title: str, description: str, query: Query, *, w: int = 12, h: int = 8,
+          links: Sequence[tuple[str, str]] = ()) -> g.Table:
+    """A table of one instant query, one row per series (labels as columns); ``links``: (title, URL)
+    data links on every cell (``${__data.fields.<label>}`` is a row's label value)."""
+    extra = {"fieldConfig": {"defaults": {"links": [{"title": t, "url": url} for t, url in links]}}} if links else None
     return g.Table(
         title=title, description=description, dataSource=DATASOURCE,
         targets=_targets([Query(query.expr, query.legend, instant=True)], g.TABLE_TARGET_FORMAT),
         gridPos=_grid(w, h), unit=COUNT, thresholds=thresholds((None, BLUE)),
-        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True}}}],
+        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True}}}], extraJson=extra,
     )
 
 
@@ -166,6 +169,17 @@ def _variables() -> list[g.Template]:
     ]
 
 
+def _fleet_variables() -> list[g.Template]:
+    """The fleet's: the data source and the namespace, every one by default (one job's variables
+    do not apply to a dashboard of every job)."""
+    return [
+        g.Template(name=q.VAR_DATASOURCE, label="Data source", query="prometheus", type="datasource"),
+        g.Template(name=q.VAR_NAMESPACE, label="Namespace", query=f"label_values({cat.WALL.name}, {q.NAMESPACE_LABEL})",
+                   dataSource=DATASOURCE, refresh=g.REFRESH_ON_TIME_RANGE_CHANGE, sort=g.SORT_ALPHA_ASC, multi=True,
+                   includeAll=True, allValue=q.NAMESPACE_ALL_VALUE, default="$__all"),
+    ]
+
+
 def _events() -> list[dict[str, Any]]:
     """Restarts and durable checkpoints, marked on every time-series panel of every dashboard."""
     return [
@@ -175,13 +189,15 @@ def _events() -> list[dict[str, Any]]:
     ]
 
 
-def dashboard(*, uid: str, title: str, module: str, description: str, panels: Sequence[Any]) -> g.Dashboard:
-    """A complete dashboard: variables, event annotations, sibling links, shared crosshair, the generated note."""
+def dashboard(*, uid: str, title: str, module: str, description: str, panels: Sequence[Any],
+              fleet: bool = False) -> g.Dashboard:
+    """A complete dashboard: variables, event annotations, sibling links, shared crosshair, the
+    generated note. ``fleet``: every job's, with the namespace variable only and no job's events."""
     note = generated.note("nvrx-slo generate dashboards", f"dashboards/{module}.py")
     return g.Dashboard(
         uid=uid, title=title, description=f"{description} ({note})", tags=[TAG],
-        panels=layout(panels), templating=g.Templating(list=_variables()),
-        annotations=g.Annotations(list=_events()),
+        panels=layout(panels), templating=g.Templating(list=_fleet_variables() if fleet else _variables()),
+        annotations=g.Annotations(list=[] if fleet else _events()),
         links=[g.DashboardLink(type="dashboards", tags=[TAG], asDropdown=False, includeVars=True,
                                keepTime=True, title="nvrx-slo dashboards")],
         time=g.Time("now-6h", "now"), refresh="30s", timezone="browser", editable=False,

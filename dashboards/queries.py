@@ -231,3 +231,31 @@ def restarts_delta() -> str:
 def moved(metric: Metric, labels: tuple[str, ...]) -> str:
     """Positive where a counter or timestamp rose since the previous step (for annotations)."""
     return f"{delta(metric, labels)} > 0"
+
+
+# --- what badput cost (alerts/cost.py's records) -----------------------------------------------
+
+NAMESPACE_ALL_VALUE = ".*"  # the fleet's namespace "All": every namespace, a namespace-less demo's too
+FLEET_MATCHERS = (f'{NAMESPACE_LABEL}=~"${VAR_NAMESPACE}"',)
+
+
+def over_range(record: str, labels: tuple[str, ...], matchers: tuple[str, ...] = JOB_MATCHERS,
+               per: float = 1.0) -> str:
+    """A recorded per-evaluation increment (``conventions.cost_increase``) summed over the dashboard's
+    time range, by ``labels``: every evaluation once, however long the range (the recorded SLO
+    windows past an hour lag by up to an hour; this does not)."""
+    total = by(labels, f"sum_over_time({record}{{{', '.join(matchers)}}}[$__range])")
+    return total if per == 1.0 else f"{total} / {per:g}"
+
+
+def per_interval(record: str, labels: tuple[str, ...], matchers: tuple[str, ...] = JOB_MATCHERS,
+                 per: float = 1.0) -> str:
+    """A recorded per-evaluation increment summed over each step (``$__interval``), by ``labels``."""
+    total = by(labels, f"sum_over_time({record}{{{', '.join(matchers)}}}[{INTERVAL}])")
+    return total if per == 1.0 else f"{total} / {per:g}"
+
+
+def fleet_record(name: str, **match: str) -> str:
+    """A job-level recorded series of every job in the selected namespace(s)."""
+    matchers = ", ".join((*FLEET_MATCHERS, *(f'{label}="{value}"' for label, value in match.items())))
+    return f"{name}{{{matchers}}}"

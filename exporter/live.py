@@ -24,7 +24,7 @@ from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.views.view import View
+from nvrx_slo.exporter.views.view import Accelerators, View
 
 # How far a record may lie in the future of the sidecar's monotonic clock: replays of a recorded
 # run stamp lines minutes ahead (tests/test_sidecar_demo.py); one 8000 s ahead stretches wall for good.
@@ -44,6 +44,7 @@ class Live:
         self.pod_restarts: Counter[tuple[str, str]] = Counter()
         self.pod_seen: dict[str, int] = {}  # container -> restartCount last reported
         self.engine_errors = 0  # valid records the engine raised on (each skipped, logged)
+        self.accelerators = Accelerators()  # what each rank holds: the sidecar says at start
         self._log = BoundedLog(log)
         self._mono = mono
         self._wall = wall
@@ -94,7 +95,8 @@ class Live:
             now = self._horizon if self._horizon is not None else (self._mono(), self._wall())  # before any poll
             # the poll thread is the only writer of tail.rejected; View.of copies it in one C call
             return View.of(self.engine.snapshot(*now), self.tail.rejected, engine_errors=self.engine_errors,
-                           gpu_idle_nvml=self.gpu_idle_nvml, pod_restarts=self.pod_restarts)
+                           gpu_idle_nvml=self.gpu_idle_nvml, pod_restarts=self.pod_restarts,
+                           accelerators=self.accelerators)
 
     # --- persistence (state_store saves these parts in one file) ------------------------------
 

@@ -14,7 +14,9 @@ and serves one state through every view:
 Side inputs: NVML accelerator idle time when GPUs are visible (``nvrx_slo.exporter.ingest.nvml``), container
 restarts from the Kubernetes API inside a cluster (``nvrx_slo.exporter.ingest.podwatch``), each off with one log
 line where it cannot work; and, with ``--ft-cycle-info-dir``, the cycle-info files of NVRx versions
-that write them (``nvrx_slo.exporter.ingest.cycleinfo``). SIGTERM (or SIGINT) saves the state, writes ``--report-file``
+that write them (``nvrx_slo.exporter.ingest.cycleinfo``). What each rank holds, which its badput is
+priced by (``nvrx_rank_accelerators``): NVML's product name where it sees GPUs, else
+``--accelerator``; ``--accelerators-per-rank`` of them. SIGTERM (or SIGINT) saves the state, writes ``--report-file``
 (the text SLO report) if asked, sends a last OTLP export and exits 0 — after, with
 ``--final-scrape-timeout``, reading the journal once more and serving two more scrapes: a job's last
 seconds (its end settles the reorder window, shutdown and the last saves) reach Prometheus only
@@ -56,6 +58,7 @@ from nvrx_slo.exporter.server import TEXT, Response, Server
 from nvrx_slo.exporter.views import slo_report, status_page
 from nvrx_slo.exporter.views.collector import SnapshotCollector
 from nvrx_slo.exporter.views.exposition import CONTENT_TYPE, TextRenderer
+from nvrx_slo.exporter.views.view import UNKNOWN_ACCELERATOR, Accelerators
 
 log = logging.getLogger("nvrx_slo.sidecar")
 
@@ -63,6 +66,7 @@ DEFAULT_PORT = 9400
 MAX_REORDER_WINDOW_S = 600.0  # records later than this are a reader far behind, not reordering
 MAX_INTERVAL_S = 86400.0  # an interval longer than a day is a typo (and inf would overflow a wait)
 MAX_RANKS = 1 << 20
+MAX_ACCELERATORS_PER_RANK = 64.0
 FINAL_SCRAPES = 2  # after SIGTERM: scrapes of the final numbers to wait for (see Sidecar._final_scrape)
 
 
@@ -95,6 +99,8 @@ class Config:
     report_file: str | None = None  # a path, or "-" for stdout
     final_scrape_timeout_s: float = 0.0  # after SIGTERM: wait this long at most for one more scrape
     reorder_window_s: float = REORDER_WINDOW_S  # how late a rank's record may come
+    accelerator: str = UNKNOWN_ACCELERATOR  # the model each rank holds where NVML cannot say
+    accelerators_per_rank: float = 1.0
 
     def __post_init__(self) -> None:
         def interval(flag: str, value: float) -> tuple[bool, str]:
@@ -120,6 +126,11 @@ class Config:
             (math.isfinite(self.reorder_window_s) and 0 <= self.reorder_window_s <= MAX_REORDER_WINDOW_S,
              f"--reorder-window must be >= 0 and <= {MAX_REORDER_WINDOW_S:g} seconds, got {self.reorder_window_s}"),
             (1 <= self.max_ranks <= MAX_RANKS, f"--max-ranks must be 1..{MAX_RANKS}, got {self.max_ranks}"),
+            (math.isfinite(self.accelerators_per_rank) and 0 < self.accelerators_per_rank <= MAX_ACCELERATORS_PER_RANK,
+             f"--accelerators-per-rank must be > 0 and <= {MAX_ACCELERATORS_PER_RANK:g}, "
+             f"got {self.accelerators_per_rank}"),
+            (0 < len(self.accelerator) <= 128 and self.accelerator.isprintable(),
+             f"--accelerator must be 1 to 128 printable characters, got {self.accelerator!r}"),
             (self.otlp_endpoint is None or _http_url(self.otlp_endpoint),
              f"--otlp-endpoint must be an http(s) URL with a host, got {self.otlp_endpoint!r}"),
             (self.state_file.resolve().parent != self.journal_dir.resolve() or
@@ -187,6 +198,12 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds a rank's records wait to be accounted, so a record read late still lands in "
                         "order; settled numbers lag the journal by as much (lower it for journals on local "
                         "disk and a more timely SLI) (default: %(default)s)")
+    p.add_argument("--accelerator", default=Config.accelerator,
+                   help="the accelerator model each rank holds, where NVML cannot say (its product name wins): the "
+                        "label badput is priced by, as the SLO spec's cost section names it (default: %(default)s)")
+    p.add_argument("--accelerators-per-rank", type=float, default=Config.accelerators_per_rank,
+                   help="accelerators each rank holds: badput accelerator-seconds are its rank-seconds times this "
+                        "(default: %(default)s)")
     return p
 
 
@@ -203,7 +220,8 @@ def parse_args(argv: Sequence[str]) -> Config:
             per_rank=args.per_rank, max_ranks=args.max_ranks, otlp_endpoint=args.otlp_endpoint,
             otlp_interval_s=args.otlp_interval, podinfo_dir=args.podinfo_dir,
             cycle_info_dir=args.ft_cycle_info_dir, report_file=args.report_file,
-            final_scrape_timeout_s=args.final_scrape_timeout, reorder_window_s=args.reorder_window)
+            final_scrape_timeout_s=args.final_scrape_timeout, reorder_window_s=args.reorder_window,
+            accelerator=args.accelerator, accelerators_per_rank=args.accelerators_per_rank)
     except ValueError as exc:
         p.error(str(exc))
         raise  # unreachable: error() exits
@@ -298,6 +316,9 @@ class Sidecar:
         log.info("serving http://%s:%d/metrics for journal %s", self.config.host, self.server.port,
                  self.config.journal_dir)
         sampler = nvml.Sampler.create()
+        model = (sampler.product() if sampler is not None else None) or self.config.accelerator
+        self.live.accelerators = Accelerators(model, self.config.accelerators_per_rank)
+        log.info("each rank holds %g × %s", self.config.accelerators_per_rank, model)
         watcher = podwatch.start(self.identity, self.live.observe_containers)
         otlp_export = None
         if self.config.otlp_endpoint:

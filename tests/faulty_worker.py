@@ -4,7 +4,8 @@
 
 It writes its own ground truth to ``OUT/truth-<restart>.jsonl`` (never through nvrx-slo): when its
 first step starts and, for "raise", the instant it raises. The first incarnation faults or runs
-until killed; a restarted one runs a few steps and exits.
+until killed; a restarted one (by its launcher, or in a restarted container: ``OUT/ran`` exists)
+runs a few steps and exits.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ FAULT_STEP = 4
 
 def main() -> None:
     out, mode = sys.argv[1], sys.argv[2]
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    again = os.path.exists(os.path.join(out, "ran"))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) or int(again)
+    open(os.path.join(out, "ran"), "a").close()
     slo = Hooks.start(world_size=1)
     with open(os.path.join(out, f"truth-{restart}.jsonl"), "a") as truth:
         def note(event: str) -> None:

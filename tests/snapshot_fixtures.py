@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nvrx_slo.alerts import spec
 from nvrx_slo.contracts import catalogue as cat
-from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, FaultCause, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine.snapshot import (
     CheckpointStats,
     Histogram,
@@ -49,7 +49,7 @@ def snapshot(n_ranks: int = 2, **kw: object) -> Snapshot:
                 for lv in levels for ph in RestartPhase},
         mtbf_s=200.0,
         recent=(RestartRecord(RestartLevel.INJOB, "SIGKILL", 1.7e9 + 50, 3.0,
-                              {ph: 0.5 for ph in RestartPhase}, n_ranks, True),),
+                              {ph: 0.5 for ph in RestartPhase}, n_ranks, True, FaultCause.KILLED, 0.0, 3.0 * n_ranks),),
         launcher_remaining=2,
     )
     checkpoints = CheckpointStats(
@@ -63,6 +63,7 @@ def snapshot(n_ranks: int = 2, **kw: object) -> Snapshot:
         finished=False, ranks=tuple(rank(r) for r in range(n_ranks)), checkpoints=checkpoints, restarts=restarts,
         predicted_efficiency=0.97, events_accepted=1234, duplicates=2, out_of_order=3, late=1, implausible=0,
         records_lost=0,
-        journal_lag_s=0.4, world_size=n_ranks, pod_ranks=n_ranks, absent_s=0.0)
+        journal_lag_s=0.4, world_size=n_ranks, pod_ranks=n_ranks, absent_s=0.0,
+        caused={(Category.RESTART, FaultCause.KILLED): 3.0 * n_ranks})  # of 4.0 each: one restart still open
     fields.update(kw)
     return Snapshot(**fields)

@@ -96,11 +96,27 @@ _DELETE = object()
     ("links.runbook_url", "https://example.com/runbooks", "links.runbook_url: must contain {alert}"),
     ("alertmanager.pager_url", "", "alertmanager.pager_url: must be a non-empty string"),
     ("min_window", "30d", "period: for a period of 30d the 1h window becomes 30d, no longer than its short window 30d"),
+    ("cost.currency", "usd", "cost.currency: must be an ISO 4217 code such as USD, got 'usd'"),
+    ("cost.accelerator_hour.default", -1, "cost.accelerator_hour.default: must be a number in (0, 1e+06), got -1"),
+    ("cost.accelerator_hour.default", "cheap", "cost.accelerator_hour.default: must be a number in (0, 1e+06)"),
+    ("cost.accelerator_hour", {}, "cost.accelerator_hour: must price at least one model, or default"),
+    ("cost.per_gpu", 3, "cost.per_gpu: unknown key"),
+    ("cost.currency", _DELETE, "cost.currency: missing"),
 ])
 def test_a_bad_spec_is_rejected_naming_the_key(path: str, value: Any, message: str) -> None:
     with pytest.raises(spec.SpecError) as err:
         spec.from_dict(_set(path, value))
     assert message in str(err.value)
+
+
+def test_the_cost_section_is_optional_and_prices_by_model_then_default() -> None:
+    """No section: no price (the rules record accelerator-hours and OpenCost's prices only); a model
+    without a price of its own takes the default."""
+    assert spec.from_dict(_set("cost", _DELETE)).price is None
+    price = spec.load().price
+    assert price is not None and price.currency == "USD"
+    assert (price.of("NVIDIA H100 80GB HBM3"), price.of("unknown"), price.of(None)) == (3.5, 2.5, 2.5)
+    assert spec.load().targets.price == price  # what the reports are handed
 
 
 def test_a_spec_file_error_names_the_file(tmp_path: Path) -> None:
@@ -149,13 +165,17 @@ def test_min_window_raises_only_the_windows_below_it() -> None:
 
 @pytest.mark.external
 def test_promtool_accepts_every_rule_file(tmp_path: Path) -> None:
-    """The plain file, the PrometheusRule's groups (promtool rejects the wrapper itself), a 1h-period file."""
+    """The plain file, the PrometheusRule's groups (promtool rejects the wrapper itself), a 1h-period
+    file, and one of a spec without a cost section (OpenCost's prices only)."""
     hour_spec = spec_for(SUITES / "hour")
     hour = generate.render(hour_spec, hour_spec.plan(), "test")[generate.RULES]
     (tmp_path / "hour.yaml").write_text(hour)
+    unpriced = spec.from_dict(_set("cost", _DELETE))
+    (tmp_path / "unpriced.yaml").write_text(generate.render(unpriced, unpriced.plan(), "test")[generate.RULES])
     wrapped = yaml.safe_load((ROOT / generate.PROMETHEUS_RULE).read_text())["spec"]
     (tmp_path / "prometheusrule-groups.yaml").write_text(yaml.safe_dump(wrapped))
-    files = [ROOT / generate.RULES, tmp_path / "prometheusrule-groups.yaml", tmp_path / "hour.yaml"]
+    files = [ROOT / generate.RULES, tmp_path / "prometheusrule-groups.yaml", tmp_path / "hour.yaml",
+             tmp_path / "unpriced.yaml"]
     result = subprocess.run(
         [tool("promtool"), "check", "rules", *map(str, files)], capture_output=True, text=True, timeout=60,
     )
@@ -242,7 +262,7 @@ def test_every_alert_carries_severity_and_the_four_annotations(alerting_rules: l
 
 def test_dashboard_uids_are_the_agreed_ones() -> None:
     assert {d.value for d in Dashboard} == {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery",
-                                            "nvrx-slo-ranks"}
+                                            "nvrx-slo-ranks", "nvrx-slo-fleet"}
 
 
 _NVRX_NAME = re.compile(r"\bnvrx_[a-z_]+\b")

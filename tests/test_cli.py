@@ -7,6 +7,8 @@ The sidecar's own flags are frozen in ``test_sidecar_cli.py``; the inject comman
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from stories import inprocess_job
 
 # The whole surface of each command, frozen: a new flag is a deliberate change to this list (and the README).
 FLAGS = {
-    "report": (report.parser, ["--help", "--format", "-o", "--output"]),
+    "report": (report.parser, ["--help", "--format", "-o", "--output", "--price"]),
     "generate": (generate.parser, ["--help", "--spec", "--root"]),
     "inject": (inject.parser, ["--help", "--image", "--container"]),
 }
@@ -41,7 +43,8 @@ def test_the_flag_surface_is_frozen(command):
 
 
 @pytest.mark.parametrize(("command", "says"), [
-    ("report", ["--format {html,text}", "-o FILE, --output FILE", "- for stdout", "default: report.html"]),
+    ("report", ["--format {html,text,csv}", "-o FILE, --output FILE", "- for stdout", "default: report.html",
+                "--price PRICE"]),
     ("generate", ["--spec SPEC", "default: alerts/slo.yaml", "--root ROOT", "default: ."]),
 ])
 def test_help_shows_every_flag_and_its_default(command, says):
@@ -104,3 +107,30 @@ def test_the_training_commands_help_prints_no_warning(command):
     """torch imports ``pynvml`` at import; the deprecated ``pynvml`` shim NVRx requires warns then."""
     done = nvrx_slo(command, "--help", timeout=120)
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+
+
+def test_report_as_csv_is_the_cost_table_with_focus_columns(journal, tmp_path):
+    """One row per row of the text report's cost table: accelerator-hours (ConsumedQuantity) and their
+    price (EffectiveCost) at ``--price``, by category (x_Category) and cause (x_Cause)."""
+    done = nvrx_slo("report", str(journal), "--format", "csv", "--price", "3.5", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert list(rows[0]) == ["ChargePeriodStart", "ChargePeriodEnd", "ResourceName", "ConsumedQuantity", "ConsumedUnit",
+                             "BillingCurrency", "EffectiveCost", "x_Category", "x_Cause", "x_RankSeconds",
+                             "x_AcceleratorsPerRank", "x_PricePerAcceleratorHour"]
+    for row in rows:
+        assert row["ConsumedUnit"] == "Accelerator-Hours" and row["BillingCurrency"] == "USD"
+        assert float(row["EffectiveCost"]) == pytest.approx(float(row["ConsumedQuantity"]) * 3.5, abs=1e-6)
+        assert float(row["ConsumedQuantity"]) == pytest.approx(float(row["x_RankSeconds"]) / 3600, abs=1e-6)
+    text = nvrx_slo("report", str(journal), "--format", "text", "--price", "3.5", cwd=tmp_path).stdout
+    total = re.search(r"^  total\s+([\d.]+)\s+([\d.]+)\s+", text.split("What badput cost")[1], re.M)
+    assert sum(float(r["x_RankSeconds"]) for r in rows) == pytest.approx(float(total[1]), abs=0.01)
+    assert {r["x_Category"] for r in rows} >= {"restart", "lost", "init"}
+    # the story's in-process restart: the exception its rank raised
+    assert {r["x_Cause"] for r in rows if r["x_Category"] in ("lost", "restart")} == {"exception"}
+
+
+@pytest.mark.parametrize("price", ["-1", "nan", "inf", "cheap"])
+def test_report_refuses_a_price_that_is_no_price(journal, price):
+    done = nvrx_slo("report", str(journal), "--format", "csv", "--price", price)
+    assert done.returncode == 2 and "--price" in done.stderr

@@ -35,7 +35,9 @@ MODELS = load_all()
 SPEC = slo_spec.load()
 PLAN = SPEC.plan()
 RULES = yaml.safe_load((ROOT / alerts_generate.RULES).read_text(encoding="utf-8"))
-UIDS = {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery", "nvrx-slo-ranks"}
+JOB_UIDS = {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery", "nvrx-slo-ranks"}  # one job's
+FLEET = "nvrx-slo-fleet"
+UIDS = JOB_UIDS | {FLEET}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRAFANA_BUILTINS = {"__interval", "__rate_interval", "__range", "__all"}
 
@@ -44,7 +46,7 @@ def _each_panel():
     return [pytest.param(uid, p, id=f"{uid}:{p['id']}") for uid, m in MODELS.items() for p in panels(m)]
 
 
-def test_the_four_dashboards_have_their_stable_uids():
+def test_the_five_dashboards_have_their_stable_uids():
     assert set(MODELS) == UIDS
 
 
@@ -92,7 +94,7 @@ def test_every_panel_is_bound_to_the_datasource_variable_and_described(uid, pane
     assert [s["value"] for s in steps[1:]] == sorted(s["value"] for s in steps[1:]), "threshold steps must ascend"
 
 
-@pytest.mark.parametrize("uid", sorted(UIDS))
+@pytest.mark.parametrize("uid", sorted(JOB_UIDS))
 def test_variables_annotations_and_links(uid):
     m = MODELS[uid]
     variables = {v["name"]: v for v in m["templating"]["list"]}
@@ -108,6 +110,32 @@ def test_variables_annotations_and_links(uid):
     link, = m["links"]  # one tag link reaches every sibling
     assert link["type"] == "dashboards" and link["includeVars"] and link["keepTime"]
     assert all(set(link["tags"]) <= set(other["tags"]) for other in MODELS.values())
+
+
+def test_the_fleet_has_every_jobs_namespaces_and_links_each_job_to_its_own_dashboards():
+    """Every job of the selected namespaces (all by default, a namespace-less job's too); no one job's
+    variables or events; each table row links to its job's dashboards with the job's variables."""
+    m = MODELS[FLEET]
+    variables = {v["name"]: v for v in m["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace"]
+    ns = variables["namespace"]
+    assert ns["includeAll"] and ns["multi"] and ns["allValue"] == q.NAMESPACE_ALL_VALUE == ".*"
+    assert m["annotations"]["list"] == []
+    for x in queries({FLEET: m}):
+        if not x.where.startswith("variable "):
+            assert 'namespace=~"$namespace"' in x.expr and "$job" not in x.expr and "$pod" not in x.expr, x.expr
+    tables = [p for p in panels(m) if p["type"] == "table"]
+    assert tables
+    for table in tables:
+        links = table["fieldConfig"]["defaults"]["links"]
+        assert links, table["title"]
+        for link in links:
+            path, _, query = link["url"].partition("?")
+            uid = path.removeprefix("/d/")
+            assert uid in JOB_UIDS, link
+            names = {v["name"] for v in MODELS[uid]["templating"]["list"]}
+            asked = {part.split("=")[0].removeprefix("var-") for part in query.split("&") if part.startswith("var-")}
+            assert asked == {"namespace", "job"} <= names, link
 
 
 def test_every_dashboard_link_in_the_alert_rules_opens_a_dashboard_with_its_variables():
@@ -169,8 +197,10 @@ def _level_labels(record: str) -> set[str]:
 
 
 def _recorded_series():
-    """Every series the committed alert rules record -> its labels (its level's, plus the rule's own)."""
-    return {r["record"]: {*_level_labels(r["record"]), *r.get("labels", {})}
+    """Every series the committed alert rules record -> its labels (its level's, the rule's own, and a
+    cost record's dimensions)."""
+    extra = conventions.cost_records(PLAN)
+    return {r["record"]: {*_level_labels(r["record"]), *r.get("labels", {}), *extra.get(r["record"], ())}
             for g in RULES["groups"] for r in g["rules"] if "record" in r}
 
 

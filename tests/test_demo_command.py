@@ -57,6 +57,27 @@ def test_the_demo_prints_an_slo_report_consistent_with_the_journal(demo_command)
 
 
 @pytest.mark.slow
+def test_the_demos_sigkill_is_killed_and_its_exception_is_an_exception_and_each_has_its_cost(demo_command):
+    """The causes come from what the real parts journaled (the exit the launcher saw, the exception
+    that left the step), not from the demo's own fault_injected marks: the in-job restart is the
+    SIGKILL's (``killed``), the in-process one the exception's; the cost table splits the lost and
+    restart seconds between them and adds up to the breakdown's."""
+    out = demo_command.stdout
+    assert demo_command.result.returncode == 0, demo_command.stderr[-3000:]
+    recent = dict(re.findall(r"^\s+(inprocess|injob)\s+[\d.]+ s  (\w+): ", out.split("most recent:")[1], re.M))
+    assert recent == {"injob": "killed", "inprocess": "exception"}
+    section = out.split("What badput cost")[1].split("\n\n")[0]
+    rows = {(m[1].strip(), m[2]): float(m[3])
+            for m in re.finditer(r"^  (.+?)\s{2}(\S+)\s+([\d.]+)\s+[\d.]+\s+\S+ USD$", section, re.M)}
+    caused = {cause for (category, cause) in rows if category.startswith(("lost", "restart"))}
+    assert caused == {"killed", "exception"}, rows
+    breakdown = dict(re.findall(r"^  (\S.*?)\s{2,}([\d.]+) s\s+[\d.]+%$", out.split("Where the time went")[1], re.M))
+    for category in ("lost (rolled back)", "restart"):
+        by_cause = sum(v for (c, _), v in rows.items() if c == category)
+        assert by_cause == pytest.approx(float(breakdown[category]), abs=0.02), category
+
+
+@pytest.mark.slow
 def test_the_demo_and_every_process_it_starts_keep_the_pynvml_shims_warning_quiet(demo_command):
     """The launchers, ranks and NVRx's writers each import torch, which warns that the ``pynvml``
     shim NVRx requires is deprecated: nothing a user can act on, in every process's log."""

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from journal_builder import Pod, Proc
-from nvrx_slo.contracts.catalogue import RestartLevel
+from nvrx_slo.contracts.catalogue import Category, RestartLevel
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.events import as_event
@@ -148,7 +148,7 @@ def assert_close(a: Any, b: Any, path: str = "snapshot") -> None:
 def accounted(snap: Snapshot) -> dict[str, Any]:
     """What the final snapshot says about the journal (not about arrival: counts of late etc.)."""
     return {"ranks": snap.ranks, "restarts": snap.restarts, "checkpoints": snap.checkpoints,
-            "finished": snap.finished, "efficiency": snap.predicted_efficiency}
+            "finished": snap.finished, "efficiency": snap.predicted_efficiency, "caused": snap.caused}
 
 
 def counters(snap: Snapshot) -> list[tuple[str, float]]:
@@ -167,6 +167,7 @@ def counters(snap: Snapshot) -> list[tuple[str, float]]:
     out += [(f"restart_s.{lv.value}_le{i}", n) for lv, h in rs.duration.items() for i, n in enumerate(h.counts)]
     out += [(f"phase.{lv.value}.{ph.value}_le{i}", n) for (lv, ph), h in rs.phases.items() for i,
             n in enumerate(h.counts)]
+    out += [(f"caused.{category.value}.{cause.value}", v) for (category, cause), v in snap.caused.items()]
     return out
 
 
@@ -175,6 +176,12 @@ def check_invariant(snap: Snapshot) -> None:
         total = sum(r.seconds.values()) + r.unprotected_s
         assert math.isclose(total, r.wall_s, rel_tol=1e-9, abs_tol=1e-9), (r.rank, total, r.wall_s)
         assert min(r.seconds.values()) >= -1e-9 and r.unprotected_s >= -1e-9, r
+    # every lost and restart second has a cause once settled; a restart's once it is over
+    faulted = sum(snap.seconds.get(c, 0.0) for c in (Category.LOST, Category.RESTART))
+    caused = sum(snap.caused.values())
+    assert caused <= faulted + 1e-6, (caused, faulted)
+    if snap.finished:
+        assert math.isclose(caused, faulted, rel_tol=1e-9, abs_tol=1e-6), (snap.caused, faulted)
 
 
 def check_monotone(snapshots: list[Snapshot]) -> None:

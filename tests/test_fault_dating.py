@@ -6,6 +6,10 @@ test at an instant the test takes itself, or raises a plain ``RuntimeError`` mid
 fault at that instant and measure its latency to the restarted loop's first step — whose start
 the worker notes in its own file — within 0.1 s. Steps take 0.4 s and each fault lands about
 0.3 s into one, so a fault dated at the rank's last record would miss by ~0.3 s.
+
+Each fault's cause too (``FaultCause``), from what the real launcher journaled of it: the signal
+that ended the killed worker, the exception that left the step, and the SIGTERM a kubelet sends
+the container's main process when it stops a pod (then SIGKILL after the grace period).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_slo.contracts.catalogue import RestartLevel
+from nvrx_slo.contracts.catalogue import Category, FaultCause, RestartLevel
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.tail import JournalTail
 
@@ -47,15 +51,29 @@ def _launch(tmp_path: Path, mode: str, **extra_env: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "launcher.log", "w"))
 
 
-def _restart(tmp_path: Path):
+def _finished(tmp_path: Path):
     engine = Engine()
     tail = JournalTail(tmp_path / "journal")
     tail.poll(lambda events: [engine.ingest(e) for e in events])
     tail.close()
     snap = engine.snapshot(time.monotonic(), time.time())
     assert snap.finished
-    (restart,) = snap.restarts.recent
+    return snap
+
+
+def _restart(tmp_path: Path):
+    (restart,) = _finished(tmp_path).restarts.recent
     return restart
+
+
+def _caused(snap) -> dict[FaultCause, float]:
+    """Every lost and restart second of a finished job has one cause: which, and how many."""
+    by: dict[FaultCause, float] = {}
+    for (category, cause), seconds in snap.caused.items():
+        assert category in (Category.LOST, Category.RESTART)
+        by[cause] = by.get(cause, 0.0) + seconds
+    assert sum(by.values()) == pytest.approx(snap.seconds[Category.LOST] + snap.seconds[Category.RESTART])
+    return by
 
 
 def _wait(proc: subprocess.Popen, tmp_path: Path) -> None:
@@ -123,11 +141,18 @@ def _kill_and_check(tmp_path: Path, proc: subprocess.Popen, before_kill: Path | 
     killed_wall, killed = time.time(), time.monotonic()
     os.kill(steps[-1]["pid"], signal.SIGKILL)
     _wait(proc, tmp_path)
-    restart = _restart(tmp_path)
+    snap = _finished(tmp_path)
+    (restart,) = snap.restarts.recent
     resumed = _truth(tmp_path, 1)["first_step"]["mono"]
     assert restart.level is RestartLevel.INJOB
     assert abs(restart.fault_wall - killed_wall) < 0.1, restart.fault_wall - killed_wall
     assert abs(restart.duration_s - (resumed - killed)) < 0.1, (restart.duration_s, resumed - killed)
+    (exit_,) = [r for r in _journal(tmp_path / "journal") if r["type"] == "launcher_worker_exit"
+                and r["worker_pid"] == steps[-1]["pid"]]
+    assert exit_.get("signal") == signal.SIGKILL  # read before the launcher reaped it
+    assert restart.fault is FaultCause.KILLED
+    # the killed step's 0.3 s, the restart's seconds: all the kill's
+    assert set(_caused(snap)) == {FaultCause.KILLED} and snap.caused[(Category.LOST, FaultCause.KILLED)] > 0.25
 
 
 @pytest.mark.torch
@@ -137,7 +162,40 @@ def test_an_exception_mid_step_is_dated_when_it_left_the_step(tmp_path):
     _wait(proc, tmp_path)
     raised = _truth(tmp_path, 0)["raise"]
     resumed = _truth(tmp_path, 1)["first_step"]["mono"]
-    restart = _restart(tmp_path)
+    snap = _finished(tmp_path)
+    (restart,) = snap.restarts.recent
     assert abs(restart.fault_wall - raised["wall"]) < 0.1, restart.fault_wall - raised["wall"]
     assert abs(restart.duration_s - (resumed - raised["mono"])) < 0.1, (restart.duration_s, resumed - raised["mono"])
     assert "planted mid-step" in (restart.cause or "")
+    assert restart.fault is FaultCause.EXCEPTION and set(_caused(snap)) == {FaultCause.EXCEPTION}
+
+
+@pytest.mark.torch
+@pytest.mark.nvrx
+def test_a_container_the_kubelet_stops_and_restarts_is_preempted(tmp_path):
+    """As the kubelet stops a container (a pod deleted, preempted, evicted; a failed liveness
+    probe): SIGTERM to its main process, the launcher, then SIGKILL to what is left after the grace
+    period; here the container is then restarted in place, with the same journal (an emptyDir
+    outlives its containers). The worker's end, its unfinished step and the pod restart are all
+    the stop's: ``preempted``."""
+    proc = _launch(tmp_path, "wait")
+    deadline = time.monotonic() + 120
+    while not any(r["type"] == "step" and r["step"] >= 2 for r in _journal(tmp_path / "journal")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the worker never reached step 2"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)  # the grace period
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    records = _journal(tmp_path / "journal")
+    (stop,) = [r for r in records if r["type"] == "launcher_signal"]
+    assert stop["signal"] == signal.SIGTERM
+    assert [r for r in records if r["type"] == "launcher_worker_exit" and r["mono"] > stop["mono"]]
+    _wait(_launch(tmp_path, "wait"), tmp_path)  # the restarted container: a new launcher, a few steps
+    snap = _finished(tmp_path)
+    (restart,) = snap.restarts.recent
+    assert restart.level is RestartLevel.POD and restart.fault is FaultCause.PREEMPTED
+    assert set(_caused(snap)) == {FaultCause.PREEMPTED}
+    assert snap.caused[(Category.LOST, FaultCause.PREEMPTED)] > 0  # the step it was in when stopped

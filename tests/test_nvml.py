@@ -11,7 +11,7 @@ from nvrx_slo.exporter.ingest import nvml
 
 
 class FakeNvml:
-    """The five pynvml functions the sampler uses, over scripted utilisation percentages."""
+    """The six pynvml functions the sampler uses, over scripted utilisation percentages."""
 
     class NVMLError(Exception):
         pass
@@ -37,8 +37,16 @@ class FakeNvml:
             raise self.NVMLError("GPU is lost")
         return SimpleNamespace(gpu=gpu, memory=0)
 
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return b"NVIDIA H100 80GB HBM3"  # older nvidia-ml-py returns bytes, newer str
+
     def nvmlShutdown(self) -> None:
         self.shut = True
+
+
+def test_the_product_name_is_the_first_devices_as_text():
+    sampler = nvml.Sampler.create(FakeNvml([[0, 0]]))
+    assert sampler.product() == "NVIDIA H100 80GB HBM3"
 
 
 def test_idle_is_elapsed_time_times_the_idle_share_per_device():

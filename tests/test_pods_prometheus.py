@@ -18,6 +18,7 @@ since its last save included (its sidecar died with it; the rules count what it 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -32,6 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dashboard_model import queries as dashboard_queries
 from needs import tool
 from nvrx_slo.alerts import generate, spec
 from nvrx_slo.alerts.conventions import (
@@ -39,10 +41,17 @@ from nvrx_slo.alerts.conventions import (
     BADPUT_INCREASE,
     VANISHED_AT_RISK,
     Alert,
+    CostOf,
+    Dashboard,
+    PriceSource,
+    cost_increase,
     sli_bad_record,
     sli_total_record,
 )
-from nvrx_slo.contracts.catalogue import BADPUT_CATEGORIES, TIME, WORK_AT_RISK, Category
+from nvrx_slo.contracts.catalogue import BADPUT_CATEGORIES, TIME, WORK_AT_RISK, Category, FaultCause
+from nvrx_slo.dashboards import fleet
+from nvrx_slo.dashboards import generate as dashboards_generate
+from nvrx_slo.dashboards.queries import NAMESPACE_ALL_VALUE
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.generate import main as generate_main
@@ -74,13 +83,18 @@ def _ready(url: str) -> bool:
 SETTLED = 2 * 10 + 2 * 1
 
 
+def _spec_data() -> dict[str, Any]:
+    """The default spec for a three-hour period, evaluated every second."""
+    data = yaml.safe_load(spec.DEFAULT_PATH.read_text())
+    data.update(period="3h", min_window="10s", evaluation_interval="1s")
+    return data
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}pods")
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pods: int = request.param
     tmp = tmp_path_factory.mktemp(f"pods-prometheus-{pods}")
-    data = yaml.safe_load(spec.DEFAULT_PATH.read_text())
-    data.update(period="3h", min_window="10s", evaluation_interval="1s")
-    (tmp / "slo.yaml").write_text(yaml.safe_dump(data))
+    (tmp / "slo.yaml").write_text(yaml.safe_dump(_spec_data()))
     assert generate_main(["alerts", "--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
     targets = tmp / "targets.json"
     targets.write_text("[]")
@@ -288,3 +302,94 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     assert bad / total - 0.01 <= recorded / total <= (bad + unseen) / total + 0.01, (recorded, bad, unseen, total)
     (later,) = _query(run["prometheus"], f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
     assert float(later["value"][1]) * interval == pytest.approx(recorded, abs=0.01 * total)  # and nothing after
+
+
+# --- what badput cost (alerts/cost.py), and the fleet dashboard --------------------------------
+
+def _report_costs(stdout: str) -> tuple[dict[tuple[str, str], float], float]:
+    """The job report's cost table, (category label, cause) -> rank-seconds, and its price."""
+    report = stdout.split("nvrx-slo SLO report — ")[1]
+    section = report.split("What badput cost")[1].split("\n\n")[0]
+    price = float(re.search(r"; ([\d.]+) USD per accelerator-hour", section).group(1))
+    rows = {(m[1].strip(), m[2]): float(m[3]) for m in re.finditer(
+        r"^  (.+?)\s{2}(\S+)\s+([\d.]+)\s+[\d.]+\s+\S+ USD$", section, re.M) if m[1].strip() != "total"}
+    return rows, price
+
+
+def test_prometheus_prices_badput_by_cause_as_the_job_report_does(run):
+    """The cost of badput by cause, recorded at each evaluation (alerts/cost.py: each pod's fault
+    seconds priced at its own price, the absent ranks and the lost pod's work at risk as pod_lost), and
+    the job report's cost table (the engine's causes, the job's absent seconds): each cause's money
+    within one evaluation interval of the job's work (2 ranks × 1 s, at the spec's default price: the
+    demo's sidecars see no GPU), the absent and lost-pod seconds within what each already allows
+    (the absent record's evaluations rounding each stretch's ends, a scrape and the demo's poll at the
+    loss, the launchers' unread seconds; the lost pod's save Prometheus never saw, whose work it counts
+    at risk). The absent seconds' cause is pod_lost in both."""
+    assert run["returncode"] == 0, run["stderr"][-3000:]
+    at = run["ended"] + SETTLED
+    rows, price = _report_costs(run["stdout"])
+    assert price == run["spec"].price.default  # each rank one accelerator of no priced model
+    report: dict[str, float] = {}
+    for (category, cause), seconds in rows.items():
+        if category.startswith(("lost", "restart", "absent")):
+            report[cause] = report.get(cause, 0.0) + seconds
+    assert {cause for (category, cause) in rows if category.startswith("absent")} == {"pod_lost"}
+    costs = cost_increase(CostOf.CAUSE, True)
+    recorded = {r["metric"]["cause"]: float(r["value"][1]) * 3600 / price
+                for r in _query(run["prometheus"], f"sum by (cause) (sum_over_time({costs}[1h]))", at)}
+    sources = _query(run["prometheus"], f"count by (price_source) (count_over_time({costs}[1h]))", at)
+    assert {s["metric"]["price_source"] for s in sources} == {PriceSource.SPEC.value}
+    base, interval = run["spec"].plan().base, run["spec"].evaluation_interval
+    (absent,) = _query(run["prometheus"], f"{ABSENT_RANKS}[1h]", at)
+    rounding = _absent_rounding(run["run_dir"], [float(t) for t, _ in absent["values"]], base, interval)
+    (scraped,) = _query(run["prometheus"], f'max_over_time(timestamp({WORK_AT_RISK.name}{{pod="pod-1"}})[1h:1s])', at)
+    unseen = _unseen_kept(run["run_dir"], float(scraped["value"][1]))
+    launchers = {pod: sorted((r for r in read_journal(run["run_dir"] / pod / "journal") if r["rank"] is None),
+                             key=lambda r: r["seq"]) for pod in ("pod-1", "pod-1-replacement")}
+    unread = sum(records[1]["mono"] - records[0]["mono"] for records in launchers.values())
+    print(f"\n{run['pods']} pods: by cause, rank-s recorded {recorded}, in the report {report}")
+    work = run["pods"] * interval  # one evaluation interval of the job's work
+    assert set(recorded) == set(report), (recorded, report)
+    for cause, seconds in report.items():
+        if cause == FaultCause.POD_LOST.value:
+            # the lost pod's save Prometheus never saw: its work counted at risk there, kept in the report
+            low, high = rounding - interval - 0.5 - work, rounding + unread + interval + 0.5 + work + unseen
+            assert low <= recorded[cause] - seconds <= high, (cause, recorded[cause], seconds, rounding, unseen)
+        else:
+            assert recorded[cause] == pytest.approx(seconds, abs=work), (cause, recorded[cause], seconds)
+    assert recorded[FaultCause.POD_LOST.value] >= 8.0  # the replacement came 8 s after the loss
+
+
+_SPEC = spec.from_dict(_spec_data())
+# the fleet dashboard as generated for the run's spec: its windows' records are the ones the rules make
+FLEET = dashboard_queries({Dashboard.FLEET.value: json.loads(dashboards_generate.to_json(
+    fleet.dashboard(_SPEC, _SPEC.plan())))})
+
+
+@pytest.mark.parametrize("query", [pytest.param(x, id=f"{x.where}:{i}") for i, x in enumerate(FLEET)])
+def test_every_fleet_dashboard_query_returns_data_for_the_node_loss(run, query):
+    """The fleet dashboard's queries as Grafana sends them (generated for the run's three-hour SLO
+    period; its namespace variable at All: the demo's pods have no namespace), over the run: from the
+    first scrape to the SLI's last evaluation."""
+    assert run["returncode"] == 0, run["stderr"][-3000:]
+    (first,) = _query(run["prometheus"], f"min(min_over_time(timestamp({TIME.name})[1h:1s]))", run["ended"] + SETTLED)
+    start, end = float(first["value"][1]), run["ended"] + SETTLED
+    values = {"__rate_interval": "4s", "__interval": "1s", "__range": f"{int(end - start)}s",
+              "namespace": NAMESPACE_ALL_VALUE}
+    expr = query.expr
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
+    if query.where.startswith("variable "):
+        url = f"{run['prometheus']}/api/v1/series?{urllib.parse.urlencode({'match[]': expr})}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert json.load(resp)["data"], expr
+        return
+    if query.instant:
+        rows = [[r["value"]] for r in _query(run["prometheus"], expr, end)]
+    else:
+        params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": 1})
+        with urllib.request.urlopen(f"{run['prometheus']}/api/v1/query_range?{params}", timeout=10) as resp:
+            answer = json.load(resp)
+        assert answer["status"] == "success", answer
+        rows = [r["values"] for r in answer["data"]["result"]]
+    assert any(math.isfinite(float(v)) for values_ in rows for _, v in values_), f"no data for {expr}"

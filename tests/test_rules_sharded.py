@@ -75,8 +75,10 @@ def _recorded(groups: dict[str, list[dict[str, Any]]]) -> set[str]:
 
 
 def _reads(rule: dict[str, Any]) -> set[str]:
-    """The series names a rule's expression reads (PromQL words that are metric names)."""
-    return {w for w in _NAME.findall(rule["expr"]) if ":" in w or w.startswith(("nvrx_", "DCGM_")) or w == "up"}
+    """The series names a rule's expression reads (PromQL words that are metric names; a range or
+    subquery's brackets hold none: ``[1h:5m]``)."""
+    words = _NAME.findall(re.sub(r"\[[^\]]*\]", "", rule["expr"]))
+    return {w for w in words if ":" in w or w.startswith(("nvrx_", "DCGM_")) or w == "up"}
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from nvrx_slo.exporter import sidecar
 # The whole surface, frozen: a new flag is a deliberate change to this list (and the README).
 FLAGS = ["--help", "--journal-dir", "--state-file", "--host", "--port", "--poll-interval", "--state-interval",
          "--per-rank", "--no-per-rank", "--max-ranks", "--otlp-endpoint", "--otlp-interval", "--podinfo-dir",
-         "--ft-cycle-info-dir", "--report-file", "--final-scrape-timeout", "--reorder-window"]
+         "--ft-cycle-info-dir", "--report-file", "--final-scrape-timeout", "--reorder-window",
+         "--accelerator", "--accelerators-per-rank"]
 
 
 def test_the_flag_surface_is_frozen():
@@ -58,6 +59,9 @@ def test_defaults_and_the_journal_dir_from_the_trainers_variable(monkeypatch, tm
     (["--final-scrape-timeout", "nan"], "--final-scrape-timeout"),
     (["--reorder-window", "-1"], "--reorder-window"),
     (["--reorder-window", "inf"], "--reorder-window"),
+    (["--accelerators-per-rank", "0"], "--accelerators-per-rank"),
+    (["--accelerators-per-rank", "nan"], "--accelerators-per-rank"),
+    (["--accelerator", ""], "--accelerator"),
     (["--journal-dir", ""], "--journal-dir"),  # the working directory, silently
     (["--state-file", ""], "--state-file"),
     (["--podinfo-dir", ""], "--podinfo-dir"),

@@ -19,6 +19,7 @@ They map to journal events (``rank`` null) at the instant they happen:
 ``launcher_rendezvous_done``        the node joined the round (ranks assigned)
 ``launcher_worker_start``           ``_start_workers`` returned (new worker processes exist)
 ``launcher_worker_exit``            a worker process ended, timed as the kernel reported it (``WorkerExits``)
+``launcher_signal``                 the launcher was told to stop (``StopSignals``)
 ``launcher_metric``                 every other metric, when its value changes (``name``, ``value``)
 =================================== ===============================================================
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -105,7 +107,9 @@ class LauncherJournal:
 # worker's exit is timed as soon as the kernel reports it, whatever the launcher's threads are
 # doing (one holding the interpreter lock, or preempted holding it, delayed a thread's reading of
 # the clock by up to 0.11 s under load). It reads pids from stdin, one a line, and writes
-# "pid mono" when each exits; it ends when stdin closes (the launcher is gone).
+# "pid mono status" when each exits, status being the wait status the kernel keeps for the exited
+# process until its parent (the launcher) reaps it (/proc/PID/stat's last field; -1: reaped first);
+# it ends when stdin closes (the launcher is gone).
 _TIMER = r"""
 import os, select, sys, time
 poll, fds, pending = select.poll(), {}, b""
@@ -116,7 +120,13 @@ while True:
     out = []
     for fd, _ in ready:
         if fd != 0:
-            out.append(b"%d %r\n" % (fds.pop(fd), now))
+            pid = fds.pop(fd)
+            try:
+                with open("/proc/%d/stat" % pid, "rb") as f:
+                    status = int(f.read().rsplit(b")", 1)[1].split()[-1])
+            except (OSError, ValueError, IndexError):
+                status = -1
+            out.append(b"%d %r %d\n" % (pid, now, status))
             poll.unregister(fd)
             os.close(fd)
             continue
@@ -147,8 +157,10 @@ class WorkerExits:
     no unprivileged process the kernel's own time of another's exit on this clock (the process
     connector, taskstats, BPF and process accounting need root; ``/proc/PID/sched`` keeps a
     per-CPU scheduler clock, measured up to 40 ms off here), so the instant is the timer's waking:
-    the kernel's wake-up latency of a sleeping process, docs/robustness.md. Never raises into the
-    launcher; without pidfds (Linux < 5.3) or the timer, it does nothing.
+    the kernel's wake-up latency of a sleeping process, docs/robustness.md. How it ended (the
+    signal, else the exit code: what its fault's cause is decided from) is read then too, from the
+    exited process the launcher has not reaped yet (its monitor polls every ``--monitor-interval``).
+    Never raises into the launcher; without pidfds (Linux < 5.3) or the timer, it does nothing.
     """
 
     def __init__(self, journal: Journal) -> None:
@@ -174,10 +186,46 @@ class WorkerExits:
         assert self._timer.stdout is not None
         for line in self._timer.stdout:  # until the timer ends
             try:
-                pid, at = line.split()
-                self.journal.emit_at(EventType.LAUNCHER_WORKER_EXIT, float(at), worker_pid=int(pid))
+                pid, at, status = line.split()
+                self.journal.emit_at(EventType.LAUNCHER_WORKER_EXIT, float(at), worker_pid=int(pid),
+                                     **_how_it_ended(int(status)))
             except Exception:  # never raise; keep journaling
                 self.journal.errors += 1
+
+
+class StopSignals:
+    """Journals the first SIGTERM, SIGINT and SIGHUP the launcher receives, as it receives it.
+
+    The kubelet stops a pod with SIGTERM to its main process; torchelastic's handler then stops the
+    workers, and reaps each at once, before the exit timer can read how it ended. So the signal is
+    read where it arrives, without replacing anyone's handler: ``signal.set_wakeup_fd`` has the
+    interpreter write each signal's number to a pipe whenever a Python handler (torchelastic's) is
+    installed for it, and a daemon thread here journals it. Never raises into the launcher.
+    """
+
+    STOPS = frozenset({int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP)})
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self._seen: set[int] = set()
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)  # main thread only: main() runs there
+        threading.Thread(target=self._run, args=(read,), name="nvrx-slo-stop-signals", daemon=True).start()
+
+    def _run(self, read: int) -> None:
+        while data := os.read(read, 64):
+            for number in data:
+                if number in self.STOPS and number not in self._seen:
+                    self._seen.add(number)
+                    self.journal.emit(EventType.LAUNCHER_SIGNAL, signal=number)
+
+
+def _how_it_ended(status: int) -> dict[str, int]:
+    """A wait status as the journal's fields: the signal that ended the process, or its exit code."""
+    if status < 0:
+        return {}
+    return {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"exit_code": os.WEXITSTATUS(status)}
 
 
 def _children() -> set[int]:
@@ -256,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
         exits = lambda: None  # noqa: E731
     target = LauncherJournal(journal, exits)
     install(target)
+    try:
+        StopSignals(journal)
+    except (OSError, ValueError):  # no pipe, or not the main thread: stops go unjournaled (each cause unknown)
+        journal.errors += 1
     # dated when the container's process started, not after the imports above (seconds under load)
     started = process_start_mono()
     journal.emit_first(EventType.LAUNCHER_START, started if started is not None else time.monotonic(),

@@ -24,6 +24,14 @@ in the same pid are an in-process restart. The fault instant is the dead incarna
 FAULT_INJECTED if it wrote one after its last step, else its last event. The rank stays in
 state RESTART until the first step of the restarted loop starts. Each restart is reported to a
 ``RestartSink`` under a key all ranks share, so the pod counts it once.
+
+Causes (``causes``): the ``lost`` and ``restart`` seconds a fault cost carry its cause. The rank's
+unfinished step, booked at its own fault (an exception, its process's exit), is charged to the
+cause it journaled at once (``lost_by``); what the rank books while a restart is open (the restart
+gap, the work its restore rolls back) is charged to that restart, whose cause is decided once every
+rank has joined it (its faulting rank's; ``Restarts``): ``fact_lost``/``fact_restart`` until the
+rank's part of it ends, then handed to the sink. Lost work with neither (a restore outside a
+restart) is charged to ``unknown``.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from typing import Annotated, Protocol
 
 import msgspec
 
-from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import SETTLED_CATEGORIES, Category, FaultCause, RestartLevel, RestartPhase
 from nvrx_slo.contracts.schema import (
     Blocked,
     Cause,
@@ -51,6 +59,8 @@ from nvrx_slo.contracts.schema import (
     StepFailed,
     UserSpan,
 )
+from nvrx_slo.exporter.engine import causes
+from nvrx_slo.exporter.engine.causes import CAUSES
 from nvrx_slo.exporter.engine.snapshot import RankState
 from nvrx_slo.exporter.events import Event
 
@@ -76,17 +86,21 @@ class RestartSink(Protocol):
     """Receives each rank's view of a restart; ``key`` is the same on every rank of the pod."""
 
     def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
-              injected: bool, cause: str | None) -> None: ...
+              injected: bool, cause: str | None, why: FaultCause | None) -> None: ...
 
     def mark(self, rank: int, key: str, phase: RestartPhase, mono: float) -> None: ...
 
     def cause(self, rank: int, key: str, cause: str) -> None: ...
 
-    def ended(self, rank: int, key: str, end: float) -> None: ...
+    def ended(self, rank: int, key: str, end: float, lost: float, restart: float) -> None:
+        """The rank's part of the restart is over at ``end``; it booked ``lost`` and ``restart`` seconds in it."""
 
     def relaunch(self, since: float, until: float) -> float | None:
         """The instant the pod's own launcher last started workers in (``since``, ``until``], if it
         did and was not itself started again in that stretch; else None."""
+
+    def stopped_by(self, at: float) -> int | None:
+        """The signal the pod's launcher was told to stop by before ``at`` (None: it was not)."""
 
 
 @dataclass(slots=True)
@@ -104,6 +118,7 @@ class Ledger:
     fault: float | None = None  # journaled fault instant in the current loop (see _died)
     fault_wall: float = 0.0
     cause: str | None = None
+    why: FaultCause | None = None  # the cause of the rank's own fault in its current loop
     pid: int = -1
     restart: int = 0
     iter: int = 0
@@ -113,6 +128,8 @@ class Ledger:
     fact: str | None = None  # key of the open restart
     fact_inprocess: bool = False
     fact_reinit: bool = False  # the open in-process restart has re-initialised
+    fact_lost: float = 0.0  # seconds booked lost and restart while the open restart lasts: charged to it
+    fact_restart: float = 0.0
     seconds: Annotated[list[float], msgspec.Meta(min_length=len(SETTLED_CATEGORIES),
                                                  max_length=len(SETTLED_CATEGORIES))] = \
         field(default_factory=lambda: [0.0] * len(SETTLED_CATEGORIES))
@@ -129,12 +146,17 @@ class Ledger:
     # saves), in booking order, kept with the verdicts for the same views. None: not kept.
     waits: list[tuple[float, float]] | None = None
     user: dict[str, float] = field(default_factory=dict)  # user_span seconds by name (USER_NAMES, OTHER_NAME)
+    # lost seconds charged to a cause here, not to a restart (by ``causes.INDEX``): each rank's unfinished step
+    lost_by: Annotated[list[float], msgspec.Meta(min_length=len(CAUSES), max_length=len(CAUSES))] = \
+        field(default_factory=causes.zeros)
 
     # --- time ------------------------------------------------------------------------------
     def _advance(self, to: float) -> None:
         if to > self.t:
             idx = BLOCKING if self.blocking is not None else GAP[self.state]
             self.seconds[idx] += to - self.t
+            if idx == RESTART:  # the state is RESTART only while a restart is open
+                self.fact_restart += to - self.t
             self.t = to
 
     def _span(self, start: float, end: float, idx: int) -> float:
@@ -171,6 +193,10 @@ class Ledger:
                     verdicts.append((first, last, True))
             elif drop_rest:
                 self.seconds[LOST] += work
+                if self.fact is not None:
+                    self.fact_lost += work
+                else:
+                    self.lost_by[causes.INDEX[FaultCause.UNKNOWN]] += work
                 if verdicts is not None:
                     verdicts.append((first, last, False))
             else:
@@ -188,10 +214,15 @@ class Ledger:
         fault = self.fault if self.fault is not None else self.t
         fault_wall = self.fault_wall if self.fault is not None else self.last_wall
         if self.fact is not None:  # the previous restart failed before its first step
-            sink.ended(self.rank, self.fact, fault)
-        sink.began(self.rank, key, level, fault, fault_wall, injected, self.cause)
+            self._end_fact(fault, sink)
+        sink.began(self.rank, key, level, fault, fault_wall, injected, self.cause, self.why)
         self.fact, self.fact_inprocess, self.fact_reinit = key, inprocess, False
-        self.state, self.blocking, self.fault, self.cause = RankState.RESTART, None, None, None
+        self.state, self.blocking, self.fault, self.cause, self.why = RankState.RESTART, None, None, None, None
+
+    def _end_fact(self, end: float, sink: RestartSink) -> None:
+        assert self.fact is not None
+        sink.ended(self.rank, self.fact, end, self.fact_lost, self.fact_restart)
+        self.fact, self.fact_lost, self.fact_restart = None, 0.0, 0.0
 
     def _new_process(self, ev: Event, sink: RestartSink) -> None:
         if ev.restart > self.restart:
@@ -201,6 +232,7 @@ class Ledger:
             # failed, or a pod joined: a new rendezvous round), which keeps the restart count.
             level, launch = RestartLevel.INJOB, f"{ev.restart}@{relaunch!r}"
             self.cause = self.cause or "restarted by its launcher for a new rendezvous round"
+            self.why = self.why or FaultCause.PEER_FAULT
         else:
             self.gen += 1
             level, launch = RestartLevel.POD, str(ev.restart)
@@ -220,7 +252,9 @@ class Ledger:
             return
         if isinstance(ev, LauncherWorkerExit):  # written by the launcher (its pid), about this rank's process
             if ev.worker_pid == self.pid and self.first is not None:
-                self._died(ev.mono, ev.wall, "worker process exited")
+                stop = sink.stopped_by(ev.mono)  # the launcher was stopped: so were its workers, whatever it sent them
+                why = causes.of_exit(ev.signal, ev.exit_code) if stop is None else causes.of_exit(stop, None)
+                self._died(ev.mono, ev.wall, "worker process exited", why)
             return
         kind, mono = ev.type, ev.mono
         if self.first is None:
@@ -262,7 +296,7 @@ class Ledger:
             self.fault, self.fault_wall, self.cause = mono, ev.wall, f"fault_injected: {ev.kind}"
         elif isinstance(ev, StepFailed):
             self._advance(ev.start)
-            self._died(mono, ev.wall, ev.error)
+            self._died(mono, ev.wall, ev.error, FaultCause.EXCEPTION)
         elif kind is EventType.PROCESS_START:
             self._advance(mono)
             if self.fact is not None:
@@ -286,12 +320,18 @@ class Ledger:
             self._decide(ev.step, drop_rest=False)
         self.last_wall = ev.wall
 
-    def _died(self, mono: float, wall: float, cause: str) -> None:
+    def _died(self, mono: float, wall: float, cause: str, why: FaultCause) -> None:
         """The loop stopped at ``mono`` (an exception left a step, the process was killed): the
-        unfinished step or save until then is lost or blocking, and the fault is dated there,
-        unless the loop had already stopped (a restart under way, an earlier fault, a clean end)."""
-        if self.state not in (RankState.TRAINING, RankState.INIT) or self.fault is not None or mono <= self.t:
+        unfinished step or save until then is lost (charged to ``why``) or blocking, and the fault
+        is dated there, unless the loop had already stopped (a restart under way, an earlier fault,
+        a clean end). A fault the loop marked itself (``fault_injected``) takes its cause from here."""
+        if self.state not in (RankState.TRAINING, RankState.INIT):
             return
+        self.why = self.why or why
+        if self.fault is not None or mono <= self.t:
+            return
+        if self.blocking is None:
+            self.lost_by[causes.INDEX[why]] += mono - self.t
         self.seconds[BLOCKING if self.blocking is not None else LOST] += mono - self.t
         if self.blocking is None and self.verdicts is not None:
             self.verdicts.append((mono, mono, False))  # the unfinished step, for views that draw steps
@@ -312,12 +352,14 @@ class Ledger:
                 seconds[BLOCKING] += before
                 gap -= before
                 blocked -= before
-            seconds[BLOCKING if self.blocking is not None else GAP[self.state]] += gap
+            idx = BLOCKING if self.blocking is not None else GAP[self.state]
+            seconds[idx] += gap
+            if idx == RESTART:
+                self.fact_restart += gap
             t = self.t = start
         if self.fact is not None:
-            sink.ended(self.rank, self.fact, t)
-            self.fact = None
-        self.state, self.blocking, self.fault, self.cause = RankState.TRAINING, None, None, None
+            self._end_fact(t, sink)
+        self.state, self.blocking, self.fault, self.cause, self.why = RankState.TRAINING, None, None, None, None
         span = mono - t
         if span > 0:
             data: float = ev.data_s
@@ -362,4 +404,4 @@ class Ledger:
             self, seconds=self.seconds[:], pool_steps=self.pool_steps[:], pool_work=self.pool_work[:],
             pool_first=self.pool_first[:], pool_last=self.pool_last[:],
             verdicts=None if self.verdicts is None else self.verdicts[:],
-            waits=None if self.waits is None else self.waits[:], user=dict(self.user))
+            waits=None if self.waits is None else self.waits[:], user=dict(self.user), lost_by=self.lost_by[:])

@@ -51,14 +51,17 @@ version is refused, and the sidecar then accounts the journal again from its sta
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import msgspec
 
-from nvrx_slo.contracts.schema import CheckpointPart, EventType, LauncherWorkerExit, ProcessStart, Span
+from nvrx_slo.contracts.catalogue import Category, FaultCause
+from nvrx_slo.contracts.schema import CheckpointPart, EventType, LauncherSignal, LauncherWorkerExit, ProcessStart, Span
 from nvrx_slo.exporter.engine import assembly, derived
 from nvrx_slo.exporter.engine.accounting import Ledger
+from nvrx_slo.exporter.engine.causes import CAUSES
 from nvrx_slo.exporter.engine.checkpoints import Checkpoints
 from nvrx_slo.exporter.engine.lanes import Counts, Lane, new_lane
 from nvrx_slo.exporter.engine.launcher import Launcher
@@ -70,7 +73,7 @@ from nvrx_slo.exporter.events import BEFORE_ALL, STRUCTS, Event
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 11
+STATE_VERSION = 12
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 # the records that can make a rank's work productive, by struct class (a set of classes is read fastest)
 _DECIDING = frozenset(STRUCTS[kind] for kind in (EventType.CHECKPOINT_END, EventType.RESTORE))
@@ -195,6 +198,8 @@ class Engine:
         if lane is None:
             s.restarts.launcher_event(kind, mono)
             s.launcher.note(record)
+            if isinstance(record, LauncherSignal):
+                s.restarts.stop(mono, record.signal)
             if isinstance(record, LauncherWorkerExit) and not s.restarts.tearing_down(mono):
                 # a worker died on its own: the fault's instant, for its rank's ledger
                 exited = next((ln for ln in s.lanes.values() if record.worker_pid in ln.pids), None)
@@ -254,7 +259,7 @@ class Engine:
             late=counts.late, implausible=counts.implausible, records_lost=counts.records_lost,
             journal_lag_s=None if s.origin is None else max(0.0, now_mono - s.newest),
             world_size=s.world_size or s.launcher.world, pod_ranks=s.launcher.pod_ranks(s.lanes, finished),
-            absent_s=0.0)
+            absent_s=0.0, caused=_caused(restarts, ledgers.values(), finished))
 
     def _settled(self, finished: bool, *, deciding: bool = False) -> tuple[Restarts, dict[int, Ledger]]:
         """The restarts and ledgers by rank as of now; a finished job's buffers applied, on copies.
@@ -312,3 +317,16 @@ class Engine:
         engine = cls.__new__(cls)
         engine._s = loaded
         return engine
+
+
+def _caused(restarts: Restarts, ledgers: Iterable[Ledger], finished: bool) -> dict[tuple[Category, FaultCause], float]:
+    """The lost and restart seconds by cause: each rank's own (its unfinished steps) and the restarts'."""
+    ledgers = list(ledgers)
+    lost, restart = restarts.caused(finished, [(led.fact, led.fact_lost, led.fact_restart) for led in ledgers
+                                               if led.fact is not None])
+    for led in ledgers:
+        lost = [a + b for a, b in zip(lost, led.lost_by, strict=True)]
+    out = {}
+    for category, by in ((Category.LOST, lost), (Category.RESTART, restart)):
+        out.update({(category, cause): seconds for cause, seconds in zip(CAUSES, by, strict=True) if seconds > 0})
+    return out

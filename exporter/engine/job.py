@@ -23,7 +23,7 @@ import bisect
 import dataclasses
 from collections.abc import Collection, Sequence
 
-from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, FaultCause, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine import derived
 from nvrx_slo.exporter.engine.histogram import RestartBuckets
 from nvrx_slo.exporter.engine.snapshot import (
@@ -98,7 +98,8 @@ def _merged(group: list[tuple[RestartRecord, str]]) -> JobRestart:
         phases = _phases_since(last, first.fault_wall)
     cause = first.cause or next((r.cause for r, _ in group if r.cause), None)
     record = RestartRecord(level, cause, first.fault_wall, duration, phases, sum(r.ranks for r, _ in group),
-                           first.fault_journaled)
+                           first.fault_journaled, first.fault, sum(r.lost_s for r, _ in group),
+                           sum(r.restart_s for r, _ in group))
     return JobRestart(record, tuple(dict.fromkeys(pod for _, pod in group)))
 
 
@@ -178,13 +179,16 @@ def _settled(gone: Snapshot) -> Snapshot:
     seconds as badput once its series are gone. Its ranks are lost, whatever its journal's last
     records said (a pod's state lags its reorder window), and their checkpoint workers with them."""
     ranks = []
+    caused = dict(gone.caused)
+    lost = (Category.LOST, FaultCause.POD_LOST)
+    caused[lost] = caused.get(lost, 0.0) + sum(r.at_risk_s for r in gone.ranks)
     for r in gone.ranks:
         seconds = dict(r.seconds)
         seconds[Category.LOST] += r.at_risk_s
         seconds[Category.PRODUCTIVE] += r.unprotected_s - r.at_risk_s
         ranks.append(dataclasses.replace(r, seconds=seconds, unprotected_s=0.0, at_risk_s=0.0, state=RankState.LOST,
                                          worker_alive=None if r.worker_alive is None else False))
-    return dataclasses.replace(gone, ranks=tuple(ranks))
+    return dataclasses.replace(gone, ranks=tuple(ranks), caused=caused)
 
 
 def lost_pods(pods: Sequence[Snapshot]) -> set[str]:
@@ -258,4 +262,16 @@ def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapsh
         events_accepted=sum(snap.events_accepted for snap in pods), duplicates=sum(s.duplicates for s in pods),
         out_of_order=sum(s.out_of_order for s in pods), late=sum(s.late for s in pods),
         implausible=sum(s.implausible for s in pods), records_lost=sum(s.records_lost for s in pods),
-        journal_lag_s=None, world_size=world, pod_ranks=sum(snap.pod_ranks for snap in pods), absent_s=absent)
+        journal_lag_s=None, world_size=world, pod_ranks=sum(snap.pod_ranks for snap in pods), absent_s=absent,
+        caused=_caused(pods, absent))
+
+
+def _caused(pods: Sequence[Snapshot], absent: float) -> dict[tuple[Category, FaultCause], float]:
+    """The pods' seconds by cause, and the job's absent ones: ranks no pod ran (a node or pod gone)."""
+    out: dict[tuple[Category, FaultCause], float] = {}
+    for snap in pods:
+        for key, seconds in snap.caused.items():
+            out[key] = out.get(key, 0.0) + seconds
+    if absent > 0:
+        out[(Category.ABSENT, FaultCause.POD_LOST)] = absent
+    return out

@@ -22,6 +22,13 @@ A phase whose instant was not journaled is left out and its time goes to the nex
 was, so the phases of a finished restart always sum to its duration. A restart enters the
 counters at once and the duration and phase histograms once nothing can join it any more
 (see ``Restarts.fold``), or when the job finished.
+
+Its cause (``causes``) is its faulting rank's: the first rank, in the order that picks its fault
+instant, whose own fault was journaled with one; else what the Wrapper's callbacks said of it (a
+timeout is a hang); else who restarted it: a launcher that started workers again for another
+pod's fault (``peer_fault``), or one that found its workers unhealthy with none of them gone or
+raising (``hang``); else ``unknown``. The lost and restart seconds every rank booked in it are
+charged to that cause when it folds (``lost_by``/``restart_by``): by then every rank has joined.
 """
 
 from __future__ import annotations
@@ -31,8 +38,9 @@ from bisect import bisect_left, insort
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nvrx_slo.contracts.catalogue import RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import FaultCause, RestartLevel, RestartPhase
 from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.exporter.engine import causes
 from nvrx_slo.exporter.engine.histogram import Buckets, RestartBuckets
 from nvrx_slo.exporter.engine.snapshot import RestartRecord, RestartStats
 
@@ -68,9 +76,14 @@ class OpenRestart:
     ends: dict[int, float] = field(default_factory=dict)
     marks: dict[RestartPhase, float] = field(default_factory=dict)  # detect: earliest rank; the others: latest
     causes: dict[int, str] = field(default_factory=dict)
+    whys: dict[int, FaultCause] = field(default_factory=dict)  # per rank: the cause its own fault journaled
+    hints: dict[int, FaultCause] = field(default_factory=dict)  # per rank: what the Wrapper's callbacks said
+    lost: float = 0.0  # rank-seconds the ranks booked in it, handed over as each rank's part ends
+    restart: float = 0.0
 
     def copy(self) -> OpenRestart:
-        return OpenRestart(self.level, dict(self.faults), dict(self.ends), dict(self.marks), dict(self.causes))
+        return OpenRestart(self.level, dict(self.faults), dict(self.ends), dict(self.marks), dict(self.causes),
+                           dict(self.whys), dict(self.hints), self.lost, self.restart)
 
     def done(self) -> bool:
         return len(self.ends) == len(self.faults)
@@ -92,10 +105,14 @@ class Restarts:
     recent: list[RestartRecord] = field(default_factory=list)  # oldest first, ``keep`` at most
     launcher: list[LauncherMark] = field(default_factory=list)  # sorted
     ended_since_fold: bool = False
+    # folded restarts' lost and restart rank-seconds by cause (``causes.INDEX``)
+    lost_by: list[float] = field(default_factory=causes.zeros)
+    restart_by: list[float] = field(default_factory=causes.zeros)
+    stops: list[tuple[float, int]] = field(default_factory=list)  # (mono, signal) the launcher was told to stop by
 
     # --- the sink ------------------------------------------------------------------------------
     def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
-              injected: bool, cause: str | None) -> None:
+              injected: bool, cause: str | None, why: FaultCause | None) -> None:
         if key in self.folded:
             return
         rec = self.open.get(key)
@@ -104,6 +121,8 @@ class Restarts:
         rec.faults[rank] = Fault(fault, fault_wall, injected)
         if cause:
             rec.causes[rank] = cause
+        if why is not None:
+            rec.whys[rank] = why
 
     def mark(self, rank: int, key: str, phase: RestartPhase, mono: float) -> None:
         rec = self.open.get(key)
@@ -116,10 +135,15 @@ class Restarts:
         rec = self.open.get(key)
         if rec is not None:
             rec.causes.setdefault(rank, cause)
+            if rec.hints.get(rank) is not FaultCause.HANG:  # a timeout says more than the exception it raised
+                rec.hints[rank] = causes.of_interruption(cause)
 
-    def ended(self, rank: int, key: str, end: float) -> None:
+    def ended(self, rank: int, key: str, end: float, lost: float, restart: float) -> None:
         rec = self.open.get(key)
         if rec is not None and rank in rec.faults:
+            if rank not in rec.ends:
+                rec.lost += lost
+                rec.restart += restart
             rec.ends[rank] = end
             self.ended_since_fold = True
 
@@ -127,6 +151,21 @@ class Restarts:
         insort(self.launcher, (mono, kind))
         if len(self.launcher) > LAUNCHER_KEPT:
             del self.launcher[0]
+
+    def stop(self, mono: float, signal: int) -> None:
+        insort(self.stops, (mono, signal))
+        if len(self.stops) > LAUNCHER_KEPT:
+            del self.stops[0]
+
+    def stopped_by(self, at: float) -> int | None:
+        """The signal the pod's launcher was last told to stop by at or before ``at``, if no
+        launcher started since: the workers ending then ended for it."""
+        i = bisect_left(self.stops, (at, 1 << 30))
+        if not i:
+            return None
+        since, signal = self.stops[i - 1]
+        started = self._first_launcher(EventType.LAUNCHER_START, since, at)
+        return signal if started is None else None
 
     def relaunch(self, since: float, until: float) -> float | None:
         started = None
@@ -182,7 +221,20 @@ class Restarts:
             prev = at
         cause = next((rec.causes[r] for r in order if r in rec.causes), None)  # the faulting rank's first
         return RestartRecord(rec.level, cause, first.wall, None if end is None else end - fault, phases,
-                             len(rec.faults), first.journaled)
+                             len(rec.faults), first.journaled, self._why(rec, order, fault, end), rec.lost,
+                             rec.restart)
+
+    def _why(self, rec: OpenRestart, order: list[int], fault: float, end: float | None) -> FaultCause:
+        """The restart's cause (see the module docstring)."""
+        why = next((rec.whys[r] for r in order if r in rec.whys), None)
+        if why is not None:
+            return why
+        if rec.hints:
+            return FaultCause.HANG if FaultCause.HANG in rec.hints.values() else next(iter(rec.hints.values()))
+        if rec.level is RestartLevel.INJOB and \
+                self._first_launcher(EventType.LAUNCHER_FAILURE_DETECTED, fault, end) is not None:
+            return FaultCause.HANG
+        return FaultCause.UNKNOWN
 
     @staticmethod
     def _observe(record: RestartRecord, duration: Mapping[RestartLevel, Buckets],
@@ -211,6 +263,8 @@ class Restarts:
             del self.open[key]
             record = self.record(rec)
             self.counts[rec.level] += 1
+            self.lost_by[causes.INDEX[record.fault]] += record.lost_s
+            self.restart_by[causes.INDEX[record.fault]] += record.restart_s
             self._observe(record, self.duration, self.phases)
             self.recent.append(record)
             if self.keep is not None and len(self.recent) > self.keep:
@@ -237,6 +291,22 @@ class Restarts:
         return RestartStats(counts, {k: b.frozen() for k, b in duration.items()},
                             {(level, k): b.frozen() for level, by in phases.items() for k, b in by.items()}, mtbf_s,
                             tuple(recent[-RECENT:]), launcher_remaining)
+
+    def caused(self, finished: bool, pending: list[tuple[str, float, float]]) -> tuple[list[float], list[float]]:
+        """The lost and restart rank-seconds charged to each cause (``causes.INDEX``): the folded
+        restarts', and once the job finished every open one's too, with ``pending``: the (restart,
+        lost, restart seconds) ranks booked in restarts their part of which never ended."""
+        lost, restart = self.lost_by[:], self.restart_by[:]
+        if finished:
+            whys = {key: self.record(rec) for key, rec in self.open.items()}
+            for record in whys.values():
+                lost[causes.INDEX[record.fault]] += record.lost_s
+                restart[causes.INDEX[record.fault]] += record.restart_s
+            for key, lost_s, restart_s in pending:
+                i = causes.INDEX[whys[key].fault if key in whys else FaultCause.UNKNOWN]
+                lost[i] += lost_s
+                restart[i] += restart_s
+        return lost, restart
 
     def records(self) -> list[RestartRecord]:
         """The kept finished restarts, then the open ones, each oldest first."""

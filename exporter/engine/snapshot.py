@@ -16,11 +16,11 @@ one snapshot to the next; ``unprotected_s`` is the provisional gauge (see docs/a
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TypeVar
 
-from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase, StepTimer
+from nvrx_slo.contracts.catalogue import Category, FaultCause, RestartLevel, RestartPhase, StepTimer
 
 K = TypeVar("K")
 
@@ -153,6 +153,9 @@ class RestartRecord:
     phases: Mapping[RestartPhase, float]  # only the phases whose boundaries were journaled
     ranks: int
     fault_journaled: bool  # the fault's instant was journaled (else a rank's last record before it: a bound)
+    fault: FaultCause = FaultCause.UNKNOWN  # why (``cause`` is what was journaled of it, as text)
+    lost_s: float = 0.0  # rank-seconds its ranks booked lost in it (the work their restores rolled back) ...
+    restart_s: float = 0.0  # ... and restarting: its cost, charged to ``fault`` (its unfinished steps are not in it)
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,9 @@ class Snapshot:
     world_size: int | None  # the job's ranks: its processes' WORLD_SIZE, or a fixed-size launcher's (None: unknown)
     pod_ranks: int  # ranks the pod runs: journaled, or said by its running launcher (a job: its pods' sum)
     absent_s: float  # job level: rank-seconds no pod accounted (Category.ABSENT); 0 for a pod
+    # The settled lost and restart seconds (and a job's absent ones) by the cause of the fault that
+    # cost them; a restart's once it is over (folded), so they may lag ``seconds`` while one is open.
+    caused: Mapping[tuple[Category, FaultCause], float] = field(default_factory=dict)
 
     @property
     def wall_s(self) -> float:

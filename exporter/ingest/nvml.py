@@ -6,7 +6,9 @@ It is a sampled estimate, labelled ``source="nvml"`` so it is never confused wit
 step-phase estimate. Without a driver (or with no device) ``Sampler.create`` logs one line and
 returns ``None``: the sidecar then reports the step-phase estimate only.
 
-``lib`` is the seam: the ``pynvml`` module in production, a fake with the same five functions in
+The devices' product name (``product()``) names the accelerator model the pod's cost is priced by.
+
+``lib`` is the seam: the ``pynvml`` module in production, a fake with the same six functions in
 tests.
 """
 
@@ -55,6 +57,15 @@ class Sampler:
             return None
         log.info("NVML on: sampling %d GPU(s)", len(handles))
         return cls(lib, handles, clock)
+
+    def product(self) -> str | None:
+        """The first device's product name (``NVIDIA H100 80GB HBM3``); None if NVML cannot say."""
+        try:
+            name = self._lib.nvmlDeviceGetName(self._handles[0])
+        except self._lib.NVMLError as exc:
+            log.warning("NVML: no product name for GPU 0: %s", exc)
+            return None
+        return (name.decode(errors="replace") if isinstance(name, bytes) else str(name)).strip() or None
 
     def sample(self) -> dict[int, float]:
         """Idle seconds per device index since the previous sample."""

@@ -31,11 +31,11 @@ from nvrx_slo.exporter.engine.engine import History
 from nvrx_slo.exporter.engine.snapshot import RestartRecord, Snapshot
 from nvrx_slo.exporter.offline.replay import EmptyJournal, Replay
 from nvrx_slo.exporter.offline.timeline import TimelineBuilder, compose
-from nvrx_slo.exporter.views import slo_report, status_page, timeline
+from nvrx_slo.exporter.views import cost, slo_report, status_page, timeline
 from nvrx_slo.exporter.views.timeline import RestartBand
 from nvrx_slo.exporter.views.view import View
 
-FORMATS = {"html": "report.html", "text": "-"}  # each format's default output (-: stdout)
+FORMATS = {"html": "report.html", "text": "-", "csv": "-"}  # each format's default output (-: stdout)
 
 
 def _band(r: RestartRecord, now_wall: float) -> RestartBand:
@@ -95,7 +95,7 @@ def _replay(journal_dirs: Sequence[str | Path]) -> _Replayed:
     return _Replayed(pods, snap, view)
 
 
-def build(journal_dirs: Sequence[str | Path], targets: Targets) -> str:
+def build(journal_dirs: Sequence[str | Path], targets: Targets, pricing: cost.Pricing | None = None) -> str:
     """The report of one pod's journal directory, or of a job's (one directory per pod: the job's
     accounting, ``exporter/engine/job.py``, and one timeline with every pod's lanes), as one HTML
     document, its SLOs judged against ``targets``; ``EmptyJournal`` if a directory holds nothing."""
@@ -110,7 +110,9 @@ def build(journal_dirs: Sequence[str | Path], targets: Targets) -> str:
             f"{timeline.legend_html()}{timeline.render_svg(replayed.timeline())}"
             f'<p class="sub">{lanes}; hover a span for details. Restarts and their phases run '
             f"across all lanes; lost work is the training that a restart rolled back.</p></section></div>"
-            f"{status_page.sections(view, targets)}")
+            f"{status_page.sections(view, targets)}"
+            f'<div class="grid">{cost.html(cost.table(snap, pricing or cost.Pricing.of(None, targets), targets))}'
+            "</div>")
     made = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     what = f"{len(replayed.pods)} journals" if several else "journal"
     links = (f'<span class="ident">{what} <b>{html.escape(", ".join(map(str, journal_dirs)))}</b> · '
@@ -118,9 +120,15 @@ def build(journal_dirs: Sequence[str | Path], targets: Targets) -> str:
     return status_page.page("nvrx-slo report", snap, body, refresh_s=None, links=links)
 
 
-def text(journal_dirs: Sequence[str | Path], targets: Targets) -> str:
+def text(journal_dirs: Sequence[str | Path], targets: Targets, pricing: cost.Pricing | None = None) -> str:
     """The same accounting as ``build``, as the text SLO report the sidecar writes (no timeline)."""
-    return slo_report.render(_replay(journal_dirs).snap, targets)
+    return slo_report.render(_replay(journal_dirs).snap, targets, pricing)
+
+
+def cost_csv(journal_dirs: Sequence[str | Path], targets: Targets, pricing: cost.Pricing | None = None) -> str:
+    """The report's cost table as CSV (``views/cost.py``)."""
+    snap = _replay(journal_dirs).snap
+    return cost.to_csv(cost.table(snap, pricing or cost.Pricing.of(None, targets), targets), snap)
 
 
 def write(journal_dirs: Sequence[str | Path], output: str | Path, targets: Targets) -> Path:
@@ -138,11 +146,25 @@ def parser() -> argparse.ArgumentParser:
                         help="a pod's journal directory; several: one job, a directory per pod (a lost "
                              "pod's and its replacement's included)")
     parser.add_argument("--format", choices=FORMATS, default="html",
-                        help="html: the page with a timeline; text: the SLO report the sidecar writes (default: html)")
+                        help="html: the page with a timeline; text: the SLO report the sidecar writes; csv: the "
+                             "cost table, FinOps FOCUS columns where one fits (default: html)")
     parser.add_argument("-o", "--output", metavar="FILE",
                         help=f"where to write it, - for stdout (default: {FORMATS['html']} for html, "
-                             f"{FORMATS['text']} for text)")
+                             f"{FORMATS['text']} for text and csv)")
+    parser.add_argument("--price", type=_price, metavar="PRICE",
+                        help="what one accelerator-hour costs, in the SLO spec's currency (default: the spec's "
+                             "cost.accelerator_hour.default); a rank holds one accelerator")
     return parser
+
+
+def _price(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+    if not 0 <= value < 1e6:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1e6 per accelerator-hour, not {text}")
+    return value
 
 
 def main(argv: list[str], targets: Targets) -> int:
@@ -155,8 +177,9 @@ def main(argv: list[str], targets: Targets) -> int:
     if len(set(map(Path.resolve, args.journal_dirs))) < len(args.journal_dirs):
         cli.error("JOURNAL_DIR: a directory is named twice (each pod's journal once)")
     output = args.output or FORMATS[args.format]
+    render = {"html": build, "text": text, "csv": cost_csv}[args.format]
     try:
-        document = (build if args.format == "html" else text)(args.journal_dirs, targets)
+        document = render(args.journal_dirs, targets, cost.Pricing.of(args.price, targets))
     except (EmptyJournal, FileNotFoundError) as exc:
         print(f"nvrx-slo report: {exc}", file=sys.stderr)
         return 1

@@ -16,6 +16,9 @@ the job's median rank, across pods); a rank="all" series' step time is its ranks
 
 NVML idle time is reported per device; device *i* is attributed to the pod's *i*-th lowest
 rank (torchrun numbers a node's ranks contiguously, local rank = device index).
+
+Fault seconds are one series per cause the pod has seen (at most ``len(FaultCause)`` - 1: a pod
+never says ``pod_lost``), not one per cause known: a pod without faults exports none.
 """
 
 from __future__ import annotations
@@ -182,6 +185,14 @@ def series(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
         by_rank = dict(zip(sorted(r.rank for r in ranks), (view.gpu_idle_nvml.get(i) for i in range(len(ranks))),
                            strict=True))
         per_rank_values(cat.GPU_IDLE, [by_rank.get(r.rank) for r in ranks], (("source", GpuIdleSource.NVML.value),))
+
+    by_cause: dict[str, float] = {}
+    for (_, fault), seconds in snap.caused.items():
+        by_cause[fault.value] = by_cause.get(fault.value, 0.0) + seconds
+    for name, seconds in sorted(by_cause.items()):
+        single(cat.FAULT_TIME, seconds, (("cause", name),))
+    if ranks:
+        single(cat.RANK_ACCELERATORS, view.accelerators.per_rank, (("accelerator", view.accelerators.model),))
 
     single(cat.EXPORTER_EVENTS, snap.events_accepted)
     for reason in sorted({r.value for r in RejectReason} | set(view.rejected)):

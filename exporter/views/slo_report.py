@@ -1,8 +1,8 @@
 """The text SLO report the demo prints: one snapshot, read by a person at a terminal.
 
 Efficiency, where every rank-second went (productive plus each badput category, summing to 100%
-of wall — the engine's invariant), checkpoint overlap and blocking share, restart latency by
-level and by phase, and the spec's SLOs judged pass/fail. Journal strings (job, pod, causes)
+of wall — the engine's invariant), what badput cost (``cost``), checkpoint overlap and blocking
+share, restart latency by level and by phase, and the spec's SLOs judged pass/fail. Journal strings (job, pod, causes)
 are escaped for the terminal (``printable``). The SLO judgement is the status
 page's (``status_page.slo_results``), so the page and the report never disagree.
 """
@@ -13,6 +13,7 @@ from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.printable import printable
+from nvrx_slo.exporter.views import cost
 from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, RECENT_ROWS, breakdown, slo_results, step_timing
 
 
@@ -34,7 +35,8 @@ def _scope(pods: str) -> str:
     return f"pod {names[0]}" if len(names) == 1 else f"{len(names)} pods ({', '.join(names)})"
 
 
-def render(snap: Snapshot, targets: Targets) -> str:
+def render(snap: Snapshot, targets: Targets, pricing: cost.Pricing | None = None) -> str:
+    """``pricing``: how badput is priced (default: the spec's price, one accelerator per rank)."""
     wall = snap.wall_s
     lines = [
         f"nvrx-slo SLO report — job {printable(snap.job) or '?'}, {_scope(snap.pod)}, "
@@ -51,6 +53,7 @@ def render(snap: Snapshot, targets: Targets) -> str:
         lines.append(f"  {CATEGORY_STYLES[category].label:<{width}}  {seconds:10.2f} s  {_pct(seconds, wall)}")
     lines.append(f"  {'total':<{width}}  {sum(parts.values()):10.2f} s  {_pct(sum(parts.values()), wall)}")
     lines.append(f"  steps timed by {step_timing(snap)}")
+    lines += ["", *cost.text(cost.table(snap, pricing or cost.Pricing.of(None, targets), targets))]
 
     ck = snap.checkpoints
     lines += [
@@ -87,8 +90,8 @@ def render(snap: Snapshot, targets: Targets) -> str:
         lines.append("  most recent:")
         for r in rs.recent[-5:]:
             phases = ", ".join(f"{p.value} {v:.2f} s" for p, v in r.phases.items())
-            lines.append(f"    {r.level.value:<9} {_secs(r.duration_s):>9}  cause: {printable(r.cause or '?')}"
-                         f"{'  (' + phases + ')' if phases else ''}")
+            lines.append(f"    {r.level.value:<9} {_secs(r.duration_s):>9}  {r.fault.value}: "
+                         f"{printable(r.cause or '?')}{'  (' + phases + ')' if phases else ''}")
     lines.append(f"  MTBF {_secs(rs.mtbf_s)}")
 
     lines += ["", "SLOs (whole run so far):"]

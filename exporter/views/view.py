@@ -10,10 +10,20 @@ their numbers agree by construction. Two things make one: the sidecar's ``Live``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.engine.snapshot import Snapshot
+
+UNKNOWN_ACCELERATOR = "unknown"
+
+
+@dataclass(frozen=True)
+class Accelerators:
+    """What each rank of the pod holds: the model its cost is priced by, and how many."""
+
+    model: str = UNKNOWN_ACCELERATOR
+    per_rank: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -22,14 +32,17 @@ class View:
     rejected: Mapping[str, int]  # journal lines not accounted, by reason (``schema.RejectReason`` values)
     gpu_idle_nvml: Mapping[int, float]  # idle seconds by NVML device index; empty when NVML is off
     pod_restarts: Mapping[tuple[str, str], int]  # (container, reason) -> restarts seen by the pod watcher
+    accelerators: Accelerators = field(default_factory=Accelerators)
 
     @classmethod
     def of(cls, snapshot: Snapshot, read_rejected: Mapping[str, int], *, engine_errors: int = 0,
            gpu_idle_nvml: Mapping[int, float] | None = None,
-           pod_restarts: Mapping[tuple[str, str], int] | None = None) -> View:
+           pod_restarts: Mapping[tuple[str, str], int] | None = None,
+           accelerators: Accelerators | None = None) -> View:
         """``snapshot`` with the lines the reader rejected (``read_rejected``, by reason) and those
         the engine refused (its snapshot counts them) or raised on (``engine_errors``)."""
         rejected = {**read_rejected, RejectReason.DUPLICATE.value: snapshot.duplicates,
                     RejectReason.LATE.value: snapshot.late, RejectReason.IMPLAUSIBLE.value: snapshot.implausible,
                     RejectReason.ENGINE_ERROR.value: engine_errors}
-        return cls(snapshot, rejected, dict(gpu_idle_nvml or {}), dict(pod_restarts or {}))
+        return cls(snapshot, rejected, dict(gpu_idle_nvml or {}), dict(pod_restarts or {}),
+                   accelerators or Accelerators())

@@ -91,6 +91,21 @@ class StepTimer(str, Enum):
     HOST_ON_GPU = "host_on_gpu"
 
 
+class FaultCause(str, Enum):
+    """Why a fault happened: the ``cause`` label of the seconds it cost (``lost`` and ``restart``
+    rank-seconds; at job level also ``absent``). Decided once, by the engine, from what the journal
+    and the launcher saw (docs/accounting.md defines each)."""
+
+    EXCEPTION = "exception"  # an exception left a step, the Wrapper restarted on one, or a worker exited non-zero
+    KILLED = "killed"  # a worker ended by a signal no one sends to stop a pod (SIGKILL: the OOM killer; SIGSEGV)
+    HANG = "hang"  # a launcher or the Wrapper found ranks unresponsive (a timeout) with no exception or exit first
+    PREEMPTED = "preempted"  # SIGTERM: the kubelet stopping the pod (deleted, preempted, evicted)
+    STOPPED = "stopped"  # SIGINT or SIGHUP: a user's stop
+    POD_LOST = "pod_lost"  # job level: a node or pod gone (its ranks absent, its work at risk lost)
+    PEER_FAULT = "peer_fault"  # the pod's ranks were healthy: the job restarted for another pod's fault
+    UNKNOWN = "unknown"  # a restart with no fault journaled (a launcher that journals nothing, a container restart)
+
+
 class GpuIdleSource(str, Enum):
     NVML = "nvml"  # sampled utilisation from NVML
     STEP_PHASES = "step_phases"  # inferred from the journal: every second not in compute/optimizer
@@ -187,6 +202,14 @@ USER_SPAN_TIME = _m("user_span_seconds_total", Kind.COUNTER,
                     "Rank-seconds in the spans the user named (evaluation, SDC checks), by name: the "
                     "user_span category's breakdown (the first 16 names; later ones are \"other\").",
                     labels=("name",))
+# Per pod, not per rank (a rank's fault costs its peers too), only the causes seen: with the lost and
+# restart categories of nvrx_time_seconds_total it makes the cost of each cause (alerts/cost.py).
+FAULT_TIME = _m("fault_seconds_total", Kind.COUNTER,
+                "Rank-seconds of the lost and restart categories, by the cause of the fault that rolled the work "
+                "back or forced the restart (a restart's once it is over).", labels=("cause",))
+RANK_ACCELERATORS = _m("rank_accelerators", Kind.GAUGE,
+                       "Accelerators each rank of this pod holds, by model (accelerator-seconds = rank-seconds × "
+                       "this): NVML's product name, else --accelerator, else unknown.", labels=("accelerator",))
 GPU_IDLE = _m("gpu_idle_seconds_total", Kind.COUNTER, "Rank-seconds the accelerator sat idle, by how it was measured.",
               labels=("source",), per_rank=True)
 

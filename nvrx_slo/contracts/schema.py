@@ -82,6 +82,7 @@ class EventType(str, Enum):
     LAUNCHER_RENDEZVOUS_DONE = "launcher_rendezvous_done"
     LAUNCHER_WORKER_START = "launcher_worker_start"
     LAUNCHER_WORKER_EXIT = "launcher_worker_exit"
+    LAUNCHER_SIGNAL = "launcher_signal"
     LAUNCHER_METRIC = "launcher_metric"
     LAUNCHER_EXIT = "launcher_exit"
 
@@ -382,10 +383,22 @@ class LauncherWorkerStart(Record):
 
 @_event(EventType.LAUNCHER_WORKER_EXIT)
 class LauncherWorkerExit(Record):
-    """A worker process ended (the kernel's instant, via pidfd)."""
+    """A worker process ended (the kernel's instant, via pidfd), and how, where it could be read
+    before its launcher reaped it: the signal that ended it, else its exit code."""
 
     __slots__ = ()
     worker_pid: int
+    signal: int | None = None
+    exit_code: int | None = None
+
+
+@_event(EventType.LAUNCHER_SIGNAL)
+class LauncherSignal(Record):
+    """The launcher was told to stop (SIGTERM: the kubelet stopping its pod; SIGINT, SIGHUP: a
+    user): the workers it then stops ended for this."""
+
+    __slots__ = ()
+    signal: int
 
 
 @_event(EventType.LAUNCHER_METRIC)

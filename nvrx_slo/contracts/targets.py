@@ -9,7 +9,21 @@ base install does not carry: the views get the values, never the loader.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Price:
+    """What an accelerator costs an hour (the spec's ``cost`` section): by model, else ``default``."""
+
+    currency: str
+    default: float | None  # any model without a price of its own; None: those are not priced
+    by_model: Mapping[str, float] = field(default_factory=dict)
+
+    def of(self, model: str | None) -> float | None:
+        """The hourly price of one accelerator of ``model`` (None: the default's)."""
+        return self.by_model.get(model, self.default) if model is not None else self.default
 
 
 @dataclass(frozen=True)
@@ -21,6 +35,7 @@ class Targets:
     recovery_threshold_s: float  # a bound of catalogue.RESTART_BUCKETS
     checkpoint_blocking: float  # blocking ≤ 1 − this of wall
     checkpoint_overlap: float  # background / (blocking + background) ≥ this
+    price: Price | None = None  # the spec's cost section: what badput costs (None: not priced)
 
     @property
     def blocking_max(self) -> float:
