@@ -30,17 +30,19 @@ the journal counts its own failures.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
-from nvrx_slo.trainer import cuda_timing
+from nvrx_slo.trainer import cuda_timing, launch_env
 from nvrx_slo.trainer.cuda_timing import CudaStepTimer, DeviceEvent
-from nvrx_slo.trainer.journal import Journal, int_env, open_journal
+from nvrx_slo.trainer.journal import Journal, open_journal
 from nvrx_slo.trainer.saves import CheckpointSave, CheckpointWait, Waits
 
 __all__ = ["TIMINGS", "CheckpointSave", "CheckpointWait", "Hooks", "Restored", "StepTimer"]
@@ -212,7 +214,10 @@ class Hooks:
     @classmethod
     def start(cls, world_size: int, journal_dir: str | None = None, *, timing: str = "auto") -> Hooks:
         """Open the journal (``journal_dir`` or ``$NVRX_SLO_JOURNAL_DIR``) and journal the start,
-        with the pod's worker count from the launcher's ``$LOCAL_WORLD_SIZE``.
+        with the pod's worker count and the restarts its launcher may make, as torchrun or srun
+        say (``launch_env``). Its end is journaled at ``close``, or when the interpreter exits
+        without it (an uncaught exception, with that exception): a job launched without our
+        launcher is over when every process has ended.
 
         ``timing`` decides at the first step how steps are timed (most scripts start the hooks
         before they move the model to the GPU):
@@ -229,9 +234,11 @@ class Hooks:
             raise ValueError(f"timing must be one of {', '.join(TIMINGS)}; got {timing!r}")
         hooks = cls(open_journal(journal_dir))
         hooks.journal.emit(EventType.PROCESS_START, world_size=world_size,
-                           local_world_size=int_env(os.environ, "LOCAL_WORLD_SIZE"))
+                           local_world_size=launch_env.local_world_size(os.environ),
+                           max_restarts=launch_env.max_restarts(os.environ))
         if hooks.journal.enabled:
             hooks._step = _Undecided(hooks, timing)
+            atexit.register(hooks._exited, os.getpid())
         return hooks
 
     def _timer(self, timing: str) -> StepTimer | CudaStepTimer:
@@ -302,6 +309,21 @@ class Hooks:
 
     def close(self) -> None:
         """Clean exit of this rank process."""
+        atexit.unregister(self._exited)
         self._step.settle()
         self.journal.emit(EventType.PROCESS_END, **self._waits.field())
+        self.journal.close()
+
+    def _exited(self, pid: int) -> None:
+        """The interpreter exits without ``close`` (registered by ``start``): journal the end,
+        with the uncaught exception it exits with, if any (Python keeps it for us as
+        ``sys.last_value``). Not in a forked child (``pid``: the process that started the hooks),
+        and without waiting on the device after an exception: it may be what failed."""
+        if os.getpid() != pid:
+            return
+        exc = getattr(sys, "last_value", None)
+        if exc is None:
+            self.close()
+            return
+        self.journal.emit(EventType.PROCESS_END, error=f"{type(exc).__name__}: {exc}"[:300], **self._waits.field())
         self.journal.close()
