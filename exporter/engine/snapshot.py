@@ -172,7 +172,8 @@ class Snapshot:
     pod: str
     node: str
     job_start_wall: float | None  # Unix time of the pod journal's earliest event
-    finished: bool  # launcher_exit + clean process_end everywhere: wall stopped
+    finished: bool  # the job is over (``launcher.Launcher.ending``): wall stopped, everything settled
+    failure: str | None  # how a job that is over failed (None: it finished cleanly, or runs)
     ranks: tuple[RankSnapshot, ...]  # sorted by rank
     checkpoints: CheckpointStats
     restarts: RestartStats
@@ -187,6 +188,13 @@ class Snapshot:
     world_size: int | None  # the job's ranks: its processes' WORLD_SIZE, or a fixed-size launcher's (None: unknown)
     pod_ranks: int  # ranks the pod runs: journaled, or said by its running launcher (a job: its pods' sum)
     absent_s: float  # job level: rank-seconds no pod accounted (Category.ABSENT); 0 for a pod
+
+    @property
+    def state(self) -> str:
+        """The job's state as views show it: running, finished, or failed and how."""
+        if not self.finished:
+            return "running"
+        return "finished" if self.failure is None else f"failed ({self.failure})"
 
     @property
     def wall_s(self) -> float:

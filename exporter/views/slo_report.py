@@ -38,8 +38,7 @@ def render(snap: Snapshot, targets: Targets) -> str:
     wall = snap.wall_s
     lines = [
         f"nvrx-slo SLO report — job {printable(snap.job) or '?'}, {_scope(snap.pod)}, "
-        f"{snap.rank_count} rank(s)"
-        f"{', finished' if snap.finished else ', running'}",
+        f"{snap.rank_count} rank(s), {printable(snap.state)}",
         "",
         f"Efficiency (productive / wall): {_ratio(snap.efficiency)}",
         "",
