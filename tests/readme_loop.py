@@ -69,8 +69,9 @@ def main() -> None:
             restored.step = latest
     note("restored", step=restored.step)
     for step in range(restored.next_step, args.steps):
-        note("step_start", step=step)
         with slo.step(step) as s:
+            began = time.monotonic()
+            note("step_start", step=step, mono=began)
             with s.data():
                 batch = torch.randn(32, 64)
             with s.compute():
@@ -89,7 +90,8 @@ def main() -> None:
             with s.optimizer():
                 opt.step()
                 opt.zero_grad()
-        note("step_end", step=step)
+            ended = time.monotonic()
+        note("step_end", step=step, start=began, mono=ended)
         if (step + 1) % SAVE_EVERY == 0 or step == args.steps - 1:
             note("save_start", step=step)
             with slo.checkpoint(step):
