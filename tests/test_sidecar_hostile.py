@@ -300,6 +300,26 @@ def test_temporary_state_files_of_killed_saves_are_removed(tmp_path):
     assert (tmp_path / "state.json").stat().st_size > 100
 
 
+@pytest.mark.slow
+def test_no_temporary_state_file_of_a_sidecar_killed_mid_save_survives_its_restart(tmp_path):
+    """SIGKILLed while saving every 10 ms until one kill lands mid-save and leaves its temporary
+    file; the next start removes it before anything else."""
+    write_clean(tmp_path / "journal")
+    (tmp_path / "state").mkdir()
+    temporary = tmp_path / "state" / ".state.json.tmp"
+    for attempt in range(40):
+        with SidecarProcess(tmp_path / "journal", tmp_path / "state" / "state.json", tmp_path / "log",
+                            "--state-interval", "0.01") as proc:
+            time.sleep(0.2 + 0.05 * (attempt % 7))
+            proc.stop(signal.SIGKILL)
+        if temporary.exists():
+            break
+    assert temporary.exists(), "no kill landed mid-save in 40 tries"
+    got, code = run_sidecar(tmp_path / "journal", tmp_path / "state")
+    assert code == 0 and sorted(p.name for p in (tmp_path / "state").iterdir()) == ["log", "state.json"]
+    assert got
+
+
 def test_invalid_utf8_in_an_unknown_field_is_malformed(tmp_path):
     """msgspec skips unknown fields without checking their UTF-8: the line was accepted."""
     name, near = rank0_file()
