@@ -42,7 +42,7 @@ def render(snap: Snapshot, targets: Targets) -> str:
         "",
         f"Efficiency (productive / wall): {_ratio(snap.efficiency)}",
         "",
-        f"Where the time went ({wall:.1f} rank-seconds of wall):",
+        f"Where the time went ({wall:.{1 if wall >= 10 else 2}f} rank-seconds of wall):",  # a toy run: not 0.0
     ]
     parts = breakdown(snap)
     width = max(len(style.label) for style in CATEGORY_STYLES.values())
