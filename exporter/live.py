@@ -79,6 +79,11 @@ class Live:
                 self._log.exception("engine", "engine failed on %s seq %s of pid %s: record skipped",
                                     event.type, event.seq, event.pid)
 
+    def settle(self) -> None:
+        """The pod ends (SIGTERM): nothing more will be read, so nothing is held back (``Engine.settle``)."""
+        with self.lock:
+            self.engine.settle()
+
     def add_gpu_idle(self, idle_by_device: Mapping[int, float]) -> None:
         with self.lock:
             for device, seconds in idle_by_device.items():

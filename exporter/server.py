@@ -19,7 +19,9 @@ sidecar bought nothing here.
 
 Under load and abuse: the listen backlog is ``BACKLOG``; a connection that sends no complete
 request head within ``IDLE_TIMEOUT_S`` (an idle keep-alive, a half-open or slow client) or does
-not read its answer within it is closed; a request head over ``MAX_HEAD_BYTES`` is refused (431);
+not read its answer within it is closed; a request head over ``MAX_HEAD_BYTES`` is refused, 414
+if its request line alone is, else 431, as is a head of more than 100 header lines (the
+standard library's server answered these so);
 a client that hangs up mid-answer is logged at debug level — never a traceback per client.
 Measured in ``bench/bench_probes.py`` (docs/robustness.md, docs/benchmarks.md).
 """
@@ -49,6 +51,7 @@ TEXT = "text/plain; charset=utf-8"
 BACKLOG = 4096  # the listen queue: a storm of scrapes and the probes among them; the kernel caps it at somaxconn
 IDLE_TIMEOUT_S = 30.0  # longer than any scrape interval's keep-alive gap needs, short enough to free connections
 MAX_HEAD_BYTES = 16 << 10  # a request line and headers; Prometheus and kubelets send a few hundred bytes
+MAX_HEADERS = 100  # header lines, the blank one included: as many as ``http.client`` parses
 _END = b"\r\n\r\n"
 
 
@@ -88,6 +91,10 @@ def _answer(route: Route) -> Response:
         return 500, TEXT, b"internal error (see the sidecar's log)\n"
 
 
+class _TooManyHeaders(ValueError):
+    """More header lines than ``MAX_HEADERS``."""
+
+
 class _Request:
     """The parts of a request head the server uses; ``ValueError`` if it is not HTTP/1.x."""
 
@@ -99,6 +106,8 @@ class _Request:
             raise ValueError("bad request line") from None
         if version not in ("HTTP/1.0", "HTTP/1.1"):
             raise ValueError(f"unsupported version {version[:20]!r}")
+        if rest.count(b"\r\n") > MAX_HEADERS:  # its header lines and the blank one, counted as http.client does
+            raise _TooManyHeaders(f"more than {MAX_HEADERS} header lines")
         try:
             headers: email.message.Message = http.client.parse_headers(io.BytesIO(rest))
         except http.client.HTTPException:
@@ -156,11 +165,15 @@ class _Connection(asyncio.Protocol):
             end = self._buffer.find(_END, 0, MAX_HEAD_BYTES)
             if end < 0:
                 if len(self._buffer) >= MAX_HEAD_BYTES:
-                    self._finish(_head(431, TEXT, 0, False), False)
+                    line_ends = self._buffer.find(b"\r\n", 0, MAX_HEAD_BYTES) >= 0
+                    self._finish(_head(431 if line_ends else 414, TEXT, 0, False), False)
                 return
             head, self._buffer = self._buffer[:end + len(_END)], self._buffer[end + len(_END):]
             try:
                 request = _Request(head)
+            except _TooManyHeaders:
+                self._finish(_head(431, TEXT, 0, False), False)
+                return
             except ValueError as exc:
                 body = f"bad request: {exc}\n".encode()
                 self._finish(_head(400, TEXT, len(body), False) + body, False)

@@ -16,10 +16,12 @@ restarts from the Kubernetes API inside a cluster (``nvrx_slo.exporter.ingest.po
 line where it cannot work; and, with ``--ft-cycle-info-dir``, the cycle-info files of NVRx versions
 that write them (``nvrx_slo.exporter.ingest.cycleinfo``). What each rank holds, which its badput is
 priced by (``nvrx_rank_accelerators``): NVML's product name where it sees GPUs, else
-``--accelerator``; ``--accelerators-per-rank`` of them. SIGTERM (or SIGINT) saves the state, writes ``--report-file``
-(the text SLO report) if asked, sends a last OTLP export and exits 0 — after, with
-``--final-scrape-timeout``, reading the journal once more and serving two more scrapes: a job's last
-seconds (its end settles the reorder window, shutdown and the last saves) reach Prometheus only
+``--accelerator``; ``--accelerators-per-rank`` of them. A job whose every process ended is over,
+however it was launched: its numbers settle and stop (``nvrx_slo.exporter.engine.engine``).
+SIGTERM (or SIGINT) settles what the reorder window still holds (the pod ends: nothing more will
+be read), saves the state, writes ``--report-file`` (the text SLO report) if asked, sends a last
+OTLP export and exits 0 — after, with ``--final-scrape-timeout``, reading the journal once more
+before it settles and serving two more scrapes: a job's last seconds reach Prometheus only
 through a scrape after them, and its rules only while those series are fresh; the kubelet stops
 the sidecar right after the job's end.
 """
@@ -364,19 +366,24 @@ class Sidecar:
             self.stop.wait(self.config.poll_interval_s)
 
     def _final_scrape(self) -> None:
-        """After SIGTERM: read what the journal still holds, then serve until ``FINAL_SCRAPES``
-        scrapes rendered it (``--final-scrape-timeout`` at most). One brings the job's last
-        settlement to Prometheus; the next keeps those series fresh one scrape interval more, so
-        that a rule evaluation (as frequent as the scrapes) sees them before the series go stale
-        with the sidecar: one evaluation missing the last samples loses the job's last badput."""
+        """After SIGTERM: read what the journal still holds and settle it, then serve until
+        ``FINAL_SCRAPES`` scrapes rendered it (``--final-scrape-timeout`` at most; 0: settle only).
+        One brings the job's last settlement to Prometheus; the next keeps those series fresh one
+        scrape interval more, so that a rule evaluation (as frequent as the scrapes) sees them
+        before the series go stale with the sidecar: one evaluation missing the last samples loses
+        the job's last badput."""
         timeout = self.config.final_scrape_timeout_s
-        if timeout <= 0 or not self._caught_up:
+        if not self._caught_up:
             return
         deadline = time.monotonic() + timeout
-        try:
-            self.live.poll(lambda: time.monotonic() > deadline)
-        except Exception:
-            self._log.exception("poll", "reading the journal failed; serving what is known")
+        if timeout > 0:
+            try:
+                self.live.poll(lambda: time.monotonic() > deadline)
+            except Exception:
+                self._log.exception("poll", "reading the journal failed; serving what is known")
+        self.live.settle()
+        if timeout <= 0:
+            return
         with self._render_lock:  # a scrape counted after this began rendering after the poll
             seen = self._scrapes
         with self._scraped:

@@ -42,6 +42,10 @@ def _dashboards(inputs: Inputs) -> dict[Path, str]:
 
 
 def _deploy(_: Inputs) -> dict[Path, str]:
+    if not (REPO / inject.WORKLOADS).is_dir():  # installed from a wheel: no checkout around it
+        raise inject.InjectError(f"`deploy` (and `all`) makes this project's own overlays from {inject.WORKLOADS}/ "
+                                 "of a source checkout of nvrx-slo, not of an installed package; for your own "
+                                 "manifests, `nvrx-slo inject`")
     return inject.overlays(REPO)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -59,11 +60,22 @@ def _hostile(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-def write_journal(pod: Pod, directory: Path, evil: bool = True) -> dict[str, int]:
+def ended_a_second_ago(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` with their monotonic instants moved so that the newest lies a second before now
+    on this machine's clock: a story for a live sidecar, which refuses records from its future
+    (more than ``live.FUTURE_SLACK_S`` ahead), so that no test depends on how long the machine has
+    been up (stories are stamped from 0 or 1000 s, a fresh CI machine's clock may be lower)."""
+    shift = time.monotonic() - 1.0 - max(r["mono"] for r in records)
+    return [{k: v + shift if k in ("mono", "start", "written") else v for k, v in r.items()} for r in records]
+
+
+def write_journal(pod: Pod, directory: Path, evil: bool = True, *, live: bool = False) -> dict[str, int]:
     """Write ``pod``'s records as the writer would (one file per process), with every journal
-    string made hostile when ``evil``; returns what the story holds, counted from the records."""
+    string made hostile when ``evil``; returns what the story holds, counted from the records.
+    ``live``: for a sidecar on this machine's clock (``ended_a_second_ago``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_per_process((_hostile(r) if evil else r for r in pod.records), directory, "pod-0")
+    records = ended_a_second_ago(pod.records) if live else pod.records
+    write_per_process((_hostile(r) if evil else r for r in records), directory, "pod-0")
     return {
         "ranks": len({r["rank"] for r in pod.records if r["rank"] is not None}),
         "checkpoints": len({(r["ckpt"], r["restart"],

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 
@@ -32,6 +33,17 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float) -> None:
             pass
         time.sleep(0.2)
     raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f}s")
+
+
+def start_prometheus(prometheus: str, config: Path, directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A Prometheus on loopback with ``config``, its data and log in ``directory``: (process, URL).
+    ``prometheus``: its binary (``needs.tool``). Stop it with ``stop``."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={directory / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=open(directory / "prometheus.log", "wb"))
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def stop(proc: subprocess.Popen[Any]) -> None:

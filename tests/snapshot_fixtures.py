@@ -60,7 +60,8 @@ def snapshot(n_ranks: int = 2, **kw: object) -> Snapshot:
         recent=())
     fields: dict[str, object] = dict(
         now_mono=1000.0, now_wall=1.7e9 + 100, job="job-a", pod="pod-0", node="node-0", job_start_wall=1.7e9,
-        finished=False, ranks=tuple(rank(r) for r in range(n_ranks)), checkpoints=checkpoints, restarts=restarts,
+        finished=False, failure=None, ranks=tuple(rank(r) for r in range(n_ranks)), checkpoints=checkpoints,
+        restarts=restarts,
         predicted_efficiency=0.97, events_accepted=1234, duplicates=2, out_of_order=3, late=1, implausible=0,
         records_lost=0,
         journal_lag_s=0.4, world_size=n_ranks, pod_ranks=n_ranks, absent_s=0.0,

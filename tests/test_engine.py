@@ -396,8 +396,13 @@ def test_rank_view_reports_the_newest_process():
 def test_snapshot_changes_nothing_but_the_instant_shown_and_identity_comes_from_the_journal():
     pod = stories.crash_with_rollback()
     engine = Engine(reorder_window_s=5.0)
-    for record in pod.records:
+    for record in pod.records[:-1]:  # all but the launcher's exit: the job runs
         engine.ingest(as_event(record))
+    before = {**engine.to_state(), "shown": 16.3}  # its newest record
+    assert not engine.snapshot(16.0, 1.0).finished
+    assert json.dumps(engine.to_state(), sort_keys=True) == json.dumps(before, sort_keys=True)
+    engine.ingest(as_event(pod.records[-1]))
+    assert engine.snapshot(100.0, 1.0).finished  # the first snapshot after its end settles it, once
     before = {**engine.to_state(), "shown": 16.8}  # the job's end: where a snapshot counts wall to
     a, b = engine.snapshot(100.0, 1.0), engine.snapshot(100.0, 1.0)
     assert a == b and json.dumps(engine.to_state(), sort_keys=True) == json.dumps(before, sort_keys=True)

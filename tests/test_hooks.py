@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from nvrx_slo.contracts import schema
@@ -81,3 +85,29 @@ def test_a_user_span_journals_its_name_and_stretch_even_when_its_block_raises(tm
     spans = [r for r in _records(tmp_path) if r["type"] == "user_span"]
     assert [s["name"] for s in spans] == ["eval", "sdc-check"]
     assert 0.03 <= spans[0]["mono"] - spans[0]["start"] < 0.5
+
+
+EXITS = {
+    "an uncaught exception": ("raise RuntimeError('boom at step 1')", 1, "RuntimeError: boom at step 1"),
+    "the end of the script": ("pass", 0, None),
+    "close() and then the end": ("slo.close()", 0, None),
+    "a forked child's exit, then the parent's": (
+        "import os\npid = os.fork()\nif pid == 0: os._exit(0)\nos.waitpid(pid, 0)", 0, None),
+}
+
+
+@pytest.mark.parametrize("name", EXITS)
+def test_a_process_journals_its_end_once_however_it_exits(tmp_path, name):
+    """A job launched without our launcher is over when every process journaled its end: the
+    interpreter's exit journals it where the script did not call ``close()``, with the exception
+    it exits with; a forked child (a data loader worker) journals nothing of its parent's."""
+    body, code, error = EXITS[name]
+    script = ("from nvrx_slo import Hooks\nslo = Hooks.start(world_size=1)\n"
+              "with slo.step(0) as s:\n    pass\n" + body + "\n")
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "NVRX_SLO_JOURNAL_DIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr
+    (path,) = tmp_path.glob("*.jsonl")
+    records = [schema.decode(line) for line in path.read_bytes().splitlines()]
+    assert [r["type"] for r in records] == ["process_start", "step_timing", "step", "process_end"]
+    assert records[-1].get("error") == error

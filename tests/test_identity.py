@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from nvrx_slo.exporter.identity import from_environment, parse_labels_file
+from nvrx_slo.trainer import launch_env
 from nvrx_slo.trainer.journal import Identity
 
 
@@ -54,3 +55,28 @@ def test_the_trainer_and_the_sidecar_name_the_same_pod_node_and_job(tmp_path, en
     trainer = Identity.from_env(env)
     assert (trainer.pod, trainer.node, trainer.job) == (sidecar.pod, sidecar.node, sidecar.job_name)
     assert trainer.pod == (env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname())
+
+
+# As the launchers set them: torchrun's agent for worker 3 of a 2 × 4 job after one restart, srun
+# for task 5 of `srun -N 3 -n 7` (tasks per node "3(x2),1": this is node 1's third task), both.
+TORCHRUN = {"RANK": "7", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+            "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "llm-42"}
+SRUN = {"SLURM_PROCID": "5", "SLURM_LOCALID": "2", "SLURM_NTASKS": "7", "SLURM_NODEID": "1",
+        "SLURM_TASKS_PER_NODE": "3(x2),1", "SLURM_JOB_ID": "81234", "SLURM_RESTART_COUNT": "2",
+        "SLURMD_NODENAME": "gpu-node-12"}
+
+
+@pytest.mark.parametrize("env, want", [
+    (TORCHRUN, ("llm-42", "", 7, 3, 1, 4, 3)),
+    (SRUN, ("81234", "gpu-node-12", 5, 2, 2, 3, None)),
+    ({**SRUN, **TORCHRUN}, ("81234", "gpu-node-12", 7, 3, 1, 4, 3)),  # srun starting torchrun: torchrun's ranks
+    ({"TORCHELASTIC_RUN_ID": "none", "SLURM_NODEID": "3", "SLURM_TASKS_PER_NODE": "3(x2),1"},
+     ("", "", 0, 0, 0, None, None)),  # torchrun without --rdzv-id names no job; no 4th node in the list
+    ({}, ("", "", 0, 0, 0, None, None)),  # plain python: rank 0 of one
+], ids=["torchrun", "srun", "srun-then-torchrun", "unnamed", "python"])
+def test_a_rank_reads_who_it_is_from_its_launchers_environment(env, want):
+    """Without extra arguments: what the journal stamps on every record, and what process_start
+    says of the pod (its workers) and of the launcher (the restarts it may make)."""
+    ident = Identity.from_env({**env, "HOSTNAME": "host-a"})
+    assert (ident.job, ident.node, ident.rank, ident.local_rank, ident.restart, launch_env.local_world_size(env),
+            launch_env.max_restarts(env)) == want

@@ -42,7 +42,7 @@ def test_the_timeline_the_report_and_the_engine_agree_on_every_step(name: str, t
     write_journal(pod, tmp_path, evil=False)
     builder = TimelineBuilder()
     with Replay(tmp_path, builder=builder) as replay:  # the report's own replay, through both
-        replay.poll()
+        replay.read_all()
     steps = [as_event(r) for r in pod.records if r["type"] in ("step", "step_failed")]  # a failed one: lost work
     newest = max(pod.records, key=lambda r: r["mono"])
     snap = replay.view((newest["mono"], newest["wall"])).snapshot

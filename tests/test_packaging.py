@@ -112,3 +112,39 @@ def test_a_training_venv_with_only_the_base_install_journals_a_step(tmp_path):
 
     sidecar = subprocess.run([venv / "bin" / "nvrx-slo", "sidecar", "--help"], capture_output=True, text=True)
     assert sidecar.returncode == 2 and "pip install 'nvrx-slo[sidecar]'" in sidecar.stderr
+
+
+@pytest.mark.slow
+def test_generate_runs_from_the_wheel_in_a_fresh_venv_outside_the_checkout(wheel, tmp_path):
+    """A user with their own SLO spec: ``pip install 'nvrx-slo[generate]'`` into a new venv, then
+    ``nvrx-slo generate alerts|dashboards --spec my-slo.yaml --root DIR`` anywhere writes what the
+    checkout writes for that spec; ``deploy`` and ``all`` (this project's own overlays) say in one
+    line that they need a checkout, and write nothing."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=60)
+    subprocess.run([venv / "bin" / "pip", "install", "--quiet", f"{wheel}[generate]"], check=True, timeout=240)
+    spec = (ROOT / "alerts" / "slo.yaml").read_text().replace("period: 30d", "period: 7d")
+    assert "period: 7d" in spec
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    (work / "my-slo.yaml").write_text(spec)
+
+    def generate(nvrx_slo: Path, what: str, root: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([nvrx_slo, "generate", what, "--spec", "my-slo.yaml", "--root", root], cwd=work,
+                              capture_output=True, text=True, timeout=120)
+
+    for what in ("alerts", "dashboards"):
+        from_wheel, from_checkout = generate(venv / "bin" / "nvrx-slo", what, "wheel"), generate(
+            Path(sys.executable).with_name("nvrx-slo"), what, "checkout")
+        assert from_wheel.returncode == 0 == from_checkout.returncode, from_wheel.stderr
+        written = sorted(p.relative_to(work / "wheel") for p in (work / "wheel").rglob("*") if p.is_file())
+        assert written and written == sorted(p.relative_to(work / "checkout")
+                                             for p in (work / "checkout").rglob("*") if p.is_file())
+        for path in written:
+            assert (work / "wheel" / path).read_text() == (work / "checkout" / path).read_text(), path
+        shutil.rmtree(work / "wheel")
+        shutil.rmtree(work / "checkout")
+    for what in ("deploy", "all"):
+        done = generate(venv / "bin" / "nvrx-slo", what, "out")
+        assert done.returncode == 2 and done.stdout == "" and not (work / "out").exists()
+        assert len(done.stderr.splitlines()) == 1 and "source checkout" in done.stderr, done.stderr

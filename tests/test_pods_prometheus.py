@@ -56,7 +56,7 @@ from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.reference.demo import read_journal
-from servers import free_port, stop, wait_for
+from servers import start_prometheus, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
 
@@ -105,12 +105,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         "scrape_configs": [{"job_name": "nvrx-slo", "honor_labels": True,
                             "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}],
     }))
-    port = free_port()
-    prometheus = subprocess.Popen(
-        [tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb"))
-    url = f"http://127.0.0.1:{port}"
+    prometheus, url = start_prometheus(tool("prometheus"), config, tmp)
     try:
         wait_for(lambda: _ready(f"{url}/-/ready"), "Prometheus ready", 30)
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}

@@ -68,9 +68,11 @@ def _exposition(journal: Path, round_bytes: int) -> tuple[list[str], list[bytes]
 
 
 def _write(directory: Path, records: list[dict[str, Any]], inserted: list[tuple[bytes, str, float]]) -> None:
-    """The journal of ``records``, with each inserted line put at its fraction of its file."""
+    """The journal of ``records``, with each inserted line put at its fraction of its file (a file
+    of its own where its name is none of the journal's)."""
     directory.mkdir()
-    for name, recs in by_file(records).items():
+    files = by_file(records)
+    for name, recs in {**{target: [] for _, target, _ in inserted}, **files}.items():
         lines = [schema.encode(r) for r in recs]
         for line, target, where in inserted:
             if target == name:
@@ -185,6 +187,29 @@ def test_a_forged_future_record_claiming_its_writers_first_seq_no_longer_holds_i
     assert distinct(FINISHED, inserted)
     for records in (FINISHED, RUNNING):
         assert refused_leave_no_trace(records, inserted, 2048) == (True, [])
+
+
+END_TYPES = ("process_end", "launcher_exit", "launcher_worker_exit", "step_failed", "step", "checkpoint_end")
+
+
+def test_a_far_future_end_of_any_type_moves_no_series_at_the_end_of_a_job_too():
+    """A process_end dated 1e300 (out of range) moved a finished demo's wall from 57.6 to 4,495
+    rank-s at b0d0197 in a run of the hostile-input checks (not reproduced since): whether it is
+    refused by the reader (out of range) or by the engine (a schema-valid instant far ahead of the
+    clock), a forged record that would end a process or the job leaves every series as it was, in
+    the newest rank file, after the last record, or in a file of its own."""
+    rank0 = [r for r in FINISHED if r["rank"] == 0]
+    newest = max(rank0, key=lambda r: r["mono"])
+    for records in (FINISHED, RUNNING):
+        for kind in END_TYPES:
+            for mono in (1e300, NOW + 1e6):
+                forged = {**PAYLOAD, **newest, "type": kind, "seq": newest["seq"] + 1, "mono": mono,
+                          "start": mono - 0.1, "written": mono, "worker_pid": newest["pid"]}
+                line = json.dumps(forged).encode()
+                alone = json.dumps({**forged, "pid": 9999, "seq": 0}).encode()
+                for inserted in ([(line, _name(records, newest["pid"]), 1.0)],
+                                 [(alone, schema.journal_file_name("pod-0", 0, 9999), 0.0)]):
+                    assert refused_leave_no_trace(records, inserted, ROUND_BYTES) == (True, []), (kind, mono)
 
 
 def test_the_report_dates_a_running_journal_by_its_accepted_records():

@@ -13,10 +13,12 @@ import pytest
 
 from journal_fixtures import write_clean
 from needs import tool
+from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
+from nvrx_slo.exporter.offline.replay import Replay
 from nvrx_slo.trainer.journal import Identity, Journal
 from sidecar_process import SidecarProcess, counters, value
 from stories import crash_and_restart_records
@@ -282,3 +284,32 @@ def test_after_sigterm_without_a_scrape_the_sidecar_exits_at_the_final_scrape_ti
         waited = time.monotonic() - signalled
     assert code == 0 and 1.0 <= waited < 10.0, waited
     assert "final numbers not scraped within 1 s; exiting" in (tmp_path / "log").read_text()
+
+
+def test_after_sigterm_a_job_that_journaled_no_end_is_settled_for_its_final_scrapes(tmp_path):
+    """Ranks killed with their pod journal no end, so their last seconds sit in the reorder window
+    while the job runs; the pod's end (SIGTERM) settles them: the final scrapes have every record
+    accounted, as a report of the same journal does."""
+
+    body, _ = _ends(crash_and_restart_records())
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    _write(journal, body, time.monotonic() - 1.0 - max(r["mono"] for r in body))
+    with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "log", "--final-scrape-timeout", "60") as proc:
+        proc.wait_ready()
+        running = proc.scrape()
+        proc.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        final = proc.scrape()
+        proc.scrape()
+        assert proc.proc.wait(timeout=10) == 0
+    with Replay(journal) as replay:
+        replay.read_all()
+    report = {r.rank: r.seconds for r in replay.view().snapshot.ranks}
+    for r in ("0", "1"):
+        held = value(running, "nvrx_unprotected_work_seconds", rank=r)
+        assert held > 1.0 and value(final, "nvrx_unprotected_work_seconds", rank=r) < held
+        for category in (Category.PRODUCTIVE, Category.LOST, Category.RESTART):
+            got = value(final, "nvrx_time_seconds_total", rank=r, category=category.value)
+            assert got == pytest.approx(report[int(r)][category], abs=1e-6), (r, category)
+    _check_went_on([running, final])

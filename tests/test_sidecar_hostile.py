@@ -127,6 +127,29 @@ def test_absurd_but_schema_valid_times_are_rejected_as_implausible(tmp_path):
     assert_same_accounting(clean, dirty)
 
 
+def test_a_far_future_end_of_a_finished_job_is_refused_and_moves_nothing(tmp_path):
+    """Ends (of a process, of the launcher, of a worker) dated 1e300 or far ahead of the sidecar's
+    clock, in the file of the finished job's last process: refused, and every series stays the
+    job's own (``tests/test_rejected_records.py`` puts such ends after its last record too)."""
+    name, records = next((n, rs) for n, rs in by_file(crash_and_restart_records()).items() if ".rank-0." in n
+                         and rs[-1]["type"] == "process_end")
+    last = records[-1]
+    future = time.monotonic() + 1e6
+    forged = [{**last, "seq": last["seq"] + 1 + i, "mono": mono, **extra}
+              for i, (mono, extra) in enumerate([
+                  (1e300, {}), (future, {}),
+                  (1e300, {"type": "launcher_exit", "code": 0, "rank": None, "local_rank": None}),
+                  (future, {"type": "launcher_worker_exit", "worker_pid": last["pid"], "rank": None,
+                            "local_rank": None})])]
+    write_with(tmp_path / "dirty", {name: [json.dumps(r).encode() for r in forged]})
+    write_clean(tmp_path / "clean")
+    clean = scrape_in_process(tmp_path / "clean")
+    dirty, code = run_sidecar(tmp_path / "dirty", tmp_path)
+    assert code == 0
+    assert rejected(dirty) == {"out_of_range": 2, "implausible": 2}
+    assert_same_accounting(clean, dirty)
+
+
 @pytest.mark.parametrize("depth", [1000, 100_000])
 def test_a_deeply_nested_line_is_rejected_alone(tmp_path, depth):
     """It used to raise RecursionError out of the batch decoder: the whole read chunk (every valid
@@ -275,6 +298,26 @@ def test_temporary_state_files_of_killed_saves_are_removed(tmp_path):
     assert code == 0 and not any(p.exists() for p in stale) and unrelated.exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".state")) == [unrelated.name]
     assert (tmp_path / "state.json").stat().st_size > 100
+
+
+@pytest.mark.slow
+def test_no_temporary_state_file_of_a_sidecar_killed_mid_save_survives_its_restart(tmp_path):
+    """SIGKILLed while saving every 10 ms until one kill lands mid-save and leaves its temporary
+    file; the next start removes it before anything else."""
+    write_clean(tmp_path / "journal")
+    (tmp_path / "state").mkdir()
+    temporary = tmp_path / "state" / ".state.json.tmp"
+    for attempt in range(40):
+        with SidecarProcess(tmp_path / "journal", tmp_path / "state" / "state.json", tmp_path / "log",
+                            "--state-interval", "0.01") as proc:
+            time.sleep(0.2 + 0.05 * (attempt % 7))
+            proc.stop(signal.SIGKILL)
+        if temporary.exists():
+            break
+    assert temporary.exists(), "no kill landed mid-save in 40 tries"
+    got, code = run_sidecar(tmp_path / "journal", tmp_path / "state")
+    assert code == 0 and sorted(p.name for p in (tmp_path / "state").iterdir()) == ["log", "state.json"]
+    assert got
 
 
 def test_invalid_utf8_in_an_unknown_field_is_malformed(tmp_path):

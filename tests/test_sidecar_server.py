@@ -75,6 +75,14 @@ def test_bad_requests_are_answered_and_closed():
         assert raw(server.port, b"nonsense\r\n\r\n").startswith(b"HTTP/1.1 400 ")
         assert raw(server.port, b"GET /ok SPDY/9\r\n\r\n").startswith(b"HTTP/1.1 400 ")
         assert raw(server.port, b"GET /ok HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n").startswith(b"HTTP/1.1 431 ")
+        # as the standard library's server answered: a request line too long for the head is 414,
+        # 100 header lines or more (the blank one counted, as http.client counts) 431
+        assert raw(server.port, b"GET /ok?" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 414 ")
+        headers = b"".join(b"X-%d: y\r\n" % i for i in range(200))
+        assert raw(server.port, b"GET /ok HTTP/1.1\r\n" + headers + b"\r\n").startswith(b"HTTP/1.1 431 ")
+        for n, status in ((99, b"431"), (98, b"200")):  # n headers and Connection
+            head = b"GET /ok HTTP/1.1\r\n" + headers[:headers.index(b"X-%d:" % n)] + b"Connection: close\r\n\r\n"
+            assert raw(server.port, head).startswith(b"HTTP/1.1 " + status), n
         posted = raw(server.port, b"POST /ok HTTP/1.1\r\nConnection: close\r\n\r\n")
         assert posted.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, HEAD" in posted
         old = raw(server.port, b"GET /ok HTTP/1.0\r\n\r\n")  # HTTP/1.0: closed after the answer

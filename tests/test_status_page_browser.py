@@ -64,7 +64,7 @@ def test_the_live_page_shows_what_metrics_says(demo_run, tmp_path):
 
 @pytest.mark.external
 def test_journal_strings_cannot_script_the_live_page(tmp_path):
-    write_journal(inprocess_job(), tmp_path / "journal")
+    write_journal(inprocess_job(), tmp_path / "journal", live=True)
     with SidecarProcess(tmp_path / "journal", tmp_path / "state.json", tmp_path / "sidecar.log") as sidecar:
         sidecar.wait_ready()
         dom = dump_dom(f"http://127.0.0.1:{sidecar.port}/", tmp_path / "profile")

@@ -14,7 +14,7 @@ from nvrx_slo.exporter.events import as_event
 from nvrx_slo.exporter.ingest.decode import decode_batch
 
 VALID = [step(1, 10.0, 1), record("process_start", 0, 5.0, world_size=2),
-         record("process_start", 0, 5.0, world_size=2, local_world_size=2),
+         record("process_start", 0, 5.0, world_size=2, local_world_size=2, max_restarts=3),
          record("launcher_exit", 3, 9.0, rank=None, code=0),
          record("checkpoint_end", 4, 8.0, ckpt="c1", step=3, ok=True, written=7.5, error=None)]
 
@@ -68,7 +68,7 @@ def test_events_read_like_records_and_ignore_extra_fields():
 
 
 def test_a_record_built_in_code_is_checked_by_the_contract():
-    assert as_record(as_event(VALID[1])) == {**VALID[1], "local_world_size": None}  # optional, left out
+    assert as_record(as_event(VALID[1])) == {**VALID[1], "local_world_size": None, "max_restarts": None}  # optional
     assert as_record(as_event(VALID[2])) == VALID[2]
     with pytest.raises(JournalError) as bad:
         as_event({**VALID[2], "local_world_size": "2"})

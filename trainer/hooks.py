@@ -32,19 +32,18 @@ the journal counts its own failures.
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import os
+import sys
 import time
-import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
 from nvrx_slo.contracts.schema import EventType, StepTimerKind
-from nvrx_slo.trainer import cuda_timing
+from nvrx_slo.trainer import cuda_timing, launch_env
 from nvrx_slo.trainer.cuda_timing import CudaStepTimer, DeviceEvent
-from nvrx_slo.trainer.journal import Journal, int_env, open_journal
+from nvrx_slo.trainer.journal import Journal, open_journal
 from nvrx_slo.trainer.saves import CheckpointSave, CheckpointWait, SaveWait, Waits, observe_queue
 
 __all__ = ["TIMINGS", "CheckpointSave", "CheckpointWait", "Hooks", "Restored", "StepTimer"]
@@ -246,12 +245,14 @@ class Hooks:
             StepTimer(journal, self._waits) if events is None or not journal.enabled
             else CudaStepTimer(journal, cuda_timing.event_seam(events), self._waits))
         self._wait = SaveWait(self._waits, self._pending, lambda: self._step)
-        self._at_exit: Callable[[], None] | None = None
 
     @classmethod
     def start(cls, world_size: int, journal_dir: str | None = None, *, timing: str = "auto") -> Hooks:
         """Open the journal (``journal_dir`` or ``$NVRX_SLO_JOURNAL_DIR``) and journal the start,
-        with the pod's worker count from the launcher's ``$LOCAL_WORLD_SIZE``.
+        with the pod's worker count and the restarts its launcher may make, as torchrun or srun
+        say (``launch_env``). Its end is journaled at ``close``, or when the interpreter exits
+        without it (an uncaught exception, with that exception): a job launched without our
+        launcher is over when every process has ended.
 
         ``timing`` decides at the first step how steps are timed (most scripts start the hooks
         before they move the model to the GPU), and again at the first step after CUDA appears:
@@ -270,11 +271,11 @@ class Hooks:
             raise ValueError(f"timing must be one of {', '.join(TIMINGS)}; got {timing!r}")
         hooks = cls(open_journal(journal_dir))
         hooks.journal.emit(EventType.PROCESS_START, world_size=world_size,
-                           local_world_size=int_env(os.environ, "LOCAL_WORLD_SIZE"))
+                           local_world_size=launch_env.local_world_size(os.environ),
+                           max_restarts=launch_env.max_restarts(os.environ))
         if hooks.journal.enabled:
             hooks._step = _Undecided(hooks, timing)
-            hooks._at_exit = functools.partial(_interrupted_at_exit, weakref.ref(hooks))
-            atexit.register(hooks._at_exit)
+            atexit.register(hooks._exited, os.getpid())
         return hooks
 
     def _choose(self, timing: str, step: int, late: bool = False) -> StepTimer | CudaStepTimer:
@@ -295,7 +296,7 @@ class Hooks:
                          + (f"in use {when}" if cuda else "not in use at the first step"))
             return StepTimer(self.journal, self._waits) if cuda else _CudaWatch(self, timing)
         try:
-            device, warning = cuda_timing.cuda_device(int_env(os.environ, "LOCAL_RANK"))
+            device, warning = cuda_timing.cuda_device(launch_env.local_rank(os.environ))
         except Exception as exc:  # never raise into training
             self._warn(f"timing={timing!r}: {exc}; steps are timed by host clocks")
             self._timing(step, StepTimerKind.HOST, cuda, None, f"timing={timing!r}: {exc}")
@@ -385,16 +386,23 @@ class Hooks:
 
     def close(self) -> None:
         """Clean exit of this rank process."""
+        atexit.unregister(self._exited)
         self._step.settle()
         self.journal.emit(EventType.PROCESS_END, **self._waits.field())
         self.journal.close()
-        if self._at_exit is not None:
-            atexit.unregister(self._at_exit)
-            self._at_exit = None
 
-
-def _interrupted_at_exit(hooks: weakref.ref[Hooks]) -> None:
-    """At the exit of a process that never closed its hooks (an exception outside any step)."""
-    alive = hooks()
-    if alive is not None:
-        alive.interrupted()
+    def _exited(self, pid: int) -> None:
+        """The interpreter exits without ``close`` (registered by ``start``): journal the end,
+        with the uncaught exception it exits with, if any (Python keeps it for us as
+        ``sys.last_value``). Not in a forked child (``pid``: the process that started the hooks).
+        After an exception, without waiting on the device (it may be what failed): the steps whose
+        GPU work is done are journaled with their own times (``interrupted``), then the end."""
+        if os.getpid() != pid:
+            return
+        exc = getattr(sys, "last_value", None)
+        if exc is None:
+            self.close()
+            return
+        self.interrupted()
+        self.journal.emit(EventType.PROCESS_END, error=f"{type(exc).__name__}: {exc}"[:300], **self._waits.field())
+        self.journal.close()

@@ -30,6 +30,7 @@ from typing import Any
 
 from nvrx_slo.contracts import pod_env, schema
 from nvrx_slo.contracts.schema import EventType
+from nvrx_slo.trainer import launch_env
 
 log = logging.getLogger("nvrx_slo.journal")
 
@@ -71,11 +72,6 @@ def _encode_payload(payload: dict[str, Any]) -> str:
     return out
 
 
-def int_env(env: Mapping[str, str], name: str) -> int | None:
-    value = env.get(name, "")
-    return int(value) if value.strip().lstrip("-").isdigit() else None
-
-
 @dataclasses.dataclass(frozen=True)
 class Identity:
     """Who writes: the common identity fields of every record (see ``schema.COMMON_FIELDS``)."""
@@ -91,7 +87,8 @@ class Identity:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, launcher: bool = False) -> Identity:
-        """Read identity the way Kubernetes (Downward API) and torchelastic hand it to a process.
+        """Read identity the way Kubernetes (Downward API) and the launcher (torchrun, ft_launcher,
+        srun: ``launch_env``) hand it to a process; plain ``python`` is rank 0.
 
         ``launcher=True`` is the ft_launcher process itself: it has no rank.
         """
@@ -100,10 +97,10 @@ class Identity:
             job=pod_env.job(env),
             pod=pod_env.pod(env),
             node=pod_env.node(env),
-            rank=None if launcher else (int_env(env, "RANK") or 0),
-            local_rank=None if launcher else (int_env(env, "LOCAL_RANK") or 0),
+            rank=None if launcher else (launch_env.rank(env) or 0),
+            local_rank=None if launcher else (launch_env.local_rank(env) or 0),
             pid=os.getpid(),
-            restart=int_env(env, "TORCHELASTIC_RESTART_COUNT") or 0,
+            restart=launch_env.restart(env) or 0,
         )
 
 

@@ -159,6 +159,11 @@ class Ledger:
                 self.fact_restart += to - self.t
             self.t = to
 
+    def close(self, end: float) -> None:
+        """The job is over at ``end``: account the rank's time up to it (the loop's state says as what)."""
+        if self.first is not None:
+            self._advance(end)
+
     def _span(self, start: float, end: float, idx: int) -> float:
         """Book [start, end] to ``idx`` (what the ledger had not accounted yet); returns the seconds booked."""
         self._advance(start)

@@ -10,7 +10,7 @@ function of the events seen, so the order they arrive in does not matter. Each r
 under its own incarnation; a process's part without a start (an async save's end written after an
 in-process restart) is read as part of the newest save of that id the process started at or before
 its iteration (``_grouped``). A save enters the histograms, ``saves`` and ``bytes_total`` once
-nothing can join it any more (see ``Checkpoints.fold``) or the job finished.
+nothing can join it any more (see ``Checkpoints.fold``) or the job is over (``Checkpoints.settle``).
 """
 
 from __future__ import annotations
@@ -238,18 +238,6 @@ class Checkpoints:
             bytes=sum(p.bytes for p in parts.values()), written_wall=max(walls) if walls else None,
             ranks=sum(1 for p in parts.values() if p.start is not None))
 
-    def _fold_one(self, save: Save, parts: dict[int, Part], live: dict[int, int],
-                  blocking: Buckets, background: Buckets) -> tuple[CheckpointRecord, bool]:
-        record = self.record(save, parts, live)
-        for part in parts.values():
-            b = part.blocking()
-            if b is not None:
-                blocking.observe(b)
-            g = part.background()
-            if g is not None:
-                background.observe(g)
-        return record, record.ok is True
-
     def fold(self, newest: float, live: dict[int, int], pid_at: Callable[[int, float], int | None]) -> None:
         """Move saves into the history once nothing can join them any more: every part is done,
         the newest record in the pod is ``window`` past the save's newest record, and every rank
@@ -270,19 +258,37 @@ class Checkpoints:
             begun = _began(parts.values())
             if any(rank not in ranks and pid_at(rank, begun) == pid for rank, pid in live.items()):
                 continue
-            parts = dict(parts)  # the stored dict itself when nothing was regrouped
-            for stored, pid in members:
-                del stored.parts[pid]
-                if not stored.parts:
-                    self._remove(stored)
-            self._close(save, parts, live)
+            self._take(save, parts, members, live)
         self.due = due
 
+    def settle(self, live: dict[int, int]) -> None:
+        """Fold every save whose parts are done: nothing more will join them (``Engine.settle``)."""
+        for save, parts, members in self._grouped():
+            if _done(parts, live):
+                self._take(save, parts, members, live)
+
+    def _take(self, save: Save, parts: dict[int, Part], members: list[tuple[Save, int]],
+              live: dict[int, int]) -> None:
+        """Move one save read (``_grouped``) out of the open ones into the history."""
+        parts = dict(parts)  # the stored dict itself when nothing was regrouped
+        for stored, pid in members:
+            del stored.parts[pid]
+            if not stored.parts:
+                self._remove(stored)
+        self._close(save, parts, live)
+
     def _close(self, save: Save, parts: dict[int, Part], live: dict[int, int]) -> None:
-        record, durable = self._fold_one(save, parts, live, self.blocking, self.background)
+        record = self.record(save, parts, live)
+        for part in parts.values():
+            b = part.blocking()
+            if b is not None:
+                self.blocking.observe(b)
+            g = part.background()
+            if g is not None:
+                self.background.observe(g)
         if record.ok is False:
             self.failures += 1
-        if durable:
+        if record.ok is True:
             written = max(p.written for p in parts.values() if p.ok and p.written is not None)
             self.saves += 1
             self.bytes_total += record.bytes
@@ -293,25 +299,14 @@ class Checkpoints:
         if self.keep is not None:
             del self.recent[:-self.keep]
 
-    def view(self, finished: bool, live: dict[int, int]) -> CheckpointsView:
-        """The aggregates as of now: folded history plus open saves (histograms only if ``finished``)."""
-        blocking, background = self.blocking, self.background
-        saves, bytes_total, failures = self.saves, self.bytes_total, self.failures
+    def view(self, live: dict[int, int]) -> CheckpointsView:
+        """The aggregates as of now: folded history plus open saves."""
+        failures = self.failures
         last = (self.last_written, self.last_wall, self.last_step)
-        first = self.first_written
         in_flight = 0
         open_records = []
-        if finished:
-            blocking, background = blocking.copy(), background.copy()
         for save, parts, members in self._grouped():
-            done = _done(parts, live)
-            if finished and done:
-                record, durable = self._fold_one(save, parts, live, blocking, background)
-                if durable:
-                    saves += 1
-                    bytes_total += record.bytes
-            else:
-                record, durable = self.record(save, parts, live), False
+            record = self.record(save, parts, live)
             open_records.append((_began(parts.values()), record))
             # a part read without its start may yet move to another save (``_grouped``): an open
             # save's failure counts once a stored part that has its start failed, which stays put,
@@ -322,10 +317,8 @@ class Checkpoints:
                                                    for p in parts.values())
             if record.ok is True:
                 written = max(p.written for p in parts.values() if p.ok and p.written is not None)
-                if durable:
-                    first = written if first is None else min(first, written)
                 if last[0] is None or written > last[0]:
                     last = (written, record.written_wall, record.step)
         recent = [r for _, r in sorted(self.recent + open_records, key=_order)]
-        return CheckpointsView(blocking, background, saves, failures, bytes_total, in_flight, last[0], last[1],
-                               last[2], first, tuple(recent[-RECENT:]), tuple(recent))
+        return CheckpointsView(self.blocking, self.background, self.saves, failures, self.bytes_total, in_flight,
+                               last[0], last[1], last[2], self.first_written, tuple(recent[-RECENT:]), tuple(recent))

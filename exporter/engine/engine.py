@@ -33,9 +33,18 @@ How: each rank keeps its not-yet-applied records sorted in a buffer; a record is
 rank's ``Ledger`` once the rank's newest record is ``reorder_window_s`` past it (``lanes.Lane``), and only applied
 records settle time, so settled seconds never go down whatever the arrival order. The rank's
 time after its last applied record is provisional (``unprotected_s``) — the settled numbers lag
-the journal by the window. Once the job finished, ``snapshot`` replays the buffers on copies and
-settles everything. Counts that need no ordering (steps, the step histogram, the latest step,
-worker liveness, checkpoint aggregates) are taken at ingest, without lag.
+the journal by the window. Counts that need no ordering (steps, the step histogram, the latest
+step, worker liveness, checkpoint aggregates) are taken at ingest, without lag.
+
+The end: a job is over when no process of it can run again (``Launcher.ending``: our launcher
+exited, or, launched any other way, every rank's newest process journaled its end), finished or
+failed. Nothing is held back then: the first snapshot (or ``history``, ``take_decisions``) after
+it *settles* — applies every buffer for good, folds every restart and save that is done, and
+closes each rank's ledger at the job's end — so its numbers are final and stay put. Settled is
+settled: if the job runs again after all (a new process: a pod restarted, a round torchrun started
+again), it goes on from there, and a record older than what was settled is ``late``. ``settle``
+does the same for a reader that will read no more (the sidecar when its pod ends, the report),
+without closing the ledgers of a job that is not over.
 
 The clock: ``snapshot(now_mono, …)`` counts a running job's wall up to ``now_mono``, a finished
 job's up to its last record. A finish read after a snapshot that showed the job running at a
@@ -64,7 +73,7 @@ from nvrx_slo.exporter.engine.accounting import Ledger
 from nvrx_slo.exporter.engine.causes import CAUSES
 from nvrx_slo.exporter.engine.checkpoints import Checkpoints
 from nvrx_slo.exporter.engine.lanes import Counts, Lane, new_lane
-from nvrx_slo.exporter.engine.launcher import Launcher
+from nvrx_slo.exporter.engine.launcher import Ending, Launcher
 from nvrx_slo.exporter.engine.life import ENDS, Process, lived, plausible
 from nvrx_slo.exporter.engine.restarts import Restarts
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, RestartRecord, Snapshot
@@ -73,7 +82,7 @@ from nvrx_slo.exporter.events import BEFORE_ALL, STRUCTS, Event
 __all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 12
+STATE_VERSION = 13
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 # the records that can make a rank's work productive, by struct class (a set of classes is read fastest)
 _DECIDING = frozenset(STRUCTS[kind] for kind in (EventType.CHECKPOINT_END, EventType.RESTORE))
@@ -226,18 +235,39 @@ class Engine:
     def _live(self) -> dict[int, int]:
         return {rank: lane.newest_pid for rank, lane in self._s.lanes.items()}
 
-    def _finished(self) -> bool:
-        return self._s.launcher.finished(self._s.lanes, self._s.restarts.launcher)
+    def _ending(self) -> Ending | None:
+        """How the job ended (None: it runs), settled first (see the module docstring)."""
+        s = self._s
+        ending = s.launcher.ending(s.lanes, s.restarts.launcher)
+        if ending is not None and s.lanes:
+            self.settle()
+            end = max(s.newest, s.shown)
+            for lane in s.lanes.values():
+                lane.ledger.close(end)
+        return ending
+
+    def settle(self) -> None:
+        """Nothing more is coming (the reader's last read, or the job is over): apply every rank's
+        reorder buffer for good, and fold every restart and save whose ranks are done. A record read
+        later than one applied here is ``late``."""
+        s = self._s
+        for lane in s.lanes.values():
+            lane.settle(s.restarts)
+        s.restarts.settle()
+        s.checkpoints.settle(self._live())
 
     # --- snapshot ------------------------------------------------------------------------------
     def snapshot(self, now_mono: float, now_wall: float) -> Snapshot:
         """Everything known at ``now_mono`` (the journal's monotonic clock, ideally a read horizon: see
-        the module docstring). Changes nothing but the furthest instant shown, so wall never goes back."""
+        the module docstring). Changes nothing but the furthest instant shown, so wall never goes
+        back, and what settling a job that is over changes."""
         s = self._s
-        finished = self._finished()
-        restarts, ledgers = self._settled(finished)
+        ending = self._ending()
+        finished = ending is not None
+        restarts = s.restarts
+        ledgers = {rank: s.lanes[rank].ledger for rank in sorted(s.lanes)}
         # every record read, applied on copies: what the reorder window has yet to settle as productive
-        previews = ledgers if finished else self._settled(False, deciding=True)[1]
+        previews = ledgers if finished else self._previews()
         origin = s.origin if s.origin is not None else now_mono
         end = max(s.newest, s.shown) if finished else max(now_mono, s.newest, s.shown)
         if s.lanes:
@@ -246,13 +276,14 @@ class Engine:
         ranks = tuple(assembly.rank(ledgers[r], previews[r], s.lanes[r], origin, end, finished, skew.get(r))
                       for r in ledgers)
         mtbf = derived.mtbf(end - origin, restarts.faults())
-        ck = s.checkpoints.view(finished, self._live())
+        ck = s.checkpoints.view(self._live())
         job, pod, node = s.identity
         counts = s.counts
         return Snapshot(
             now_mono=now_mono, now_wall=now_wall, job=job, pod=pod, node=node, job_start_wall=s.origin_wall,
-            finished=finished, ranks=ranks, checkpoints=assembly.checkpoint_stats(ck, ranks, now_mono, mtbf),
-            restarts=restarts.stats(finished, mtbf, s.launcher.remaining(s.lanes)),
+            finished=finished, failure=None if ending is None else ending.failure, ranks=ranks,
+            checkpoints=assembly.checkpoint_stats(ck, ranks, now_mono, mtbf),
+            restarts=restarts.stats(mtbf, s.launcher.remaining(s.lanes)),
             predicted_efficiency=derived.ettr(assembly.interval(ck), assembly.blocking_cost(ck),
                                               restarts.mean_duration(), mtbf),
             events_accepted=counts.accepted, duplicates=counts.duplicates, out_of_order=counts.out_of_order,
@@ -261,33 +292,30 @@ class Engine:
             world_size=s.world_size or s.launcher.world, pod_ranks=s.launcher.pod_ranks(s.lanes, finished),
             absent_s=0.0, caused=_caused(restarts, ledgers.values(), finished))
 
-    def _settled(self, finished: bool, *, deciding: bool = False) -> tuple[Restarts, dict[int, Ledger]]:
-        """The restarts and ledgers by rank as of now; a finished job's buffers applied, on copies.
-        ``deciding``: also the buffers holding a record that decides work (a save's end, a restore)."""
-        restarts = self._s.restarts.copy() if finished or deciding else self._s.restarts
+    def _previews(self) -> dict[int, Ledger]:
+        """The ledgers by rank, each with its reorder buffer applied on a copy where the buffer holds
+        a record that decides work (a save's end, a restore): what the saves read so far keep."""
+        restarts = self._s.restarts.copy()
         ledgers: dict[int, Ledger] = {}
         for rank in sorted(self._s.lanes):
             lane = self._s.lanes[rank]
             ledger = lane.ledger
-            if lane.pending and (finished or deciding and not _DECIDING.isdisjoint(map(type, lane.pending))):
+            if lane.pending and not _DECIDING.isdisjoint(map(type, lane.pending)):
                 ledger = ledger.copy()
                 for r in lane.pending:
                     ledger.apply(r, restarts)
             ledgers[rank] = ledger
-        return restarts, ledgers
+        return ledgers
 
     def take_decisions(self) -> dict[int, Decisions]:
-        """What was decided since the last call, by rank (``keep_history`` only). What settling the
-        reorder window decides is handed out each call until its records are applied for good:
-        a verdict on steps already decided changes nothing, and a wait ends no later than one
-        handed out before."""
+        """What was decided since the last call, by rank (``keep_history`` only)."""
         if not self.keep_history:
             raise RuntimeError("take_decisions needs Engine(keep_history=True)")
-        _, ledgers = self._settled(self._finished())
+        self._ending()
         out: dict[int, Decisions] = {}
-        for rank, ledger in ledgers.items():
-            out[rank] = Decisions(ledger.verdicts or [], ledger.waits or [])
+        for rank in sorted(self._s.lanes):
             own = self._s.lanes[rank].ledger
+            out[rank] = Decisions(own.verdicts or [], own.waits or [])
             own.verdicts, own.waits = [], []
         return out
 
@@ -295,9 +323,8 @@ class Engine:
         """Every restart and save so far (``keep_history`` only)."""
         if not self.keep_history:
             raise RuntimeError("history needs Engine(keep_history=True)")
-        finished = self._finished()
-        restarts, _ = self._settled(finished)
-        return History(tuple(restarts.records()), self._s.checkpoints.view(finished, self._live()).records)
+        self._ending()
+        return History(tuple(self._s.restarts.records()), self._s.checkpoints.view(self._live()).records)
 
     # --- state ---------------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:

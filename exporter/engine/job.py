@@ -237,6 +237,7 @@ def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapsh
     world = max((snap.world_size for snap in pods if snap.world_size is not None), default=None)
     absent = 0.0 if world is None else max(0.0, world * elapsed - sum(r.wall_s for r in ranks))
     restarts = merge_restarts(pods)
+    finished = _finished(pods, world)
     cks = [snap.checkpoints for snap in pods if snap.pod not in lost] or [snap.checkpoints for snap in pods]
     blocking, background = Histogram.merged([c.blocking for c in cks]), Histogram.merged([c.background for c in cks])
     both = blocking.sum + background.sum
@@ -257,7 +258,9 @@ def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapsh
         now_mono=max(snap.now_mono for snap in pods), now_wall=max(snap.now_wall for snap in pods),
         job=pods[0].job, pod=", ".join(snap.pod for snap in pods),
         node=", ".join(dict.fromkeys(snap.node for snap in pods if snap.node)),
-        job_start_wall=start if spans else None, finished=_finished(pods, world), ranks=ranks,
+        job_start_wall=start if spans else None, finished=finished,
+        failure=next((snap.failure for snap in pods if snap.failure is not None), None) if finished else None,
+        ranks=ranks,
         checkpoints=checkpoints, restarts=_restart_stats(restarts, elapsed), predicted_efficiency=None,
         events_accepted=sum(snap.events_accepted for snap in pods), duplicates=sum(s.duplicates for s in pods),
         out_of_order=sum(s.out_of_order for s in pods), late=sum(s.late for s in pods),

@@ -27,6 +27,7 @@ from nvrx_slo.contracts.catalogue import STEP_BUCKETS, StepTimer
 from nvrx_slo.contracts.schema import (
     CheckpointWorker,
     EventType,
+    ProcessEnd,
     ProcessStart,
     Restore,
     Step,
@@ -102,6 +103,9 @@ class Lane:
     timer_mono: float = BEFORE_ALL
     timer_pid: int = -1  # ... and by which process
     local_world_size: int = 0  # the most workers its pod was said to run (0: not said)
+    started: float = BEFORE_ALL  # mono of its newest process_start ...
+    max_restarts: int | None = None  # ... and the restarts that process's launcher may make
+    end_error: str | None = None  # the exception its newest record, a process_end, says it exited with
     last_restore_wall: float | None = None  # Unix time of its newest restore
     first_step_wall: float | None = None  # Unix time its first step began
     pids: dict[int, float] = field(default_factory=dict)  # pid -> its oldest record's mono
@@ -131,6 +135,8 @@ class Lane:
                               else StepTimer.HOST_ON_GPU if record.cuda else StepTimer.HOST)
         elif isinstance(record, ProcessStart):
             self.local_world_size = max(self.local_world_size, record.local_world_size or 0)
+            if mono > self.started:
+                self.started, self.max_restarts = mono, record.max_restarts
         elif isinstance(record, Restore):
             if self.last_restore_wall is None or record.wall > self.last_restore_wall:
                 self.last_restore_wall = record.wall
@@ -142,6 +148,7 @@ class Lane:
         if mono > self.newest:
             self.newest, self.newest_pid, self.newest_kind = mono, pid, record.type
             self.newest_restart, self.newest_iter = record.restart, record.iter
+            self.end_error = record.error if isinstance(record, ProcessEnd) else None
 
     def take(self, ev: Event, window: float, sink: RestartSink, counts: Counts) -> None:
         """Buffer a record in order and apply to the ledger every buffered one that lies more than
@@ -171,6 +178,14 @@ class Lane:
             n += 1
         self.applied = pending[n - 1]
         del pending[:n]
+
+    def settle(self, sink: RestartSink) -> None:
+        """Apply every buffered record to the ledger now (``Engine.settle``)."""
+        if self.pending:
+            for ev in self.pending:
+                self.ledger.apply(ev, sink)
+            self.applied = self.pending[-1]
+            self.pending.clear()
 
     def recent_mean(self) -> float | None:
         """The mean duration of its newest RECENT_STEPS steps (None: no step yet)."""

@@ -1,12 +1,13 @@
 """The pod's ft_launcher as its newest records tell, and what it decides: how many ranks the pod
-runs, how many restarts it has left, and whether the pod finished."""
+runs, how many restarts it has left, and whether the pod's job is over — or, where no launcher
+of ours runs (torchrun, srun, plain ``python``), what its ranks' own ends decide."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nvrx_slo.contracts.schema import EventType, LauncherStart
+from nvrx_slo.contracts.schema import EventType, LauncherExit, LauncherStart
 from nvrx_slo.exporter.engine.lanes import Lane
 from nvrx_slo.exporter.engine.restarts import LauncherMark
 from nvrx_slo.exporter.events import Event
@@ -16,6 +17,7 @@ from nvrx_slo.exporter.events import Event
 class Launcher:
     start: float | None = None  # mono of the newest launcher_start
     exit: float | None = None  # mono of the newest launcher_exit
+    code: int = 0  # its exit code
     max_restarts: int | None = None  # of the newest launcher_start
     ranks: int | None = None  # the workers the newest launcher_start said it starts
     world: int | None = None  # the job's ranks a launcher_start said (a fixed-size job)
@@ -25,8 +27,8 @@ class Launcher:
         if isinstance(record, LauncherStart) and (self.start is None or record.mono > self.start):
             self.start, self.max_restarts = record.mono, record.max_restarts
             self.ranks, self.world = record.local_world_size, record.world_size
-        elif record.type is EventType.LAUNCHER_EXIT and (self.exit is None or record.mono > self.exit):
-            self.exit = record.mono
+        elif isinstance(record, LauncherExit) and (self.exit is None or record.mono > self.exit):
+            self.exit, self.code = record.mono, record.code
 
     def exited(self) -> bool:
         """Whether the pod's newest launcher has exited (none journaled: not exited)."""
@@ -51,22 +53,48 @@ class Launcher:
         running = self.start is not None and not self.exited()
         return max(len(lanes), (self.ranks or 0) if running else 0)
 
-    def finished(self, lanes: Mapping[int, Lane], marks: list[LauncherMark]) -> bool:
-        """The pod's launcher exited after its last start, and every rank it ran ended cleanly.
+    def ending(self, lanes: Mapping[int, Lane], marks: list[LauncherMark]) -> Ending | None:
+        """How the pod's job ended, None while it runs. Over when no process of it can run again:
 
-        A pod decides from its own ranks: in a job of many pods it sees only its share of the
-        world, and the launcher's exit says none of its workers is left. Its ranks' own
-        ``local_world_size`` says how many there are, so a rank whose file is read after the
-        launcher's exit still keeps the pod running. Without a journaled launcher a pod never
-        counts as finished: a launcher read late could still show it running, and un-finishing
-        would take settled seconds back.
+        * under a launcher of ours, once it exited after its last start: failed if it exited with
+          an error; finished once every rank of its last round ended (below);
+        * without one (torchrun, srun, ``python``; a launcher of ours never journaled), once every
+          rank's newest process ended (``process_end``; its successor's start ends a process as
+          well): failed if one ended by an exception, unless its launcher restarts the round
+          (torchrun's restart count is below its ``max_restarts``).
+
+        A pod decides from its own ranks: in a job of many pods it sees only its share of the world.
+        Its ranks' own ``local_world_size`` says how many there are, so a rank whose file is read
+        after the others ended keeps the pod running. A killed process journals no end, so a job
+        whose last round was killed and not restarted stays running here: the sidecar settles it
+        when its pod ends (SIGTERM), and a report of it says so.
         """
-        if not self.exited():
-            return False
-        # Ranks of the launcher's last round of workers only (``marks``: its records, oldest first):
-        # an earlier round's process may have journaled as another rank before it was torn down
-        # (an in-process restart that shifted ranks)
-        began = next((at for at, kind in reversed(marks) if kind is EventType.LAUNCHER_WORKER_START), float("-inf"))
-        ran = [lane for lane in lanes.values() if lane.newest >= began]
-        return (len(ran) >= max((lane.local_world_size for lane in ran), default=1)
-                and all(lane.newest_kind is EventType.PROCESS_END for lane in ran))
+        began = float("-inf")
+        if self.start is not None:
+            if not self.exited():
+                return None
+            if self.code != 0:
+                return Ending(f"launcher exited with code {self.code}")
+            # Ranks of the launcher's last round of workers only (``marks``: its records, oldest first):
+            # an earlier round's process may have journaled as another rank before it was torn down
+            # (an in-process restart that shifted ranks)
+            began = next((at for at, kind in reversed(marks) if kind is EventType.LAUNCHER_WORKER_START), began)
+        ran = {rank: lane for rank, lane in lanes.items() if lane.newest >= began}
+        if not ran or len(ran) < max(lane.local_world_size for lane in ran.values()) or any(
+                lane.newest_kind is not EventType.PROCESS_END for lane in ran.values()):
+            return None
+        failed = [(rank, lane) for rank, lane in sorted(ran.items()) if lane.end_error is not None]
+        if not failed:
+            return Ending(None)
+        if self.start is None and any(lane.max_restarts is not None and lane.newest_restart < lane.max_restarts
+                                      for lane in ran.values()):
+            return None  # torchrun starts the round again
+        rank, lane = failed[0]
+        return Ending(f"rank {rank}: {lane.end_error}")
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """A job that is over: ``failure`` says how it failed, None if it finished cleanly."""
+
+    failure: str | None

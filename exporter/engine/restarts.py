@@ -21,7 +21,7 @@ restore    → the last rank's first step       → the last rank's first step
 A phase whose instant was not journaled is left out and its time goes to the next phase that
 was, so the phases of a finished restart always sum to its duration. A restart enters the
 counters at once and the duration and phase histograms once nothing can join it any more
-(see ``Restarts.fold``), or when the job finished.
+(see ``Restarts.fold``), or when the job is over (``Restarts.settle``).
 
 Its cause (``causes``) is its faulting rank's: the first rank, in the order that picks its fault
 instant, whose own fault was journaled with one; else what the Wrapper's callbacks said of it (a
@@ -260,37 +260,38 @@ class Restarts:
             if end + window > newest or any(rank not in rec.faults and first[rank] < end and applied[rank] < end
                                             for rank in applied):
                 continue
-            del self.open[key]
-            record = self.record(rec)
-            self.counts[rec.level] += 1
-            self.lost_by[causes.INDEX[record.fault]] += record.lost_s
-            self.restart_by[causes.INDEX[record.fault]] += record.restart_s
-            self._observe(record, self.duration, self.phases)
-            self.recent.append(record)
-            if self.keep is not None and len(self.recent) > self.keep:
-                del self.recent[0]
-            self.folded.add(key)
+            self._fold(key, rec)
+
+    def settle(self) -> None:
+        """Fold every restart all its ranks ended: nothing more will join them (``Engine.settle``)."""
+        for key, rec in list(self.open.items()):
+            if rec.done():
+                self._fold(key, rec)
+
+    def _fold(self, key: str, rec: OpenRestart) -> None:
+        del self.open[key]
+        record = self.record(rec)
+        self.counts[rec.level] += 1
+        self.lost_by[causes.INDEX[record.fault]] += record.lost_s
+        self.restart_by[causes.INDEX[record.fault]] += record.restart_s
+        self._observe(record, self.duration, self.phases)
+        self.recent.append(record)
+        if self.keep is not None and len(self.recent) > self.keep:
+            del self.recent[0]
+        self.folded.add(key)
 
     def copy(self) -> Restarts:
         """A copy whose open restarts can take more events; the folded history is shared, read-only."""
         return dataclasses.replace(self, open={k: rec.copy() for k, rec in self.open.items()})
 
-    def stats(self, finished: bool, mtbf_s: float | None, launcher_remaining: int | None) -> RestartStats:
+    def stats(self, mtbf_s: float | None, launcher_remaining: int | None) -> RestartStats:
         counts = dict(self.counts)
-        duration, phases = self.duration, self.phases
-        open_records = [(rec, self.record(rec)) for rec in self.open.values()]
-        if finished and any(rec.done() for rec, _ in open_records):
-            duration = {k: b.copy() for k, b in duration.items()}
-            phases = {level: {k: b.copy() for k, b in by.items()} for level, by in phases.items()}
-            for rec, record in open_records:
-                if rec.done():
-                    self._observe(record, duration, phases)
-        for rec, _ in open_records:
+        for rec in self.open.values():
             counts[rec.level] += 1
         recent = self.records()
-        return RestartStats(counts, {k: b.frozen() for k, b in duration.items()},
-                            {(level, k): b.frozen() for level, by in phases.items() for k, b in by.items()}, mtbf_s,
-                            tuple(recent[-RECENT:]), launcher_remaining)
+        return RestartStats(counts, {k: b.frozen() for k, b in self.duration.items()},
+                            {(level, k): b.frozen() for level, by in self.phases.items() for k, b in by.items()},
+                            mtbf_s, tuple(recent[-RECENT:]), launcher_remaining)
 
     def caused(self, finished: bool, pending: list[tuple[str, float, float]]) -> tuple[list[float], list[float]]:
         """The lost and restart rank-seconds charged to each cause (``causes.INDEX``): the folded

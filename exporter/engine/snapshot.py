@@ -176,7 +176,8 @@ class Snapshot:
     pod: str
     node: str
     job_start_wall: float | None  # Unix time of the pod journal's earliest event
-    finished: bool  # launcher_exit + clean process_end everywhere: wall stopped
+    finished: bool  # the job is over (``launcher.Launcher.ending``): wall stopped, everything settled
+    failure: str | None  # how a job that is over failed (None: it finished cleanly, or runs)
     ranks: tuple[RankSnapshot, ...]  # sorted by rank
     checkpoints: CheckpointStats
     restarts: RestartStats
@@ -194,6 +195,13 @@ class Snapshot:
     # The settled lost and restart seconds (and a job's absent ones) by the cause of the fault that
     # cost them; a restart's once it is over (folded), so they may lag ``seconds`` while one is open.
     caused: Mapping[tuple[Category, FaultCause], float] = field(default_factory=dict)
+
+    @property
+    def state(self) -> str:
+        """The job's state as views show it: running, finished, or failed and how."""
+        if not self.finished:
+            return "running"
+        return "finished" if self.failure is None else f"failed ({self.failure})"
 
     @property
     def wall_s(self) -> float:

@@ -7,8 +7,9 @@ construction. The report, the demo (a lost pod's journal) and the progress line 
 journals through this, and so do the tests that check them.
 
 "Now" for a journal read after the fact is its newest accepted record, so a journal that ends
-mid-run (the node died) is accounted up to its last word, not up to the moment it was read. A
-refused record dates nothing (``tests/test_rejected_records.py``).
+mid-run (the node died) is accounted up to its last word, not up to the moment it was read; a
+reader that reads once (the report) reads with ``read_all``, which holds nothing back. A refused
+record dates nothing (``tests/test_rejected_records.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ class Replay:
         """Read everything the journal holds that was not read yet; returns the records handed on
         (``tail.directory_ok`` says whether the directory could be read)."""
         return self.tail.poll(self._ingest)
+
+    def read_all(self) -> int:
+        """Read everything the journal holds, as a last read: nothing is held back for a record to
+        come (``Engine.settle``), so a journal of a job that never journaled its end (killed) is
+        accounted to its last word. Returns the records handed on."""
+        handed = self.poll()
+        self.engine.settle()
+        return handed
 
     def _ingest(self, records: list[Event]) -> None:
         builder = self.builder

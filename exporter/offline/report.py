@@ -61,7 +61,7 @@ class _Pod:
 def _read(journal_dir: str | Path) -> _Pod:
     builder = TimelineBuilder()
     with Replay(journal_dir, builder=builder) as replay:
-        replay.poll()
+        replay.read_all()
     if not replay.tail.directory_ok:
         raise FileNotFoundError(f"cannot read journal directory {journal_dir}")
     snap = replay.view().snapshot

@@ -40,12 +40,11 @@ def render(snap: Snapshot, targets: Targets, pricing: cost.Pricing | None = None
     wall = snap.wall_s
     lines = [
         f"nvrx-slo SLO report — job {printable(snap.job) or '?'}, {_scope(snap.pod)}, "
-        f"{snap.rank_count} rank(s)"
-        f"{', finished' if snap.finished else ', running'}",
+        f"{snap.rank_count} rank(s), {printable(snap.state)}",
         "",
         f"Efficiency (productive / wall): {_ratio(snap.efficiency)}",
         "",
-        f"Where the time went ({wall:.1f} rank-seconds of wall):",
+        f"Where the time went ({wall:.{1 if wall >= 10 else 2}f} rank-seconds of wall):",  # a toy run: not 0.0
     ]
     parts = breakdown(snap)
     width = max(len(style.label) for style in CATEGORY_STYLES.values())

@@ -218,7 +218,7 @@ def _headline(snap: Snapshot, targets: Targets) -> str:
             f'<td class="num">{_num("steps-total", steps, str(steps))}</td></tr>'
             f'<tr><td>restarts</td><td class="num">{_num("restarts-total", restarts, str(restarts))}</td></tr>'
             f'<tr><td>job started</td><td class="num">{_when(snap.job_start_wall, snap.now_wall)}</td></tr>'
-            f'<tr><td>state</td><td class="num">{"finished" if snap.finished else "running"}</td></tr>'
+            f'<tr><td>state</td><td class="num">{_e(snap.state)}</td></tr>'
             f"</table></section>")
 
 

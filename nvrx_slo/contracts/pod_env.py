@@ -3,7 +3,8 @@
 The trainer stamps these on every journal record and the sidecar on its series; the engine joins
 the two by them, so both read them here, and ``nvrx-slo inject`` and the demo set them by these
 names. In Kubernetes the Downward API sets ``POD_NAME`` and ``NODE_NAME``; ``nvrx-slo inject``
-sets ``NVRX_SLO_JOB`` from the controller's job-name label.
+sets ``NVRX_SLO_JOB`` from the controller's job-name label. Outside it, srun and torchrun name the
+job and node where nothing else does.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ NODE = "NODE_NAME"
 
 
 def job(env: Mapping[str, str]) -> str:
-    """The job's name, "" where nothing set it."""
-    return env.get(JOB, "")
+    """The job's name: ``NVRX_SLO_JOB``, else what names the job to the launcher that started the
+    process (srun's ``SLURM_JOB_ID``; torchrun's ``TORCHELASTIC_RUN_ID``, its ``--rdzv-id``, which
+    is "none" unless given or ``--standalone``); "" where nothing names it."""
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    return env.get(JOB) or env.get("SLURM_JOB_ID") or (run_id if run_id != "none" else "")
 
 
 def pod(env: Mapping[str, str]) -> str:
@@ -27,5 +31,5 @@ def pod(env: Mapping[str, str]) -> str:
 
 
 def node(env: Mapping[str, str]) -> str:
-    """The node's name, "" outside Kubernetes."""
-    return env.get(NODE, "")
+    """The node's name: ``NODE_NAME`` in Kubernetes, Slurm's ``SLURMD_NODENAME`` under srun, else ""."""
+    return env.get(NODE) or env.get("SLURMD_NODENAME", "")

@@ -27,7 +27,8 @@ field       type     meaning
 ``rank``    int|null global rank; null for the launcher process
 ``local_rank`` int|null
 ``pid``     int      OS process id of the writer
-``restart`` int      ft_launcher restart count (``TORCHELASTIC_RESTART_COUNT``), 0 first
+``restart`` int      the launcher's restart count (``TORCHELASTIC_RESTART_COUNT``, srun's
+                     ``SLURM_RESTART_COUNT``), 0 first
 ``iter``    int      NVRx ``inprocess.Wrapper`` iteration (0 before any in-process restart)
 =========== ======== =========================================================================
 
@@ -163,16 +164,21 @@ class ProcessStart(Record):
 
     __slots__ = ()
     world_size: int
-    # the worker processes of this rank's pod (``LOCAL_WORLD_SIZE``), so a pod knows of ranks whose
-    # records it has not read yet
+    # the worker processes of this rank's pod (``LOCAL_WORLD_SIZE``, srun's tasks on this node), so
+    # a pod knows of ranks whose records it has not read yet
     local_world_size: int | None = None
+    # the restarts its launcher may make (torchrun's ``TORCHELASTIC_MAX_RESTARTS``), so a pod without a
+    # launcher record tells a round that failed and is restarted from a job that failed for good
+    max_restarts: int | None = None
 
 
 @_event(EventType.PROCESS_END)
 class ProcessEnd(Record, Blocked):
-    """Clean exit of a rank process."""
+    """A rank process's end: ``Hooks.close``, or its interpreter's exit without it. ``error``: the
+    uncaught exception it exited with (None: a clean end)."""
 
     __slots__ = ()
+    error: str | None = None
 
 
 @_event(EventType.STEP)
