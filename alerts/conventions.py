@@ -87,13 +87,24 @@ def over_period(signal: Signal, plan: Plan) -> str:
 EVALUATIONS = "global:nvrx_slo_evaluations:one"
 
 
-def evaluations(slo: str, window: int, plan: Plan) -> str:
+def evaluations(slo: str, window: int, plan: Plan, *, own: bool = False) -> str:
     """The evaluations of ``slo``'s group in ``window`` s, as a scalar: the samples the window holds,
     and never fewer than a full window's (rules younger than the window: the rest counts as 0). The
     most any Prometheus counted: a global ruler holds one counter per Prometheus that records the
-    rates (each with its external labels), and ``scalar()`` of more than one is NaN."""
-    counted = f'count_over_time({EVALUATIONS}{{{SLO_LABEL}="{slo}"}}[{duration.format(window)}])'
-    return f"scalar(clamp_min(max({counted}), {plan.evaluations(window)}))"
+    rates (each with its external labels), and ``scalar()`` of more than one is NaN.
+
+    ``own``: the window sums what its own group records, this evaluation included. Prometheus runs
+    a group's rules in order, so this evaluation's samples are there; vmalert writes what it
+    records asynchronously, so the newest sample it reads is an evaluation or two old and a full
+    window holds that many fewer. The floor is then a full window's evaluations as of the newest
+    counter sample read: Prometheus's floor where that sample is this evaluation's."""
+    selector = f'{EVALUATIONS}{{{SLO_LABEL}="{slo}"}}'
+    counted = f"count_over_time({selector}[{duration.format(window)}])"
+    floor = f"{plan.evaluations(window)}"
+    if own:
+        newest = f"scalar(max(timestamp({selector})) or vector(time()))"
+        floor += f" - (time() - {newest}) / {plan.evaluation_interval}"
+    return f"scalar(clamp_min(max({counted}), {floor}))"
 # Ranks the job's pods ran a shortest window ago, which the absent ranks subtract and require.
 RAN_RANKS = f"{_LEVEL}:nvrx_pod_ranks:sum"
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.

@@ -119,13 +119,17 @@ def _target_sum(selector: str, interval: int) -> str:
     return f"sum without ({cat.RANK_LABEL}, category) (last_over_time({selector}[{duration.format(2 * interval)}]))"
 
 
-def _increase(record: str, interval: int) -> str:
-    """The job's sum of each target's increase of ``record`` since the evaluation ``interval`` ago:
-    its value then (up to 5m back, across a failed scrape) is its base. A target's sum, not each
-    counter: the counters are read once, by ``record``; a series new to a target counts from 0, and
-    a failed scrape loses nothing (the base is the last evaluation that read the target)."""
+def _increase(record: str, now: str, interval: int) -> str:
+    """The job's sum of each target's increase since the evaluation ``interval`` ago: its sum
+    ``now`` (``record``'s expression) less ``record`` then (up to 5m back, across a failed scrape),
+    its base. A target's sum, not each counter: a series new to a target counts from 0, and a failed
+    scrape loses nothing (the base is the last evaluation that read the target). ``now`` is the
+    expression, not ``record`` read back: vmalert writes what it records asynchronously, so a
+    rule reading a record of its own evaluation reads the one before (read-after-write,
+    docs/scaling.md), and the two terms would be the same sample; Prometheus reads the same value
+    either way (the record carries the ``slo`` label its group adds)."""
     then = f"last_over_time({record}[5m] offset {duration.format(interval)})"
-    return f"sum {BY_JOB} (clamp_min({record} - {then}, 0))"
+    return f"sum {BY_JOB} (clamp_min({now} - ignoring ({SLO_LABEL}) {then}, 0))"
 
 
 def _ran_ranks(hold: int) -> str:
@@ -179,10 +183,10 @@ def _efficiency(plan: Plan) -> Sli:
     records = ((RAN_RANKS, _ran_ranks(hold)), (ABSENT_RANKS, _absent_ranks(hold)),
                (VANISHED_AT_RISK, _vanished(cat.WORK_AT_RISK.name, hold, e)),
                (TARGET_BADPUT, _target_sum(badput, e)),
-               (BADPUT_INCREASE, _increase(TARGET_BADPUT, e)))
+               (BADPUT_INCREASE, _increase(TARGET_BADPUT, _target_sum(badput, e), e)))
 
     def bad(w: str) -> str:
-        every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), plan)
+        every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), plan, own=True)
 
         def ranks(record: str) -> str:  # its samples as ranks for one evaluation each
             return f"sum {BY_JOB} (sum_over_time({record}[{w}])) / {every}"
