@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from backends import query
 from needs import tool
 from nvrx_slo.alerts import generate, spec
 from nvrx_slo.alerts.conventions import (
@@ -52,15 +53,6 @@ from servers import free_port, stop, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
 
 _SIDECAR = re.compile(r"^sidecar of (\S+): http://(127\.0\.0\.1:\d+)/ \(status page\)", re.M)
-
-
-def _query(prometheus: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-    """``expr`` now, or at the Unix time ``at``."""
-    url = f"{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': expr, **({'time': at} if at else {})})}"
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        answer = json.load(resp)
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]
 
 
 def _ready(url: str) -> bool:
@@ -155,9 +147,9 @@ def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run)
     unread = sum(records[1]["mono"] - records[0]["mono"] for records in launchers.values())
     assert absent >= gone >= 8.0, (absent, gone)
     # the evaluations at which the job's world size exceeded the ranks its pods ran, 1 s each
-    (recorded,) = _query(run["prometheus"], f"sum_over_time({ABSENT_RANKS}[1h])")
+    (recorded,) = query(run["prometheus"], f"sum_over_time({ABSENT_RANKS}[1h])")
     seconds = float(recorded["value"][1])
-    (samples,) = _query(run["prometheus"], f"{ABSENT_RANKS}[1h]")
+    (samples,) = query(run["prometheus"], f"{ABSENT_RANKS}[1h]")
     base, interval = run["spec"].plan().base, run["spec"].evaluation_interval
     rounded = absent + _absent_rounding(run["run_dir"], [float(t) for t, _ in samples["values"]], base, interval)
     print(f"\n{run['pods']} pods: absent {seconds:.0f} rank-s recorded, {absent:.2f} in the report, {rounded:.2f}"
@@ -166,7 +158,7 @@ def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run)
     # early by the launchers' time to their next record
     assert rounded - interval - 0.5 <= seconds <= rounded + unread + interval + 0.5, (seconds, rounded, absent, unread)
     assert seconds >= 8.0  # the replacement came 8 s after the loss
-    world = _query(run["prometheus"], f'max_over_time({sli_total_record(base)}{{slo="efficiency"}}[1h])')
+    world = query(run["prometheus"], f'max_over_time({sli_total_record(base)}{{slo="efficiency"}}[1h])')
     assert [float(w["value"][1]) for w in world] == [run["pods"]]  # the job's world size, not its live ranks
 
 
@@ -176,15 +168,15 @@ def test_one_fault_is_one_restart_at_job_level_and_no_storm(run):
     assert run["returncode"] == 0, run["stderr"][-3000:]
     base = run["spec"].plan().base
     total = f'{sli_total_record(base)}{{slo="recovery"}}'
-    per_pod = _query(run["prometheus"], "sum by (pod) (max_over_time(nvrx_restarts_total[1h]))")
+    per_pod = query(run["prometheus"], "sum by (pod) (max_over_time(nvrx_restarts_total[1h]))")
     survivors = {f"pod-{i}": 1.0 for i in range(run["pods"]) if i != 1}
     assert {p["metric"]["pod"]: float(p["value"][1]) for p in per_pod} == {
         **survivors, "pod-1": 0.0, "pod-1-replacement": 0.0}
     # each evaluation's restart rate over the shortest window, summed over the run: 10 s windows at
     # 1 s evaluations hold a restart in ten of them, 1/10 each (rate() extrapolates at the edges)
-    (counted,) = _query(run["prometheus"], f"sum_over_time({total}[1h])")
+    (counted,) = query(run["prometheus"], f"sum_over_time({total}[1h])")
     assert float(counted["value"][1]) == pytest.approx(1.0, abs=0.3)
-    storms = _query(run["prometheus"], f'max_over_time(ALERTS{{alertname="{Alert.RESTART_STORM.value}"}}[1h])')
+    storms = query(run["prometheus"], f'max_over_time(ALERTS{{alertname="{Alert.RESTART_STORM.value}"}}[1h])')
     assert storms == []
 
 
@@ -194,7 +186,7 @@ def test_a_finished_pods_last_settlement_reaches_prometheus(run):
     last productive seconds of each pod that finished are its sidecar's final ones (the lost pod's
     unsettled seconds are not: its sidecar died with its node)."""
     assert run["returncode"] == 0, run["stderr"][-3000:]
-    scraped = {p["metric"]["pod"]: float(p["value"][1]) for p in _query(
+    scraped = {p["metric"]["pod"]: float(p["value"][1]) for p in query(
         run["prometheus"], f'sum by (pod) (last_over_time({TIME.name}{{category="{Category.PRODUCTIVE.value}"}}[1h]))')}
     for pod in [f"pod-{i}" for i in range(run["pods"]) if i != 1] + ["pod-1-replacement"]:
         parts = state_store.load(run["run_dir"] / pod / "sidecar-state.json", run["run_dir"] / pod / "journal")
@@ -266,7 +258,7 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     at = run["ended"] + SETTLED
 
     def query(expr: str) -> list[dict[str, Any]]:
-        return _query(run["prometheus"], expr, at)
+        return query(run["prometheus"], expr, at)
 
     (value,) = query(f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
     recorded = float(value["value"][1]) * interval
@@ -286,5 +278,5 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
           f"badput increments {float(increments['value'][1]):.2f} of counters {float(counters['value'][1]):.2f}")
     assert float(vanished["value"][1]) > 1.0  # the lost pod's: steps since its last save, and its tail
     assert bad / total - 0.01 <= recorded / total <= (bad + unseen) / total + 0.01, (recorded, bad, unseen, total)
-    (later,) = _query(run["prometheus"], f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
+    (later,) = query(run["prometheus"], f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
     assert float(later["value"][1]) * interval == pytest.approx(recorded, abs=0.01 * total)  # and nothing after
