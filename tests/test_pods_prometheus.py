@@ -257,21 +257,21 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     assert SETTLED == 2 * base + 2 * interval
     at = run["ended"] + SETTLED
 
-    def query(expr: str) -> list[dict[str, Any]]:
+    def settled(expr: str) -> list[dict[str, Any]]:
         return query(run["prometheus"], expr, at)
 
-    (value,) = query(f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
+    (value,) = settled(f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
     recorded = float(value["value"][1]) * interval
-    (vanished,) = query(f"sum_over_time({VANISHED_AT_RISK}[1h])")
-    (scraped,) = query(f'max_over_time(timestamp({WORK_AT_RISK.name}{{pod="pod-1"}})[1h:1s])')
-    (absent,) = query(f"{ABSENT_RANKS}[1h]")
+    (vanished,) = settled(f"sum_over_time({VANISHED_AT_RISK}[1h])")
+    (scraped,) = settled(f'max_over_time(timestamp({WORK_AT_RISK.name}{{pod="pod-1"}})[1h:1s])')
+    (absent,) = settled(f"{ABSENT_RANKS}[1h]")
     bad, total = _truth(run["run_dir"])
     bad += _absent_rounding(run["run_dir"], [float(t) for t, _ in absent["values"]], base, interval)
     unseen = _unseen_kept(run["run_dir"], float(scraped["value"][1]))
     # the increments add up to the pods' badput counters exactly, however bursty
     badput = "|".join(c.value for c in BADPUT_CATEGORIES)
-    (counters,) = query(f'sum(last_over_time({TIME.name}{{category=~"{badput}"}}[1h]))')
-    (increments,) = query(f"sum_over_time({BADPUT_INCREASE}[1h])")
+    (counters,) = settled(f'sum(last_over_time({TIME.name}{{category=~"{badput}"}}[1h]))')
+    (increments,) = settled(f"sum_over_time({BADPUT_INCREASE}[1h])")
     assert float(increments["value"][1]) == pytest.approx(float(counters["value"][1]), abs=0.01)
     print(f"\n{run['pods']} pods: recorded {recorded:.2f}, journals {bad:.2f} of {total:.2f} rank-s: "
           f"{100 * (recorded - bad) / total:+.2f} pp, {100 * unseen / total:.2f} pp of it allowed (unseen save); "
