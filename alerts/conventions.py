@@ -87,23 +87,35 @@ def over_period(signal: Signal, plan: Plan) -> str:
 EVALUATIONS = "global:nvrx_slo_evaluations:one"
 
 
-def evaluations(slo: str, window: int, plan: Plan) -> str:
+def evaluations(slo: str, window: int, plan: Plan, *, own: bool = False) -> str:
     """The evaluations of ``slo``'s group in ``window`` s, as a scalar: the samples the window holds,
     and never fewer than a full window's (rules younger than the window: the rest counts as 0). The
     most any Prometheus counted: a global ruler holds one counter per Prometheus that records the
-    rates (each with its external labels), and ``scalar()`` of more than one is NaN."""
-    counted = f'count_over_time({EVALUATIONS}{{{SLO_LABEL}="{slo}"}}[{duration.format(window)}])'
-    return f"scalar(clamp_min(max({counted}), {plan.evaluations(window)}))"
+    rates (each with its external labels), and ``scalar()`` of more than one is NaN.
+
+    ``own``: the window sums what its own group records, this evaluation included. Prometheus runs
+    a group's rules in order, so this evaluation's samples are there; vmalert writes what it
+    records asynchronously, so the newest sample it reads is an evaluation or two old and a full
+    window holds that many fewer. The floor is then a full window's evaluations as of the newest
+    counter sample read: Prometheus's floor where that sample is this evaluation's."""
+    selector = f'{EVALUATIONS}{{{SLO_LABEL}="{slo}"}}'
+    counted = f"count_over_time({selector}[{duration.format(window)}])"
+    floor = f"{plan.evaluations(window)}"
+    if own:
+        newest = f"scalar(max(timestamp({selector})) or vector(time()))"
+        floor += f" - (time() - {newest}) / {plan.evaluation_interval}"
+    return f"scalar(clamp_min(max({counted}), {floor}))"
 # Ranks the job's pods ran a shortest window ago, which the absent ranks subtract and require.
 RAN_RANKS = f"{_LEVEL}:nvrx_pod_ranks:sum"
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
-# Each scrape target's badput rank-seconds by category, its ranks' counters summed: the one rule that
-# reads them, so each is read once per evaluation (rule cost is per series read); and all of them.
+# Each scrape target's badput rank-seconds by category, its ranks' counters summed (rule cost is per
+# series read: the counters are read by this rule and the next only).
 TARGET_CATEGORY = f"{_LEVEL}_pod_category:nvrx_badput_seconds_total:sum"
-TARGET_BADPUT = f"{_LEVEL}_pod:nvrx_badput_seconds_total:sum"
-# The job's badput rank-seconds since the evaluation before: each target's sum less its value
-# then (a series new to a target counts from 0), so the increments add up exactly, however bursty.
+# ... and since the evaluation before: each target's sums less their values then, so the
+# increments add up exactly, however bursty; the cost rules price them by category.
+TARGET_CATEGORY_INCREASE = f"{_LEVEL}_pod_category:nvrx_badput_seconds:increase"
+# The job's badput rank-seconds since the evaluation before: its targets' increments summed.
 BADPUT_INCREASE = f"{_LEVEL}:nvrx_badput_seconds:increase"
 # Rank-seconds of a pod's last ``nvrx_work_at_risk_seconds``, once, at the evaluation that sees its
 # series gone for the shortest window (a sidecar dies with its pod's node): badput for the job.

@@ -53,7 +53,7 @@ from nvrx_slo.alerts.conventions import (
     SPENT_ACCELERATOR_HOURS,
     SPENT_COST,
     TARGET_ACCELERATORS,
-    TARGET_CATEGORY,
+    TARGET_CATEGORY_INCREASE,
     TARGET_CAUSE,
     TARGET_RANK_PRICE,
     VANISHED_AT_RISK,
@@ -120,7 +120,7 @@ def _spec_prices(spec: Spec) -> list[Rule]:
 
 def _targets(spec: Spec, plan: Plan) -> list[Rule]:
     """Each target's accelerators, price and fault seconds, read once per evaluation; the job's.
-    Its badput by category is the efficiency group's record (``TARGET_CATEGORY``): read once, there."""
+    Its badput by category is the efficiency group's (``TARGET_CATEGORY_INCREASE``)."""
     fresh = duration.format(2 * plan.evaluation_interval)
     price = _priced(spec)
     return [
@@ -131,21 +131,28 @@ def _targets(spec: Spec, plan: Plan) -> list[Rule]:
         {"record": JOB_ACCELERATORS, "expr": f"max {_by()} ({TARGET_ACCELERATORS})"},
         {"record": JOB_RANK_PRICE,
          "expr": f"topk {_by()} (1, max {_by(PRICE_SOURCE_LABEL)} ({TARGET_RANK_PRICE}))"},
-        {"record": TARGET_CAUSE, "expr": f"last_over_time({cat.FAULT_TIME.name}[{fresh}])"},
+        {"record": TARGET_CAUSE, "expr": _fault_seconds(plan)},
     ]
 
 
 def _pods(of: CostOf, plan: Plan) -> str:
-    """Each target's badput rank-seconds by ``of`` since the evaluation before (by category: in the
-    efficiency group, which records ``TARGET_CATEGORY`` just before)."""
+    """Each target's badput rank-seconds by ``of`` since the evaluation before: by category, the
+    efficiency group's increments; by cause, its fault seconds now (the counters, not
+    ``TARGET_CAUSE`` read back, which vmalert would give as of the evaluation before) less its
+    record then — a cause new to a target counts from 0 if the target was there then."""
     e = duration.format(plan.evaluation_interval)
     if of is CostOf.CATEGORY:
-        mine = f'{TARGET_CATEGORY}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'
-        return f"sum without ({SLO_LABEL}) (clamp_min({mine} - last_over_time({mine}[5m] offset {e}), 0))"
+        return f'sum without ({SLO_LABEL}) ({TARGET_CATEGORY_INCREASE}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}})'
+    now = _fault_seconds(plan)
     there = f"last_over_time({TARGET_ACCELERATORS}[5m] offset {e})"  # the target was there: a new cause from 0
     then = (f"last_over_time({TARGET_CAUSE}[5m] offset {e})\n"
-            f"    or 0 * {TARGET_CAUSE} and ignoring ({CAUSE_LABEL}, {ACCELERATOR_LABEL}) {there}")
-    return f"clamp_min({TARGET_CAUSE} - (\n    {then}\n  ), 0)"
+            f"    or 0 * {now} and ignoring ({CAUSE_LABEL}, {ACCELERATOR_LABEL}) {there}")
+    return f"clamp_min({now} - (\n    {then}\n  ), 0)"
+
+
+def _fault_seconds(plan: Plan) -> str:
+    """Each target's fault seconds by cause, newest within two evaluations (as the badput's)."""
+    return f"last_over_time({cat.FAULT_TIME.name}[{duration.format(2 * plan.evaluation_interval)}])"
 
 
 def _gone(of: CostOf, plan: Plan) -> dict[str, tuple[str, str]]:

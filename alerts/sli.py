@@ -29,8 +29,8 @@ from nvrx_slo.alerts.conventions import (
     ON_JOB,
     RAN_RANKS,
     SLO_LABEL,
-    TARGET_BADPUT,
     TARGET_CATEGORY,
+    TARGET_CATEGORY_INCREASE,
     VANISHED_AT_RISK,
     evaluations,
     le_regex,
@@ -117,18 +117,22 @@ def _target_categories(selector: str, interval: int) -> str:
     deploy defaults (two 15 s scrapes, 1 m evaluations), and an instant selector stops at the
     staleness marker its sidecar's exit leaves, losing the job's last settlement; a range selector
     skips the marker. Two intervals, not one: a sample stamped just before an evaluation may be
-    stored just after it. By category, so the cost rules (alerts/cost.py) read the counters no
-    second time."""
+    stored just after it. By category: the cost rules (alerts/cost.py) price each category."""
     return f"sum without ({cat.RANK_LABEL}) (last_over_time({selector}[{duration.format(2 * interval)}]))"
 
 
-def _increase(record: str, interval: int) -> str:
-    """The job's sum of each target's increase of ``record`` since the evaluation ``interval`` ago:
-    its value then (up to 5m back, across a failed scrape) is its base. A target's sum, not each
-    counter: the counters are read once, by ``record``; a series new to a target counts from 0, and
-    a failed scrape loses nothing (the base is the last evaluation that read the target)."""
+def _increase(record: str, now: str, interval: int) -> str:
+    """Each target's increase, by category, since the evaluation ``interval`` ago: its sum ``now``
+    (``record``'s expression) less ``record`` then (up to 5m back, across a failed scrape), its
+    base. A target's sums, not each counter: the sidecar exports every category of every rank from
+    0, and a failed scrape loses nothing (the base is the last evaluation that read the target).
+    ``now`` is the expression, not ``record`` read back: vmalert writes what it records
+    asynchronously, so a rule reading a record of its own evaluation reads the one before
+    (read-after-write, docs/scaling.md), and the two terms would be the same sample; Prometheus
+    reads the same value either way. A record that only sums another (``BADPUT_INCREASE``) may read
+    it back: on vmalert it reads each increment one evaluation later, once."""
     then = f"last_over_time({record}[5m] offset {duration.format(interval)})"
-    return f"sum {BY_JOB} (clamp_min({record} - {then}, 0))"
+    return f"clamp_min({now} - ignoring ({SLO_LABEL}) {then}, 0)"
 
 
 def _ran_ranks(hold: int) -> str:
@@ -182,11 +186,11 @@ def _efficiency(plan: Plan) -> Sli:
     records = ((RAN_RANKS, _ran_ranks(hold)), (ABSENT_RANKS, _absent_ranks(hold)),
                (VANISHED_AT_RISK, _vanished(cat.WORK_AT_RISK.name, hold, e)),
                (TARGET_CATEGORY, _target_categories(badput, e)),
-               (TARGET_BADPUT, f"sum without (category) ({TARGET_CATEGORY})"),
-               (BADPUT_INCREASE, _increase(TARGET_BADPUT, e)))
+               (TARGET_CATEGORY_INCREASE, _increase(TARGET_CATEGORY, _target_categories(badput, e), e)),
+               (BADPUT_INCREASE, f"sum {BY_JOB} ({TARGET_CATEGORY_INCREASE})"))
 
     def bad(w: str) -> str:
-        every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), plan)
+        every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), plan, own=True)
 
         def ranks(record: str) -> str:  # its samples as ranks for one evaluation each
             return f"sum {BY_JOB} (sum_over_time({record}[{w}])) / {every}"
