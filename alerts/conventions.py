@@ -105,16 +105,11 @@ def evaluations(slo: str, window: int, plan: Plan, *, own: bool = False) -> str:
         newest = f"scalar(max(timestamp({selector})) or vector(time()))"
         floor += f" - (time() - {newest}) / {plan.evaluation_interval}"
     return f"scalar(clamp_min(max({counted}), {floor}))"
-# Ranks the job's pods ran a shortest window ago, which the absent ranks subtract and require.
-RAN_RANKS = f"{_LEVEL}:nvrx_pod_ranks:sum"
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
-# Each scrape target's badput rank-seconds by category, its ranks' counters summed (rule cost is per
-# series read: the counters are read by this rule and the next only).
+# Each scrape target's badput rank-seconds by category, its ranks' counters summed: the base the next
+# evaluation's increments subtract (each increment is its counters now less this record then).
 TARGET_CATEGORY = f"{_LEVEL}_pod_category:nvrx_badput_seconds_total:sum"
-# ... and since the evaluation before: each target's sums less their values then, so the
-# increments add up exactly, however bursty; the cost rules price them by category.
-TARGET_CATEGORY_INCREASE = f"{_LEVEL}_pod_category:nvrx_badput_seconds:increase"
 # The job's badput rank-seconds since the evaluation before: its targets' increments summed.
 BADPUT_INCREASE = f"{_LEVEL}:nvrx_badput_seconds:increase"
 # Rank-seconds of a pod's last ``nvrx_work_at_risk_seconds``, once, at the evaluation that sees its
@@ -254,13 +249,9 @@ class PriceSource(str, Enum):
     SPEC = "spec"  # the SLO spec's cost section: the pod's accelerator model, else its default
 
 
-# The spec's price of one accelerator-hour: by model (label ``accelerator``), and the default.
-SPEC_PRICE = "nvrx_slo:accelerator_price:hourly"
-SPEC_DEFAULT_PRICE = "nvrx_slo:accelerator_price_default:hourly"
-# Each scrape target's accelerators per rank (label ``accelerator``: the model), and what one of its
-# rank-hours costs (label ``price_source``); the job's most of each (what its absent ranks cost).
+# Each scrape target's accelerators per rank (label ``accelerator``: the model); the job's most
+# accelerators per rank and rank-hour price (label ``price_source``): what its absent ranks cost.
 TARGET_ACCELERATORS = f"{_LEVEL}_pod:nvrx_rank_accelerators:last"
-TARGET_RANK_PRICE = f"{_LEVEL}_pod:nvrx_rank_price:hourly"
 JOB_ACCELERATORS = f"{_LEVEL}:nvrx_rank_accelerators:max"
 JOB_RANK_PRICE = f"{_LEVEL}:nvrx_rank_price:hourly"
 # Each target's fault seconds by cause (newest samples).

@@ -1,8 +1,11 @@
 """What badput costs: accelerator-hours and money per job, per category and per cause, over the SLO
 windows (one generation step: ``cost_group``), and the efficiency error budget in both. The badput
-increments by category and the budget are the efficiency group's (``efficiency_rules``, recorded
-after its own records, which they read: a group reads its own records of this evaluation, another
-group's of this one or the one before).
+increments by category and the budget are the efficiency group's (``efficiency_rules``).
+
+Every rule reads what the pods export and the records of evaluations before its own, never a record
+of its own evaluation: vmalert writes what it records asynchronously, so such a read would give the
+evaluation before, or nothing (docs/scaling.md). An increment is therefore computed from the pods'
+counters now, less its record an evaluation ago, in each rule that needs it.
 
 Prices. Where OpenCost runs, a pod's accelerator-hour costs its node's ``node_gpu_hourly_cost``
 (joined to the pod through kube-state-metrics' ``kube_pod_info{node}``); elsewhere the spec's cost
@@ -10,15 +13,14 @@ section prices it, by the pod's accelerator model (``nvrx_rank_accelerators``' l
 default. Every cost series says which priced it (``price_source``); a pod that neither prices has
 accelerator-hours and no cost. Accelerator-seconds are rank-seconds × the pod's accelerators per rank.
 
-Counting, as the efficiency SLI counts its badput (``alerts/sli.py``), from its own per-target
-record by category: each scrape target's counters, newest samples within two evaluations, read
-once per evaluation; the job's increment is each target's increase since the evaluation before,
-priced at that target's price, so bursts add up exactly and add up to the SLI's badput. A fault
-cause a target has not reported before counts from 0 if the target was there the evaluation before
-(the sidecar exports only the causes it has seen). Rank-seconds no pod accounted are the
-efficiency group's records: the absent ranks (category ``absent``) and a vanished pod's work at
-risk (category ``lost``), both caused by a pod or node gone (``pod_lost``), priced at the job's
-highest rank-hour price and accelerators per rank.
+Counting, as the efficiency SLI counts its badput (``alerts/sli.py``): each scrape target's counters
+by category, newest samples within two evaluations, less the SLI's per-target record of them an
+evaluation ago; the job's increment is each target's, priced at that target's price, so bursts add
+up exactly and add up to the SLI's badput. A fault cause a target has not reported before counts
+from 0 if the target was there the evaluation before (the sidecar exports only the causes it has
+seen). Rank-seconds no pod accounted are the efficiency SLI's: the absent ranks (category
+``absent``) and a vanished pod's work at risk (category ``lost``), both caused by a pod or node gone
+(``pod_lost``), priced at the job's highest rank-hour price and accelerators per rank.
 
 Windows. Each increment is summed over each SLO window up to the first page pair's long window
 (the tile: 1h for a 30-day period) directly, a window just short of the window read so that an
@@ -32,11 +34,11 @@ period × the same, so it agrees with the budget the burn-rate alerts read, to t
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from nvrx_slo.alerts import duration
 from nvrx_slo.alerts.conventions import (
-    ABSENT_RANKS,
     ACCELERATOR_LABEL,
     BUDGET_ACCELERATOR_HOURS,
     BUDGET_COST,
@@ -48,15 +50,10 @@ from nvrx_slo.alerts.conventions import (
     ON_JOB,
     PRICE_SOURCE_LABEL,
     SLO_LABEL,
-    SPEC_DEFAULT_PRICE,
-    SPEC_PRICE,
     SPENT_ACCELERATOR_HOURS,
     SPENT_COST,
     TARGET_ACCELERATORS,
-    TARGET_CATEGORY_INCREASE,
     TARGET_CAUSE,
-    TARGET_RANK_PRICE,
-    VANISHED_AT_RISK,
     CostOf,
     PriceSource,
     cost_increase,
@@ -65,6 +62,7 @@ from nvrx_slo.alerts.conventions import (
     sli_total_record,
 )
 from nvrx_slo.alerts.plan import Plan
+from nvrx_slo.alerts.sli import absent_ranks, target_category_increase, vanished_at_risk
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
 from nvrx_slo.contracts import catalogue as cat
@@ -89,60 +87,72 @@ def _part(name: str, expr: str) -> str:
     return f'label_replace({expr}, "part", "{name}", "", "")'
 
 
-def _priced(spec: Spec) -> str:
-    """Each target's price of one accelerator-hour, with the source that priced it."""
-    accelerators = f"0 * {TARGET_ACCELERATORS}"
-    parts = [f"label_replace(\n  {accelerators}\n  + on (namespace, pod) group_left\n"
-             f"  max by (namespace, pod) ({POD_NODE} * on (node) group_left max by (node) ({OPENCOST_PRICE})),\n"
-             f'  "{PRICE_SOURCE_LABEL}", "{PriceSource.OPENCOST.value}", "", "")']
-    price = spec.price
-    if price is not None:
-        spec_parts = []
-        if price.by_model:
-            spec_parts.append(f"{accelerators} + on ({ACCELERATOR_LABEL}) group_left {SPEC_PRICE}")
-        if price.default is not None:
-            spec_parts.append(f"{accelerators} + on () group_left {SPEC_DEFAULT_PRICE}")
-        parts.append(f"label_replace(\n  {' or '.join(spec_parts)},\n"
-                     f'  "{PRICE_SOURCE_LABEL}", "{PriceSource.SPEC.value}", "", "")')
-    return f"\nor ignoring ({PRICE_SOURCE_LABEL})\n".join(parts)
+def _accelerators(plan: Plan) -> str:
+    """Each target's accelerators per rank (label ``accelerator``: the model), newest within two
+    evaluations (as the badput's counters are read)."""
+    return f"last_over_time({cat.RANK_ACCELERATORS.name}[{duration.format(2 * plan.evaluation_interval)}])"
 
 
-def _spec_prices(spec: Spec) -> list[Rule]:
+def _quoted(model: str) -> str:
+    """``model`` as a PromQL string that ``label_replace`` writes as it is (``$`` doubled)."""
+    return json.dumps(model.replace("$", "$$"))
+
+
+def _spec_price(spec: Spec, accelerators: str) -> str | None:
+    """The spec's price of one accelerator-hour of each target's model (``accelerators``' label),
+    else its default: literals, so no rule reads a record of the spec's prices back (``_pods``)."""
     price = spec.price
     if price is None:
-        return []
-    rules = [{"record": SPEC_PRICE, "expr": f"vector({value!r})", "labels": {ACCELERATOR_LABEL: model}}
-             for model, value in sorted(price.by_model.items())]
+        return None
+    parts = []
+    if price.by_model:
+        models = " or ".join(f'label_replace(vector({value!r}), "{ACCELERATOR_LABEL}", {_quoted(model)}, "", "")'
+                             for model, value in sorted(price.by_model.items()))
+        parts.append(f"0 * {accelerators} + on ({ACCELERATOR_LABEL}) group_left () ({models})")
     if price.default is not None:
-        rules.append({"record": SPEC_DEFAULT_PRICE, "expr": f"vector({price.default!r})"})
-    return rules
+        parts.append(f"0 * {accelerators} + on () group_left vector({price.default!r})")
+    return " or ".join(parts)
+
+
+def _rank_price(spec: Spec, plan: Plan) -> str:
+    """What one rank-hour of each target costs (its accelerators × one's price), with the source
+    that priced it (``price_source``): OpenCost's price of its node, else the spec's."""
+    accelerators = _accelerators(plan)
+    parts = [f"label_replace(\n  0 * {accelerators}\n  + on (namespace, pod) group_left\n"
+             f"  max by (namespace, pod) ({POD_NODE} * on (node) group_left max by (node) ({OPENCOST_PRICE})),\n"
+             f'  "{PRICE_SOURCE_LABEL}", "{PriceSource.OPENCOST.value}", "", "")']
+    spec_price = _spec_price(spec, accelerators)
+    if spec_price is not None:
+        parts.append(f"label_replace(\n  {spec_price},\n"
+                     f'  "{PRICE_SOURCE_LABEL}", "{PriceSource.SPEC.value}", "", "")')
+    price = f"\nor ignoring ({PRICE_SOURCE_LABEL})\n".join(parts)
+    return (f"sum without ({ACCELERATOR_LABEL}) (\n  {accelerators}\n"
+            f"  * ignoring ({PRICE_SOURCE_LABEL}) group_right ()\n  (\n{price}\n  )\n)")
 
 
 def _targets(spec: Spec, plan: Plan) -> list[Rule]:
-    """Each target's accelerators, price and fault seconds, read once per evaluation; the job's.
-    Its badput by category is the efficiency group's (``TARGET_CATEGORY_INCREASE``)."""
-    fresh = duration.format(2 * plan.evaluation_interval)
-    price = _priced(spec)
+    """Each target's accelerators and fault seconds (what the next evaluation's increments read as
+    the evaluation before), and the job's most accelerators per rank and rank-hour price (what its
+    absent ranks cost): each from the pods' series, none from another record of this evaluation."""
     return [
-        {"record": TARGET_ACCELERATORS, "expr": f"last_over_time({cat.RANK_ACCELERATORS.name}[{fresh}])"},
-        {"record": TARGET_RANK_PRICE,
-         "expr": f"sum without ({ACCELERATOR_LABEL}) (\n  {TARGET_ACCELERATORS}\n"
-                 f"  * ignoring ({PRICE_SOURCE_LABEL}) group_right ()\n  (\n{price}\n  )\n)"},
-        {"record": JOB_ACCELERATORS, "expr": f"max {_by()} ({TARGET_ACCELERATORS})"},
+        {"record": TARGET_ACCELERATORS, "expr": _accelerators(plan)},
+        {"record": JOB_ACCELERATORS, "expr": f"max {_by()} ({_accelerators(plan)})"},
         {"record": JOB_RANK_PRICE,
-         "expr": f"topk {_by()} (1, max {_by(PRICE_SOURCE_LABEL)} ({TARGET_RANK_PRICE}))"},
+         "expr": f"topk {_by()} (1, max {_by(PRICE_SOURCE_LABEL)} (\n{_rank_price(spec, plan)}\n))"},
         {"record": TARGET_CAUSE, "expr": _fault_seconds(plan)},
     ]
 
 
 def _pods(of: CostOf, plan: Plan) -> str:
-    """Each target's badput rank-seconds by ``of`` since the evaluation before: by category, the
-    efficiency group's increments; by cause, its fault seconds now (the counters, not
-    ``TARGET_CAUSE`` read back, which vmalert would give as of the evaluation before) less its
-    record then — a cause new to a target counts from 0 if the target was there then."""
-    e = duration.format(plan.evaluation_interval)
+    """Each target's badput rank-seconds by ``of`` since the evaluation before: its counters now less
+    its record then (by category: the efficiency SLI's increments, ``target_category_increase``; by
+    cause: its fault seconds, a cause new to a target counting from 0 if the target was there then).
+    Every term of this evaluation is an expression over the pods' series, never a record of it read
+    back: vmalert writes what it records asynchronously (docs/scaling.md), and an increment read
+    against a record of its own evaluation would lose or repeat a burst."""
     if of is CostOf.CATEGORY:
-        return f'sum without ({SLO_LABEL}) ({TARGET_CATEGORY_INCREASE}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}})'
+        return target_category_increase(plan)
+    e = duration.format(plan.evaluation_interval)
     now = _fault_seconds(plan)
     there = f"last_over_time({TARGET_ACCELERATORS}[5m] offset {e})"  # the target was there: a new cause from 0
     then = (f"last_over_time({TARGET_CAUSE}[5m] offset {e})\n"
@@ -156,26 +166,30 @@ def _fault_seconds(plan: Plan) -> str:
 
 
 def _gone(of: CostOf, plan: Plan) -> dict[str, tuple[str, str]]:
-    """The job's rank-seconds no pod accounted at this evaluation: ``of``'s label value, rank-seconds."""
-    e = plan.evaluation_interval
+    """The job's rank-seconds no pod accounted at this evaluation: ``of``'s label value, rank-seconds
+    (the efficiency SLI's absent ranks and vanished work at risk, as expressions: ``_pods``)."""
+    hold, e = plan.base, plan.evaluation_interval
+    absent, vanished = f"({absent_ranks(hold)}) * {e}", vanished_at_risk(hold, e)
     if of is CostOf.CATEGORY:
-        return {"absent": (cat.Category.ABSENT.value, f"{ABSENT_RANKS} * {e}"),
-                "vanished": (cat.Category.LOST.value, VANISHED_AT_RISK)}
+        return {"absent": (cat.Category.ABSENT.value, absent), "vanished": (cat.Category.LOST.value, vanished)}
     lost = cat.FaultCause.POD_LOST.value
-    return {"absent": (lost, f"{ABSENT_RANKS} * {e}"), "vanished": (lost, VANISHED_AT_RISK)}
+    return {"absent": (lost, absent), "vanished": (lost, vanished)}
 
 
-def _increase(of: CostOf, money: bool, plan: Plan) -> str:
-    """The job's badput accelerator-seconds (or money) by ``of`` since the evaluation before."""
+def _increase(of: CostOf, money: bool, spec: Spec, plan: Plan) -> str:
+    """The job's badput accelerator-seconds (or money) by ``of`` since the evaluation before. The
+    rank-seconds no pod accounted are priced at the job's most over the last shortest window and two
+    evaluations, as the evaluations before this one recorded it (a gone pod's last, a window ago)."""
     label = _by(_BY[of], *((PRICE_SOURCE_LABEL,) if money else ()))
-    recent = duration.format(plan.base + 2 * plan.evaluation_interval)  # a gone pod's last, a window ago
+    e = plan.evaluation_interval
+    recent = f"[{duration.format(plan.base + e)}] offset {duration.format(e)}"
     if money:
         pods = (f"{_pods(of, plan)}\n  * ignoring ({_BY[of]}, {PRICE_SOURCE_LABEL}) group_left ({PRICE_SOURCE_LABEL})"
-                f" {TARGET_RANK_PRICE} / 3600")
-        job = f"topk {_by()} (1, max_over_time({JOB_RANK_PRICE}[{recent}])) / 3600"
+                f" (\n{_rank_price(spec, plan)}\n  ) / 3600")
+        job = f"topk {_by()} (1, max_over_time({JOB_RANK_PRICE}{recent})) / 3600"
     else:
-        pods = f"{_pods(of, plan)}\n  * ignoring ({_BY[of]}, {ACCELERATOR_LABEL}) group_left {TARGET_ACCELERATORS}"
-        job = f"max_over_time({JOB_ACCELERATORS}[{recent}])"
+        pods = f"{_pods(of, plan)}\n  * ignoring ({_BY[of]}, {ACCELERATOR_LABEL}) group_left {_accelerators(plan)}"
+        job = f"max_over_time({JOB_ACCELERATORS}{recent})"
     parts = [_part("pods", pods)]
     for name, (value, seconds) in _gone(of, plan).items():
         tagged = f'label_replace({seconds}, "{_BY[of]}", "{value}", "", "")'
@@ -235,7 +249,8 @@ def _budget(spec: Spec, plan: Plan) -> list[Rule]:
 def efficiency_rules(spec: Spec, plan: Plan) -> list[tuple[Tier, Rule]]:
     """For the efficiency group, after its own rules (``generate.rule_groups``): the badput increments
     by category, and the error budget in accelerator-hours and money."""
-    increments = [{"record": cost_increase(CostOf.CATEGORY, money), "expr": _increase(CostOf.CATEGORY, money, plan)}
+    increments = [{"record": cost_increase(CostOf.CATEGORY, money),
+                   "expr": _increase(CostOf.CATEGORY, money, spec, plan)}
                   for money in (False, True)]
     return [*tiered(Tier.LOCAL, increments), *tiered(Tier.GLOBAL, _budget(spec, plan))]
 
@@ -245,9 +260,9 @@ def cost_group(spec: Spec, plan: Plan) -> Group:
     only the increments, the efficiency group's by category too (``Tier.GLOBAL``). The absent ranks
     and a vanished pod's work at risk come from the efficiency group's records of this evaluation or
     the one before."""
-    increments = [{"record": cost_increase(CostOf.CAUSE, money), "expr": _increase(CostOf.CAUSE, money, plan)}
+    increments = [{"record": cost_increase(CostOf.CAUSE, money), "expr": _increase(CostOf.CAUSE, money, spec, plan)}
                   for money in (False, True)]
     windows = [rule for of in CostOf for money in (False, True) for rule in _windows(of, money, plan)]
     return Group("nvrx-slo-cost", plan.evaluation_interval,
-                 (*tiered(Tier.LOCAL, [*_spec_prices(spec), *_targets(spec, plan), *increments]),
+                 (*tiered(Tier.LOCAL, [*_targets(spec, plan), *increments]),
                   *tiered(Tier.GLOBAL, windows)))
