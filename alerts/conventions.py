@@ -17,6 +17,7 @@ from typing import Any
 from nvrx_slo.alerts import duration
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.alerts.tiles import Agg, Tiled
 from nvrx_slo.contracts import catalogue
 
 JOB_LABELS: tuple[str, ...] = catalogue.IDENTITY_LABELS[:2]  # ("namespace", "job_name")
@@ -87,11 +88,25 @@ def over_period(signal: Signal, plan: Plan) -> str:
 EVALUATIONS = "global:nvrx_slo_evaluations:one"
 
 
-def evaluations(slo: str, window: int, plan: Plan, *, own: bool = False) -> str:
+def counter(slo: str) -> Tiled:
+    """``slo``'s evaluation counter, counted over windows longer than the tile (``alerts/tiles.py``)."""
+    return Tiled(f'{EVALUATIONS}{{{SLO_LABEL}="{slo}"}}', Agg.COUNT)
+
+
+def ranks(slo: str, plan: Plan) -> Tiled:
+    """A time SLI's rank count (its total record) as a window's most: what its ratios divide by, and
+    the efficiency SLI's error budget in accelerator-hours."""
+    return Tiled(f'{sli_total_record(plan.base)}{{{SLO_LABEL}="{slo}"}}', Agg.MAX)
+
+
+def evaluations(slo: str, window: int, plan: Plan, *, own: bool = False, span: int | None = None) -> str:
     """The evaluations of ``slo``'s group in ``window`` s, as a scalar: the samples the window holds,
     and never fewer than a full window's (rules younger than the window: the rest counts as 0). The
     most any Prometheus counted: a global ruler holds one counter per Prometheus that records the
     rates (each with its external labels), and ``scalar()`` of more than one is NaN.
+
+    ``span``: the window is one longer than the tile, and the counter is counted over these seconds
+    from its tiles (``counter``), as the samples the window divides are summed.
 
     ``own``: the window sums what its own group records, this evaluation included. Prometheus runs
     a group's rules in order, so this evaluation's samples are there; vmalert writes what it
@@ -99,12 +114,15 @@ def evaluations(slo: str, window: int, plan: Plan, *, own: bool = False) -> str:
     window holds that many fewer. The floor is then a full window's evaluations as of the newest
     counter sample read: Prometheus's floor where that sample is this evaluation's."""
     selector = f'{EVALUATIONS}{{{SLO_LABEL}="{slo}"}}'
-    counted = f"count_over_time({selector}[{duration.format(window)}])"
+    counted = (counter(slo).window(span, plan) if span is not None
+               else f"count_over_time({selector}[{duration.format(window)}])")
     floor = f"{plan.evaluations(window)}"
     if own:
         newest = f"scalar(max(timestamp({selector})) or vector(time()))"
         floor += f" - (time() - {newest}) / {plan.evaluation_interval}"
     return f"scalar(clamp_min(max({counted}), {floor}))"
+
+
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
 # Each scrape target's badput rank-seconds by category, its ranks' counters summed: the base the next

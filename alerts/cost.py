@@ -22,14 +22,13 @@ seen). Rank-seconds no pod accounted are the efficiency SLI's: the absent ranks 
 ``absent``) and a vanished pod's work at risk (category ``lost``), both caused by a pod or node gone
 (``pod_lost``), priced at the job's highest rank-hour price and accelerators per rank.
 
-Windows. Each increment is summed over each SLO window up to the first page pair's long window
-(the tile: 1h for a 30-day period) directly, a window just short of the window read so that an
-evaluation on its edge is read by one window only (``[a, b]`` before Prometheus 3.0, ``(a, b]``
-since); a longer window adds the tile records at tile-aligned instants (a subquery), so a 30-day
-window reads 720 samples of each series, not 43,200 — and ends at the last whole tile: it lags by
-up to a tile. The error budget over the period is (1 − target) × the job's most ranks in the
-period × its accelerators per rank × the period; what it spent, the SLI's error ratio over the
-period × the same, so it agrees with the budget the burn-rate alerts read, to the second.
+Windows. Each increment is summed over each SLO window up to the tile (the first page pair's long
+window: 1h for a 30-day period) directly, and over a longer one from its tiles (``alerts/tiles.py``),
+a window just short of the window read so that an evaluation on its edge is read by one window only
+(``[a, b]`` before Prometheus 3.0, ``(a, b]`` since). The error budget over the period is
+(1 − target) × the job's most ranks in the period × its accelerators per rank × the period; what it
+spent, the SLI's error ratio over the period × the same, so it agrees with the budget the burn-rate
+alerts read, to the second.
 """
 
 from __future__ import annotations
@@ -59,12 +58,13 @@ from nvrx_slo.alerts.conventions import (
     cost_increase,
     cost_over,
     error_ratio_record,
-    sli_total_record,
+    ranks,
 )
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.sli import absent_ranks, target_category_increase, vanished_at_risk
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
+from nvrx_slo.alerts.tiles import Agg, Tiled, just_under
 from nvrx_slo.contracts import catalogue as cat
 
 Rule = dict[str, Any]
@@ -72,11 +72,6 @@ Rule = dict[str, Any]
 OPENCOST_PRICE = "node_gpu_hourly_cost"  # OpenCost: what one GPU of the node costs an hour
 POD_NODE = "kube_pod_info"  # kube-state-metrics: the node each pod runs on
 _BY = {CostOf.CATEGORY: CATEGORY_LABEL, CostOf.CAUSE: CAUSE_LABEL}
-
-
-def _just_under(seconds: int) -> str:
-    """A range a millisecond short of ``seconds``: it holds the samples of exactly ``seconds``."""
-    return f"{duration.format(seconds - 1)}999ms" if seconds > 1 else "999ms"
 
 
 def _by(*labels: str) -> str:
@@ -199,46 +194,40 @@ def _increase(of: CostOf, money: bool, spec: Spec, plan: Plan) -> str:
 
 
 def _windows(of: CostOf, money: bool, plan: Plan) -> list[Rule]:
-    """The increments over every SLO window: directly up to the tile, in whole tiles beyond it."""
-    tile = plan.burn_windows[0].long
+    """The increments over every SLO window: directly up to the tile, from its tiles beyond it
+    (``alerts/tiles.py``), each window a millisecond short so an evaluation on its edge is read once."""
     per = "" if money else " / 3600"
-    rules = []
+    tiled = Tiled(cost_increase(of, money), Agg.SUM)
+    rules = tiled.rules(plan)
     for window in plan.windows:
-        if window <= tile:
-            expr = f"sum_over_time({cost_increase(of, money)}[{_just_under(window)}]){per}"
-        else:
-            expr = f"sum_over_time({cost_over(of, money, tile)}[{_just_under(window)}:{duration.format(tile)}])"
-        rules.append({"record": cost_over(of, money, window), "expr": expr})
+        summed = (f"sum_over_time({cost_increase(of, money)}[{just_under(window)}])" if window <= plan.tile
+                  else tiled.window(window, plan))
+        rules.append({"record": cost_over(of, money, window), "expr": f"{summed}{per}"})
     return rules
-
-
-def _most(selector: str, tile: int, period: int) -> str:
-    """The most ``selector`` was over the period: at each whole tile's end, and all through the last
-    tile (so a job younger than a tile has one) — a subquery of 720 points, not 43,200 samples."""
-    recent = _part("recent", f"max_over_time({selector}[{_just_under(tile)}])")
-    tiles = _part("tiles", f"max_over_time({selector}[{_just_under(period)}:{duration.format(tile)}])")
-    return f"max without (part) ({recent} or {tiles})"
 
 
 def _budget(spec: Spec, plan: Plan) -> list[Rule]:
     """The efficiency SLO's error budget over the period, in accelerator-hours and money, and what
     of it was spent: the SLI's own error ratio over the period in the same units, so spent over
-    budget is the burn rate and 1 − that the budget remaining the alerts read. Global: joined on
-    every label but their own (a global ruler's shards add theirs)."""
+    budget is the burn rate and 1 − that the budget remaining the alerts read. The job's most ranks
+    over the period is the one the SLI's ratio over the period divides by; its most accelerators
+    per rank and rank-hour price come from tiles too. Global: joined on every label but their own
+    (a global ruler's shards add theirs)."""
     budget = spec.objectives[Slo.EFFICIENCY].budget
-    tile, period = plan.burn_windows[0].long, plan.period
+    span = plan.period + plan.evaluation_interval  # as the SLI's ratios over long windows: alerts/rules.py
     mine = {SLO_LABEL: Slo.EFFICIENCY.value}
-    ranks = _most(f'{sli_total_record(plan.base)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}', tile, period)
-    rank_hours = f"{ranks} * {budget:g} * {period / 3600!r}"  # the budget as the burn rates divide by it
-    price = f"topk without ({PRICE_SOURCE_LABEL}) (1, {_most(JOB_RANK_PRICE, tile, period)})"
-    ratio = f'{error_ratio_record(period)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'
+    accelerators, price = Tiled(JOB_ACCELERATORS, Agg.MAX), Tiled(JOB_RANK_PRICE, Agg.MAX)
+    rank_hours = (f"{ranks(Slo.EFFICIENCY.value, plan).window(span, plan)}"
+                  f" * {budget:g} * {plan.period / 3600!r}")  # the budget as the burn rates divide by it
+    ratio = f'{error_ratio_record(plan.period)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'
     return [
+        *accelerators.rules(plan), *price.rules(plan),
         {"record": BUDGET_ACCELERATOR_HOURS,
-         "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}) group_left {_most(JOB_ACCELERATORS, tile, period)}",
+         "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}) group_left {accelerators.window(span, plan)}",
          "labels": mine},
         {"record": BUDGET_COST,
          "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}, {PRICE_SOURCE_LABEL}) group_left ({PRICE_SOURCE_LABEL})\n"
-                 f"{price}", "labels": mine},
+                 f"topk without ({PRICE_SOURCE_LABEL}) (1, {price.window(span, plan)})", "labels": mine},
         {"record": SPENT_ACCELERATOR_HOURS, "expr": f"{ratio} / {budget:g} * {BUDGET_ACCELERATOR_HOURS}",
          "labels": mine},
         {"record": SPENT_COST,
@@ -257,9 +246,7 @@ def efficiency_rules(spec: Spec, plan: Plan) -> list[tuple[Tier, Rule]]:
 
 def cost_group(spec: Spec, plan: Plan) -> Group:
     """The prices and the increments by cause read the pods' series (``Tier.LOCAL``); the windows
-    only the increments, the efficiency group's by category too (``Tier.GLOBAL``). The absent ranks
-    and a vanished pod's work at risk come from the efficiency group's records of this evaluation or
-    the one before."""
+    only the increments, the efficiency group's by category too (``Tier.GLOBAL``)."""
     increments = [{"record": cost_increase(CostOf.CAUSE, money), "expr": _increase(CostOf.CAUSE, money, spec, plan)}
                   for money in (False, True)]
     windows = [rule for of in CostOf for money in (False, True) for rule in _windows(of, money, plan)]
