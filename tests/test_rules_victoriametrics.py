@@ -39,6 +39,7 @@ from nvrx_slo.alerts.conventions import (
     CAUSE_LABEL,
     ERROR_BUDGET_REMAINING,
     EVALUATIONS,
+    VANISHED_AT_RISK,
     Alert,
     CostOf,
     Signal,
@@ -49,7 +50,14 @@ from nvrx_slo.alerts.conventions import (
     sli_bad_record,
     sli_total_record,
 )
-from nvrx_slo.contracts.catalogue import BADPUT_CATEGORIES, TIME
+from nvrx_slo.contracts.catalogue import (
+    BADPUT_CATEGORIES,
+    FAULT_TIME,
+    RANK_ACCELERATORS,
+    TIME,
+    Category,
+    FaultCause,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
 
@@ -128,17 +136,36 @@ def test_the_budget_and_the_burn_rates_agree_with_prometheus(vm: Fleet) -> None:
 def test_badput_by_category_and_by_cause_costs_what_prometheus_records(vm: Fleet) -> None:
     """The cost rules' increments, accelerator-seconds, each label value summed over the run. Their
     fault seconds and badput are each target's counters now less its record an evaluation ago: read
-    back from vmalert's own evaluation, both terms would be one sample and every increment 0."""
+    back from vmalert's own evaluation, an increment loses or repeats a burst. So on VictoriaMetrics
+    they add up exactly to what the pods' counters say, × the accelerators per rank, besides what no
+    pod accounted (the absent ranks, a vanished pod's work at risk: ``pod_lost``), as the SLI's
+    increments do; and each label value agrees with Prometheus's within one evaluation of work."""
     _, work = _work(vm)
+    url = vm.vm["one"]
+    per_rank = _one(url, f"max(max_over_time({RANK_ACCELERATORS.name}[1h]))")
+    absent = _one(url, f"sum_over_time({ABSENT_RANKS}[1h])") * vm.vm_spec.evaluation_interval
+    vanished = _one(url, f"sum(sum_over_time({VANISHED_AT_RISK}[1h])) or vector(0)")
+    badput = "|".join(c.value for c in BADPUT_CATEGORIES)
+    # what the pods' counters hold (a vanished pod's work at risk is lost, with its own lost seconds),
+    # and the label value of what no pod accounted
+    pods = {CostOf.CATEGORY: (f'{TIME.name}{{category=~"{badput}"}}', vanished, Category.ABSENT.value, absent),
+            CostOf.CAUSE: (FAULT_TIME.name, 0.0, FaultCause.POD_LOST.value, absent + vanished)}
     for of, label in ((CostOf.CATEGORY, CATEGORY_LABEL), (CostOf.CAUSE, CAUSE_LABEL)):
         expr = f"sum by ({label}) (sum_over_time({cost_increase(of, False)}[1h]))"
         got = {n: {r["metric"][label]: float(r["value"][1]) for r in query(vm.vm[n], expr)}
                for n in ("reference", "one")}
-        print(f"\naccelerator-seconds by {label}: {got}")
+        counters, more, gone, unaccounted = pods[of]
+        held = _one(url, f"sum(last_over_time({counters}[1h]))")
+        print(f"\naccelerator-seconds by {label}: {got}; VictoriaMetrics: counters {held:.2f} and {more:.2f} rank-s, "
+              f"{gone} {unaccounted:.2f} rank-s, {per_rank:g} accelerators per rank")
         assert sum(got["reference"].values()) > work, got  # the node loss and the restarts cost something
-        assert set(got["one"]) == set(got["reference"]), got
+        victoria = got["one"]
+        accounted = sum(v for k, v in victoria.items() if k != gone)
+        assert accounted == pytest.approx(per_rank * (held + more), abs=0.01), (of, accounted, held + more)
+        assert victoria.get(gone, 0.0) == pytest.approx(per_rank * unaccounted, abs=0.01), (of, gone)
+        assert set(victoria) == set(got["reference"]), got
         for value, seconds in got["reference"].items():
-            assert abs(got["one"][value] - seconds) <= work, (label, value, got)
+            assert abs(victoria[value] - seconds) <= work, (label, value, got)
 
 
 def test_the_node_loss_pages_from_both_victoriametrics_tiers_through_alertmanager(vm: Fleet) -> None:
