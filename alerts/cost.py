@@ -1,6 +1,6 @@
 """What badput costs: accelerator-hours and money per job, per category and per cause, over the SLO
-windows (one generation step: ``cost_group``), and the efficiency error budget in both. The badput
-increments by category and the budget are the efficiency group's (``efficiency_rules``).
+windows (one generation step: ``cost_group``), and the efficiency error budget in both. The
+increments and the budget are the efficiency group's (``efficiency_rules``).
 
 Every rule reads what the pods export and the records of evaluations before its own, never a record
 of its own evaluation: vmalert writes what it records asynchronously, so such a read would give the
@@ -126,15 +126,14 @@ def _rank_price(spec: Spec, plan: Plan) -> str:
 
 
 def _targets(spec: Spec, plan: Plan) -> list[Rule]:
-    """Each target's accelerators and fault seconds (what the next evaluation's increments read as
-    the evaluation before), and the job's most accelerators per rank and rank-hour price (what its
-    absent ranks cost): each from the pods' series, none from another record of this evaluation."""
+    """Each target's accelerators (which targets were there, for the next evaluation's increments),
+    and the job's most accelerators per rank and rank-hour price (what its absent ranks cost): each
+    from the pods' series, none from another record of this evaluation."""
     return [
         {"record": TARGET_ACCELERATORS, "expr": _accelerators(plan)},
         {"record": JOB_ACCELERATORS, "expr": f"max {_by()} ({_accelerators(plan)})"},
         {"record": JOB_RANK_PRICE,
          "expr": f"topk {_by()} (1, max {_by(PRICE_SOURCE_LABEL)} (\n{_rank_price(spec, plan)}\n))"},
-        {"record": TARGET_CAUSE, "expr": _fault_seconds(plan)},
     ]
 
 
@@ -236,20 +235,21 @@ def _budget(spec: Spec, plan: Plan) -> list[Rule]:
 
 
 def efficiency_rules(spec: Spec, plan: Plan) -> list[tuple[Tier, Rule]]:
-    """For the efficiency group, after its own rules (``generate.rule_groups``): the badput increments
-    by category, and the error budget in accelerator-hours and money."""
-    increments = [{"record": cost_increase(CostOf.CATEGORY, money),
-                   "expr": _increase(CostOf.CATEGORY, money, spec, plan)}
-                  for money in (False, True)]
-    return [*tiered(Tier.LOCAL, increments), *tiered(Tier.GLOBAL, _budget(spec, plan))]
+    """For the efficiency group, after its own rules (``generate.rule_groups``): each target's fault
+    seconds by cause (the next evaluation's base: an increment is its counters less the record its
+    own group made an evaluation ago, so the increments add up), the badput increments by category
+    and by cause, and the error budget in accelerator-hours and money. In the group whose instants
+    the SLI's absent ranks are recorded at, so ``absent`` and ``pod_lost`` count the evaluations the
+    SLI counts (each rule computes them, at its group's instants)."""
+    increments = [{"record": cost_increase(of, money), "expr": _increase(of, money, spec, plan)}
+                  for of in CostOf for money in (False, True)]
+    causes = {"record": TARGET_CAUSE, "expr": _fault_seconds(plan)}
+    return [*tiered(Tier.LOCAL, [causes, *increments]), *tiered(Tier.GLOBAL, _budget(spec, plan))]
 
 
 def cost_group(spec: Spec, plan: Plan) -> Group:
-    """The prices and the increments by cause read the pods' series (``Tier.LOCAL``); the windows
-    only the increments, the efficiency group's by category too (``Tier.GLOBAL``)."""
-    increments = [{"record": cost_increase(CostOf.CAUSE, money), "expr": _increase(CostOf.CAUSE, money, spec, plan)}
-                  for money in (False, True)]
+    """Each target's accelerators and fault seconds and the job's most accelerators and price read the
+    pods' series (``Tier.LOCAL``); the windows only the efficiency group's increments (``Tier.GLOBAL``)."""
     windows = [rule for of in CostOf for money in (False, True) for rule in _windows(of, money, plan)]
     return Group("nvrx-slo-cost", plan.evaluation_interval,
-                 (*tiered(Tier.LOCAL, [*_targets(spec, plan), *increments]),
-                  *tiered(Tier.GLOBAL, windows)))
+                 (*tiered(Tier.LOCAL, _targets(spec, plan)), *tiered(Tier.GLOBAL, windows)))

@@ -26,12 +26,14 @@ side, is the figure that travels.
 With ``--tiers``, the two tiers of the sharded rules instead (docs/scaling.md), each in its own
 Prometheus: the local file over the pods' series as above (a shard's cost, extrapolated to
 ``--shard-pods``, its share of the fleet), and the global file over the job-level records the local
-tier sends it, one series per job and record, backfilled over ``--days`` (the SLO period: the global
-tier's windows reach back that far, and its cost is in the samples they read), extrapolated linearly
-in the jobs through ``--jobs`` to ``--fleet-pods`` / ``--pods-per-job`` jobs.
+tier sends it and the records of its own that it reads back (the tiles and their partials), one
+series per job and record, backfilled over ``--days`` (the SLO period: the global tier's windows
+reach back that far, and its cost is in the samples they read) in blocks of ``--block-hours`` (as a
+Prometheus keeping the period compacts them), extrapolated linearly in the jobs through ``--jobs``
+to ``--fleet-pods`` / ``--pods-per-job`` jobs; the global file side by side with ``--before``'s.
 
 Usage: .venv/bin/python bench/bench_rules.py [--pods 4 16] [--before REV]
-       .venv/bin/python bench/bench_rules.py --tiers [--shard-pods 1000] [--fleet-pods 10000] [--jobs 2 6]
+       .venv/bin/python bench/bench_rules.py --tiers --before REV [--shard-pods 1000] [--fleet-pods 10000] [--jobs 2 6]
 Target (issues 12, 33): <= 5 s of rule evaluation per 60 s interval at 1,000 pods x 8 ranks, and per
 ruler (each local ruler at its share, the global ruler) at 10,000 pods x 8 ranks.
 """
@@ -62,6 +64,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import synthetic_journal
 from fleet import groups as rule_groups
 from fleet import reads
+from nvrx_slo.alerts import spec
+from nvrx_slo.alerts.plan import Plan
+from nvrx_slo.alerts.tiles import is_tile
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.identity import Identity
 from nvrx_slo.exporter.ingest.tail import JournalTail
@@ -121,28 +126,32 @@ def write_openmetrics(path: Path, series: list[tuple[str, dict[str, str], float,
 
 
 def job_series(local_text: str, global_text: str) -> list[tuple[str, dict[str, str], bool]]:
-    """(record, labels, one per job) of every record the global file reads, as the local file records it."""
+    """(record, labels, one per job) of every record the global file reads: as the local file records
+    it, and as the global file itself records what it reads of its own evaluations before (the
+    tiles and their partials, ``alerts/tiles.py``)."""
     wanted = {n for rules in rule_groups(global_text).values() for r in rules for n in reads(r)}
     out = {}
-    for rules in rule_groups(local_text).values():
-        for r in rules:
-            if r.get("record") in wanted:
-                labels = dict(r.get("labels", {}))
-                out[(r["record"], tuple(sorted(labels.items())))] = (r["record"], labels, r["record"].startswith(
-                    "namespace_job_name:"))
+    for text in (local_text, global_text):
+        for rules in rule_groups(text).values():
+            for r in rules:
+                if r.get("record") in wanted:
+                    labels = dict(r.get("labels", {}))
+                    out[(r["record"], tuple(sorted(labels.items())))] = (r["record"], labels, r["record"].startswith(
+                        "namespace_job_name:"))
     return list(out.values())
 
 
 def write_job_openmetrics(path: Path, series: list[tuple[str, dict[str, str], bool]], jobs: int, days: float,
-                          step_s: int) -> int:
-    """The local tier's job-level records of ``jobs`` jobs (and its evaluation counters) over the last
-    ``days``, one sample per ``step_s`` (its evaluation interval), values varying as rates do, so the
-    chunks compress as real ones; returns the number of samples written."""
+                          step_s: int, plan: Plan) -> int:
+    """The job-level records of ``jobs`` jobs (and the evaluation counters) over the last ``days``, one
+    sample per ``step_s`` (the evaluation interval; a tile, one per tile), values varying as rates
+    do, so the chunks compress as real ones; returns the number of samples written."""
     end = int(time.time()) - 60
-    times = list(range(end - int(days * 86400), end + 1, step_s))
     n = 0
     with path.open("w") as f:
         for name in dict.fromkeys(s[0] for s in series):
+            every = plan.tile if is_tile(name, plan) else step_s
+            times = [t for t in range(end - int(days * 86400), end + 1, step_s) if t % every < step_s]
             f.write(f"# TYPE {name} unknown\n")
             for sname, labels, per_job in series:
                 for job in range(jobs) if per_job else [None]:
@@ -231,7 +240,7 @@ Costs = dict[str, dict[int, list[float]]]
 
 
 def measure_over(texts: dict[str, str], counts: list[int], write: Callable[[Path, int], int],
-                 args: argparse.Namespace, *flags: str) -> tuple[Costs, Costs]:
+                 args: argparse.Namespace, *flags: str, block: str = "2h") -> tuple[Costs, Costs]:
     """Each rule file's evaluation seconds per 60 s, and its Prometheus's CPU seconds per 60 s, over
     the data ``write`` backfills for each count (of pods or jobs), the files alternating twice."""
     cost: Costs = {name: {} for name in texts}
@@ -241,8 +250,8 @@ def measure_over(texts: dict[str, str], counts: list[int], write: Callable[[Path
             work = Path(tmp)
             t0 = time.monotonic()
             samples = write(work / "in.om", count)
-            subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(work / "in.om"),
-                            str(work / "blocks")], check=True)
+            subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q",
+                            f"--max-block-duration={block}", str(work / "in.om"), str(work / "blocks")], check=True)
             (work / "in.om").unlink()
             print(f"{count}: {samples:,} samples, backfilled in {time.monotonic() - t0:.0f} s")
             for _ in range(2):  # alternating: a noisy stretch weighs on both
@@ -260,28 +269,42 @@ def measure_over(texts: dict[str, str], counts: list[int], write: Callable[[Path
 
 
 def tiers(args: argparse.Namespace, series: list[tuple[str, dict[str, str], float, bool]]) -> None:
-    """Each tier in its own Prometheus: a local ruler at its share of the fleet, the global ruler at all of it."""
+    """Each tier in its own Prometheus: a local ruler at its share of the fleet, the global ruler at all
+    of it, the global file side by side with ``--before``'s."""
     local = (ROOT / "alerts/generated/sharded/local.yaml").read_text()
-    global_ = (ROOT / "alerts/generated/sharded/global.yaml").read_text()
-    records = job_series(local, global_)
+    globals_ = {"now": (ROOT / "alerts/generated/sharded/global.yaml").read_text(),
+                "before": _at(args.before, "alerts/generated/sharded/global.yaml")}
+    before_local = _at(args.before, "alerts/generated/sharded/local.yaml")
+    records = list({(r[0], tuple(sorted(r[1].items()))): r for r in job_series(local, globals_["now"])
+                    + job_series(before_local, globals_["before"])}.values())
     step = int(min(group_intervals_s(local).values()))
     print(f"local tier: {len(series)} series per pod of {args.ranks} ranks; global tier: {len(records)} job-level "
-          f"records, {sum(r[2] for r in records)} of them per job, over {args.days:g} days at {step} s")
+          f"records, {sum(r[2] for r in records)} of them per job, over {args.days:g} days at {step} s, in "
+          f"{args.block_hours:g} h blocks")
     local_cost, local_cpu = measure_over({"local": local}, args.pods, lambda path, pods: write_openmetrics(
         path, series, pods, args.pods_per_job, args.hours, args.scrape), args)
-    # the backfilled 2 h blocks stay as they are: compacting them would take the CPU being measured
-    global_cost, global_cpu = measure_over({"global": global_}, args.jobs, lambda path, jobs: write_job_openmetrics(
-        path, records, jobs, args.days, step), args, "--storage.tsdb.max-block-duration=2h")
+    # the backfilled blocks stay as they are: compacting them would take the CPU being measured
+    block = f"{args.block_hours:g}h"
+    global_cost, global_cpu = measure_over(globals_, args.jobs, lambda path, jobs: write_job_openmetrics(
+        path, records, jobs, args.days, step, spec.load().plan()), args, f"--storage.tsdb.max-block-duration={block}",
+        block=block)
     print("load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     jobs = args.fleet_pods // args.pods_per_job
     shards = -(-args.fleet_pods // args.shard_pods)
-    for name, cost, cpu, scale, what in (("local", local_cost, local_cpu, args.shard_pods, "pods (one of "
-                                          f"{shards} shards)"), ("global", global_cost, global_cpu, jobs, "jobs")):
-        at = at_scale(cost[name], scale)
-        line = ", ".join(f"{n}: {min(c):.3f}–{max(c):.3f} s" for n, c in sorted(cost[name].items()))
+    for name, cost, cpu, scale, what in (
+            ("local", local_cost["local"], local_cpu["local"], args.shard_pods, f"pods (one of {shards} shards)"),
+            *((f"global ({n})", global_cost[n], global_cpu[n], jobs, "jobs") for n in globals_)):
+        at = at_scale(cost, scale)
+        line = ", ".join(f"{n}: {min(c):.3f}–{max(c):.3f} s" for n, c in sorted(cost.items()))
         print(f"{name} ruler, evaluation per 60 s: {line}; at {scale} {what}, {args.fleet_pods} pods x {args.ranks} "
               f"ranks in all: {at:.2f} s (target <= {TARGET_S:g} s: {'met' if at <= TARGET_S else 'NOT met'}); "
-              f"CPU {at_scale(cpu[name], scale):.2f} s")
+              f"CPU {at_scale(cpu, scale):.2f} s")
+    ratio, cpu_ratio = (at_scale(c["now"], jobs) / at_scale(c["before"], jobs) for c in (global_cost, global_cpu))
+    print(f"global now / before at {jobs} jobs: {ratio:.2f} (CPU: {cpu_ratio:.2f})")
+
+
+def _at(rev: str, path: str) -> str:
+    return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
 
 
 def main() -> None:
@@ -302,6 +325,8 @@ def main() -> None:
     p.add_argument("--jobs", type=int, nargs="+", default=[2, 6], help="--tiers: job counts the global tier is "
                    "measured at")
     p.add_argument("--days", type=float, default=30.0, help="--tiers: days of job-level records (the SLO period)")
+    p.add_argument("--block-hours", type=float, default=54.0, help="--tiers: the global tier's TSDB blocks (54: "
+                   "what Prometheus compacts a 30-day retention into, at most 10%% of it; 2: none compacted)")
     args = p.parse_args()
     series = pod_series(args.ranks)
     print("load average at the start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
@@ -309,8 +334,7 @@ def main() -> None:
         tiers(args, series)
         return
     texts = {"now": (ROOT / "alerts/generated/rules.yaml").read_text(),
-             "before": subprocess.run(["git", "show", f"{args.before}:alerts/generated/rules.yaml"], cwd=ROOT,
-                                      check=True, capture_output=True, text=True).stdout}
+             "before": _at(args.before, "alerts/generated/rules.yaml")}
     cost, cpu = measure_over(texts, args.pods, lambda path, pods: write_openmetrics(
         path, series, pods, args.pods_per_job, args.hours, args.scrape), args)
     print("load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
