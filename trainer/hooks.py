@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 from nvrx_slo.contracts.schema import EventType, StepTimerKind
 from nvrx_slo.trainer import cuda_timing, launch_env
 from nvrx_slo.trainer.cuda_timing import CudaStepTimer, DeviceEvent
-from nvrx_slo.trainer.journal import Journal, open_journal
+from nvrx_slo.trainer.journal import Journal, open_journal, process_start_mono
 from nvrx_slo.trainer.saves import CheckpointSave, CheckpointWait, SaveWait, Waits, observe_queue
 
 __all__ = ["TIMINGS", "CheckpointSave", "CheckpointWait", "Hooks", "Restored", "StepTimer"]
@@ -270,9 +270,12 @@ class Hooks:
         if timing not in TIMINGS:
             raise ValueError(f"timing must be one of {', '.join(TIMINGS)}; got {timing!r}")
         hooks = cls(open_journal(journal_dir))
-        hooks.journal.emit(EventType.PROCESS_START, world_size=world_size,
-                           local_world_size=launch_env.local_world_size(os.environ),
-                           max_restarts=launch_env.max_restarts(os.environ))
+        # dated when the kernel started the process: its imports and set-up before the hooks are
+        # its init too (a worker under torchrun or srun holds its accelerator from its start)
+        started = process_start_mono()
+        hooks.journal.emit_first(EventType.PROCESS_START, _monotonic() if started is None else started,
+                                 world_size=world_size, local_world_size=launch_env.local_world_size(os.environ),
+                                 max_restarts=launch_env.max_restarts(os.environ))
         if hooks.journal.enabled:
             hooks._step = _Undecided(hooks, timing)
             atexit.register(hooks._exited, os.getpid())
