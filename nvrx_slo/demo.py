@@ -1,7 +1,7 @@
 """``nvrx-slo demo``: the reference job with the real sidecar beside it, ending in the SLO report.
 
 With ``--pods N`` the job runs as N pods, each a launcher with its own journal and sidecar, and
-the report is the job's: every pod's sidecar accounting, added up by ``exporter/engine/job.py``.
+the report is the job's: every pod's sidecar accounting, added up by ``exporter/offline/rollup.py``.
 
 It spans the rooms, so it lives here rather than in ``trainer/`` (which may not import the
 exporter) or ``exporter/`` (which may not import torch): the job is
@@ -26,10 +26,9 @@ from pathlib import Path
 from nvrx_slo.contracts import pod_env
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter import state_store
-from nvrx_slo.exporter.engine import job as job_view
 from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S, Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
-from nvrx_slo.exporter.offline import progress, report
+from nvrx_slo.exporter.offline import progress, report, rollup
 from nvrx_slo.exporter.offline.replay import Replay
 from nvrx_slo.exporter.views import slo_report
 from nvrx_slo.trainer.reference import demo as job
@@ -251,7 +250,7 @@ def main(argv: list[str], targets: Targets) -> int:
             print(f"{snap.pod}: {len(snap.ranks)} rank(s), efficiency {eff}, {state}")
         print()
         gone = {snap.pod for snap, d in zip(snapshots, sidecars, strict=True) if d in lost_at}
-        print(slo_report.render(job_view.job_snapshot(snapshots, lost=gone), targets), end="")
+        print(slo_report.render(rollup.job_snapshot(snapshots, lost=gone), targets), end="")
         html_report = report.write(list(sidecars), run_dir / "report.html", targets)
         print(f"\nHTML report of the job, every pod's lanes: {html_report}")
     if result.returncode != 0:

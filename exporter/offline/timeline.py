@@ -181,7 +181,7 @@ def compose(pods: Sequence[tuple[str, TimelineBuilder]], restarts: Sequence[Rest
     """One timeline over ``(pod, builder)`` pairs on one time axis (a job's pods, each with its own
     engine; one pod named "" for a pod's own report). A rank run by two pods (a lost node's and its
     replacement's) gets a lane per pod, in the order given. ``restarts`` and ``checkpoints``: the
-    job's, each pod's shares already merged (``exporter/engine/job.py``), one marker each."""
+    job's, each pod's shares already merged (``exporter/offline/rollup.py``), one marker each."""
     lo = min([b._lo for _, b in pods] + [r.start_wall for r in restarts])
     hi = max([b._hi for _, b in pods] + [r.end_wall for r in restarts])
     if lo > hi:  # nothing at all
