@@ -21,7 +21,7 @@ from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.events import as_event
 from nvrx_slo.exporter.offline import report
 from nvrx_slo.exporter.offline.replay import Replay
-from nvrx_slo.exporter.offline.timeline import TimelineBuilder
+from nvrx_slo.exporter.offline.timeline_builder import TimelineBuilder
 from nvrx_slo.exporter.views.timeline import LOST, STEP, UNPROTECTED
 from snapshot_fixtures import TARGETS
 

@@ -30,7 +30,7 @@ from nvrx_slo.exporter.engine.engine import History
 from nvrx_slo.exporter.engine.snapshot import RestartRecord, Snapshot
 from nvrx_slo.exporter.offline import rollup
 from nvrx_slo.exporter.offline.replay import EmptyJournal, Replay
-from nvrx_slo.exporter.offline.timeline import TimelineBuilder, compose
+from nvrx_slo.exporter.offline.timeline_builder import TimelineBuilder, compose
 from nvrx_slo.exporter.views import cost, slo_report, status_page, timeline
 from nvrx_slo.exporter.views.timeline import RestartBand
 from nvrx_slo.exporter.views.view import View
