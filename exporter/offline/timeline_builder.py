@@ -159,12 +159,6 @@ class TimelineBuilder:
         """Finish: mark each step as the engine decided, merge spans to the pixel, cap lanes and markers."""
         return compose([("", self)], restarts, checkpoints)
 
-    def step_kinds(self, rank: int) -> list[tuple[float, int, str]]:
-        """``(end mono, step, kind)`` of each step of ``rank``, oldest first: what its lane draws."""
-        data = self._ranks[rank]
-        kinds = _kinds(data)
-        return sorted((m, n, k) for m, n, k in zip(data.step_mono, data.step_no, kinds, strict=True) if k is not None)
-
     @staticmethod
     def _lane(rank: int, data: _RankData, lo: float, resolution: float, pod: str) -> Row:
         kinds = _kinds(data)
