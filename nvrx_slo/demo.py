@@ -5,7 +5,7 @@ the report is the job's: every pod's sidecar accounting, added up by ``exporter/
 
 It spans the rooms, so it lives here rather than in ``trainer/`` (which may not import the
 exporter) or ``exporter/`` (which may not import torch): the job is
-``nvrx_slo.trainer.reference.demo.run_demo``, the sidecar is the ``nvrx-slo sidecar`` process a pod
+``nvrx_slo.trainer.reference.harness.run_demo``, the sidecar is the ``nvrx-slo sidecar`` process a pod
 would run, and what is printed at the end is the sidecar's own SLO report (written on SIGTERM, as in
 a pod) plus an HTML report with a timeline.
 """
@@ -31,7 +31,7 @@ from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.offline import progress, report, rollup
 from nvrx_slo.exporter.offline.replay import Replay
 from nvrx_slo.exporter.views import slo_report
-from nvrx_slo.trainer.reference import demo as job
+from nvrx_slo.trainer.reference import harness
 
 _SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")
 LOSS_STEP = 15  # --node-loss: the step the lost pod's rank reaches before its node goes
@@ -50,7 +50,7 @@ class _Sidecar:
         self.log_path = run_dir / "sidecar.log"
         self.final_scrape_s = final_scrape_s
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-        env.update({pod_env.JOB: job.JOB_NAME, **({pod_env.POD: pod} if pod else {})})  # the Downward API's
+        env.update({pod_env.JOB: harness.JOB_NAME, **({pod_env.POD: pod} if pod else {})})  # the Downward API's
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir), "--host", "127.0.0.1",
@@ -120,14 +120,20 @@ def _replayed(journal_dir: Path, at: tuple[float, float], reorder_window_s: floa
     return replay.view(at).snapshot
 
 
+def _accepted(journal_dir: Path) -> int:
+    """The journal records a sidecar accepts from ``journal_dir``: it has read them all once it says so."""
+    with Replay(journal_dir) as replay:
+        replay.poll()
+    return 0 if replay.newest is None else replay.view().snapshot.events_accepted
+
+
 def _stop_all(sidecars: dict[Path, _Sidecar]) -> dict[Path, str | None]:
     """Stop every sidecar, whatever the job did; each one's report, or None where it wrote none
     (said on stderr): one that cannot report never leaves the next one running."""
     reports: dict[Path, str | None] = {}
     for journal_dir, sidecar in sidecars.items():
-        records = len(job.read_journal(journal_dir)) if journal_dir.exists() else 0
         try:
-            reports[journal_dir] = sidecar.stop(records)
+            reports[journal_dir] = sidecar.stop(_accepted(journal_dir))
         except RuntimeError as exc:
             print(f"nvrx-slo demo: {exc}", file=sys.stderr)
             reports[journal_dir] = None
@@ -148,7 +154,7 @@ def main(argv: list[str], targets: Targets) -> int:
                         help="a fresh directory for the journal, checkpoints, logs and reports "
                              "(default: runs/demo-<time>)")
     parser.add_argument("--steps", type=_positive, help="training steps (default: 50 on CPU, 1500 on GPUs)")
-    parser.add_argument("--size", choices=tuple(job.SIZES),
+    parser.add_argument("--size", choices=tuple(harness.SIZES),
                         help="the model: tiny (the CPU default), small, large (118 M parameters: the GPU default)")
     parser.add_argument("--save-every", type=_positive, metavar="N",
                         help="a checkpoint every N steps (default: 10 on CPU, 500 on GPUs)")
@@ -182,10 +188,10 @@ def main(argv: list[str], targets: Targets) -> int:
     if not 0 <= args.reorder_window <= 60:
         parser.error(f"--reorder-window must be from 0 to 60 seconds, not {args.reorder_window:g}")
     try:
-        chosen = None if args.faults is None else job.parse_faults(args.faults)
+        chosen = None if args.faults is None else harness.parse_faults(args.faults)
     except ValueError as exc:
         parser.error(f"--faults: {exc}")
-    device = job.demo_device(job.visible_gpus() if args.pods == 1 else 0,  # one GPU per rank; pods: CPU
+    device = harness.demo_device(harness.visible_gpus() if args.pods == 1 else 0,  # one GPU per rank; pods: CPU
                              size=args.size, steps=args.steps, checkpoint_every=args.save_every, faults=chosen)
     faults = device.faults if args.node_loss is None else ()
     args.steps = device.steps
@@ -217,14 +223,14 @@ def main(argv: list[str], targets: Targets) -> int:
         else:
             start_sidecar(journal_dir)
 
-    for journal_dir in job.journal_dirs(run_dir, pods):
+    for journal_dir in harness.journal_dirs(run_dir, pods):
         start_sidecar(journal_dir)
-    loss = None if args.node_loss is None else job.NodeLoss(args.node_loss, LOSS_STEP, args.replace_after)
+    loss = None if args.node_loss is None else harness.NodeLoss(args.node_loss, LOSS_STEP, args.replace_after)
     try:
-        with progress.Progress(job.journal_dirs(run_dir, pods)[0]):
+        with progress.Progress(harness.journal_dirs(run_dir, pods)[0]):
             # on a node loss the survivors must fail and restart through ft_launcher to let the
             # replacement in: no in-process restart (it would go on without the lost rank)
-            result = job.run_demo(run_dir, steps=args.steps, pods=pods, faults=faults, node_loss=loss,
+            result = harness.run_demo(run_dir, steps=args.steps, pods=pods, faults=faults, node_loss=loss,
                                   on_pod=on_pod, inprocess=loss is None, device=device,
                                   checkpoint_every=device.checkpoint_every, timeout_s=device.timeout_s,
                                   extra_args=() if loss is None else ("--collective-timeout", "5"))

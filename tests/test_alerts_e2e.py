@@ -1,6 +1,6 @@
 """End to end on loopback: a real job breaches its SLO and a page reaches a webhook.
 
-The chain, all real: the demo job (``nvrx_slo.trainer.reference.demo.run_demo``: the reference FSDP job on 2 CPU
+The chain, all real: the demo job (``nvrx_slo.trainer.reference.harness.run_demo``: the reference FSDP job on 2 CPU
 ranks under ft_launcher and ``inprocess.Wrapper``, journaling through the trainer hooks) →
 ``nvrx-slo sidecar`` (/metrics) → Prometheus 2.42 (static scrape, 1 s scrape
 and evaluation) with the rules ``nvrx-slo generate alerts`` writes for this test's spec →
@@ -39,7 +39,7 @@ from needs import tool
 from nvrx_slo.alerts import duration, generate, spec
 from nvrx_slo.alerts.conventions import Alert
 from nvrx_slo.generate import main as generate_main
-from nvrx_slo.trainer.reference.demo import run_demo
+from nvrx_slo.trainer.reference.harness import run_demo
 from servers import HttpStub, free_port, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]

@@ -4,7 +4,7 @@ No Grafana server installs here, so nothing renders the panels; instead each Pro
 (panel targets, annotations, the template variables' selectors) is sent to Debian's Prometheus
 2.42 the way Grafana would send it, and must be accepted and return data.
 
-The run: the real demo (``nvrx_slo.trainer.reference.demo.run_demo``: the reference job on 2 CPU ranks under
+The run: the real demo (``nvrx_slo.trainer.reference.harness.run_demo``: the reference job on 2 CPU ranks under
 ft_launcher, a crash, an in-process restart and several checkpoints) with the real sidecar
 (``nvrx-slo sidecar``) beside it, scraped every second by Prometheus on 127.0.0.1 while the job
 runs (rates need two samples).
@@ -51,7 +51,7 @@ from nvrx_slo.alerts.spec import Slo
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import queries as q
 from nvrx_slo.generate import main as generate_main
-from nvrx_slo.trainer.reference.demo import run_demo
+from nvrx_slo.trainer.reference.harness import run_demo
 from servers import free_port, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]

@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from dashboard_model import queries as dashboard_queries
+from journal_truth import read_journal
 from needs import tool
 from nvrx_slo.alerts import generate, spec
 from nvrx_slo.alerts.conventions import (
@@ -55,7 +56,6 @@ from nvrx_slo.dashboards.queries import NAMESPACE_ALL_VALUE
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.generate import main as generate_main
-from nvrx_slo.trainer.reference.demo import read_journal
 from servers import start_prometheus, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
