@@ -41,7 +41,7 @@ from nvrx_slo.alerts.spec import Slo
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.events import as_event
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.offline import rollup
 from nvrx_slo.exporter.offline.replay import Replay
 from nvrx_slo.exporter.views.collector import families
@@ -79,7 +79,7 @@ def _pods(pod: Pod, split: bool) -> dict[str, list[dict]]:
 def _scraped(name: str, records: list[dict], end: int) -> dict[tuple, dict[int, float]]:
     """Every sample the pod's sidecar serves at each second to ``end`` (its collector's families), having
     read what was written by then."""
-    engine, identity = Engine(), Identity(namespace="ns", pod=name, node="", job_name="job")
+    engine, identity = Engine(), PodIdentity(namespace="ns", pod=name, node="", job_name="job")
     ordered, read = sorted(records, key=lambda r: r["mono"]), 0
     out: dict[tuple, dict[int, float]] = {}
     for t in range(end + 1):

@@ -11,14 +11,14 @@ from urllib.parse import parse_qs, urlsplit
 from kubernetes import client
 
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.ingest import podwatch
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from servers import HttpStub
 
-IDENT = Identity(namespace="train", pod="llm-0", node="n", job_name="llm")
+IDENT = PodIdentity(namespace="train", pod="llm-0", node="n", job_name="llm")
 
 
 def pod(trainer_restarts: int, reason: str | None, sidecar_restarts: int = 0) -> dict:

@@ -19,7 +19,7 @@ from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.offline.replay import Replay
-from nvrx_slo.trainer.journal import Identity, Journal
+from nvrx_slo.trainer.journal import Journal, Writer
 from sidecar_process import SidecarProcess, counters, value
 from stories import crash_and_restart_records
 
@@ -41,7 +41,7 @@ class LiveJob:
         self.journals: list[Journal] = []
 
     def _journal(self, rank: int | None, pid: int, restart: int) -> Journal:
-        ident = Identity(job="job-live", pod="pod-live", node="node-0", rank=rank, local_rank=rank, pid=pid,
+        ident = Writer(job="job-live", pod="pod-live", node="node-0", rank=rank, local_rank=rank, pid=pid,
                          restart=restart)
         self.journals.append(Journal(self.dir, ident, max_bytes=6000, keep=3))
         return self.journals[-1]

@@ -73,7 +73,7 @@ def _encode_payload(payload: dict[str, Any]) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Identity:
+class Writer:
     """Who writes: the common identity fields of every record (see ``schema.COMMON_FIELDS``)."""
 
     job: str
@@ -86,7 +86,7 @@ class Identity:
     iter: int = 0
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, *, launcher: bool = False) -> Identity:
+    def from_env(cls, env: Mapping[str, str] | None = None, *, launcher: bool = False) -> Writer:
         """Read identity the way Kubernetes (Downward API) and the launcher (torchrun, ft_launcher,
         srun: ``launch_env``) hand it to a process; plain ``python`` is rank 0.
 
@@ -104,7 +104,7 @@ class Identity:
         )
 
 
-def _identity_suffix(identity: Identity) -> str:
+def _identity_suffix(identity: Writer) -> str:
     """The encoded identity fields, ``,"job":…,"iter":N`` — appended after ``wall`` on every line."""
     fields = dataclasses.asdict(identity)
     return "," + _ENCODER.encode(fields)[1:-1]
@@ -120,7 +120,7 @@ class Journal:
     def __init__(
         self,
         directory: str | os.PathLike[str] | None,
-        identity: Identity | None = None,
+        identity: Writer | None = None,
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         keep: int = DEFAULT_KEEP,
@@ -128,7 +128,7 @@ class Journal:
         if max_bytes <= 0 or keep < 1:
             raise ValueError(f"journal needs max_bytes > 0 and keep >= 1, got {max_bytes=} {keep=}")
         self.directory = Path(directory) if directory is not None else None
-        self.identity = identity or Identity.from_env()
+        self.identity = identity or Writer.from_env()
         self.max_bytes = max_bytes
         self.keep = keep
         self.errors = 0  # events dropped because of an error (I/O or encoding)
@@ -293,4 +293,4 @@ def open_journal(directory: str | os.PathLike[str] | None = None, *, launcher: b
             Path(directory).mkdir(parents=True, exist_ok=True)
         except OSError:
             pass  # the first emit counts and logs the failure
-    return Journal(directory, Identity.from_env(launcher=launcher))
+    return Journal(directory, Writer.from_env(launcher=launcher))

@@ -32,7 +32,7 @@ from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import ALL_RANKS, GpuIdleSource, Kind
 from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.views.view import View
 
 _ALL_RANKS_AGGREGATE: dict[str, Callable[[Sequence[float]], float]] = {
@@ -104,7 +104,7 @@ class Series:
     histograms: list[tuple[Labels, Histogram]] = field(default_factory=list)
 
 
-def series(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
+def series(view: View, identity: PodIdentity, *, per_rank: bool, max_ranks: int,
            labels: LabelSets | None = None) -> list[Series]:
     """Every catalogue metric's series in ``view``, in catalogue order."""
     lab = labels or LabelSets()
