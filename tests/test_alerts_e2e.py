@@ -36,7 +36,8 @@ import pytest
 import yaml
 
 from needs import tool
-from nvrx_slo.alerts import duration, generate, spec
+from nvrx_slo.alerts import duration, spec
+from nvrx_slo.alerts import files as alert_files
 from nvrx_slo.alerts.conventions import Alert
 from nvrx_slo.generate import main as generate_main
 from nvrx_slo.trainer.reference.harness import run_demo
@@ -131,14 +132,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(subprocess.Popen(
-            [tool("prometheus-alertmanager"), f"--config.file={tmp / generate.ALERTMANAGER}",
+            [tool("prometheus-alertmanager"), f"--config.file={tmp / alert_files.ALERTMANAGER}",
              f"--storage.path={tmp / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=",
              "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=open(tmp / "alertmanager.log", "wb")))
         config = tmp / "prometheus.yml"
         config.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(tmp / generate.RULES)],
+            "rule_files": [str(tmp / alert_files.RULES)],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
             "scrape_configs": [{"job_name": "nvrx-slo", "honor_labels": True, "static_configs": [
                 {"targets": [f"127.0.0.1:{port}" for port in sidecar_ports.values()]}]}],

@@ -44,7 +44,7 @@ import yaml
 from dashboard_model import Query, legend_labels, load_all, names, queries
 from needs import tool
 from nvrx_slo.alerts import conventions
-from nvrx_slo.alerts import generate as alerts_generate
+from nvrx_slo.alerts import files as alert_files
 from nvrx_slo.alerts import spec as slo_spec
 from nvrx_slo.alerts.plan import Severity
 from nvrx_slo.alerts.spec import Slo
@@ -90,7 +90,7 @@ def _alert_rules(tmp: Path) -> Path:
     spec_file.write_text(yaml.safe_dump(data))
     # the real CLI entry point
     assert generate_main(["alerts", "--spec", str(spec_file), "--root", str(tmp / "alerts")]) == 0
-    return tmp / "alerts" / alerts_generate.RULES
+    return tmp / "alerts" / alert_files.RULES
 
 
 def _start_prometheus(tmp: Path, target: str) -> Prometheus:

@@ -35,7 +35,7 @@ from alert_suites import SUITES, spec_for
 from journal_builder import Pod
 from journal_fixtures import write_per_process
 from needs import tool
-from nvrx_slo.alerts import generate
+from nvrx_slo.alerts import files as alert_files
 from nvrx_slo.alerts.conventions import SLO_LABEL, Signal, error_ratio_record, over_period
 from nvrx_slo.alerts.spec import Slo
 from nvrx_slo.exporter.engine.engine import Engine
@@ -123,7 +123,7 @@ EXPRESSIONS = {
 
 def _promql(inputs: list[dict[str, str]], at: int, tmp_path: Path) -> dict[str, float | None]:
     """Each of ``EXPRESSIONS`` at ``at`` seconds, as promtool evaluates it over the generated rules."""
-    (tmp_path / "rules.yaml").write_text(generate.render(SPEC, PLAN, "test")[generate.RULES])
+    (tmp_path / "rules.yaml").write_text(alert_files.render(SPEC, PLAN, "test")[alert_files.RULES])
     asked = [{"expr": e, "eval_time": f"{at}s", "exp_samples": []} for e in EXPRESSIONS.values()]
     tests = [{"interval": "1s", "input_series": inputs, "promql_expr_test": asked}]
     suite = {"rule_files": ["rules.yaml"], "evaluation_interval": "1s", "tests": tests}
