@@ -55,7 +55,7 @@ def test_a_room_imports_nothing_it_may_not(room):
 
 
 def test_the_contracts_need_only_the_standard_library():
-    paths = sorted((ROOT / "nvrx_slo" / "contracts").glob("*.py"))
+    paths = sorted((ROOT / "nvrx_slo" / "contracts").rglob("*.py"))
     assert paths
     outside = {f"{path.name}: {module}" for path in paths for module in imports(path)
                if module.split(".")[0] not in sys.stdlib_module_names | {"__future__", "nvrx_slo"}

@@ -1,4 +1,4 @@
-"""The journal writer: one append-only JSONL file per process, as ``nvrx_slo/contracts/schema.py`` specifies.
+"""The journal writer: one append-only JSONL file per process, as ``nvrx_slo/contracts/schema/`` specifies.
 
 Why it looks like this:
 

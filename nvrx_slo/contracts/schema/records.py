@@ -1,54 +1,19 @@
-"""Journal schema v1: the one contract between the trainer hooks (writers) and the exporter (reader).
+"""The journal's records, each declared once: a class per event type, whose annotations are its fields.
 
-It lives in ``nvrx_slo.contracts``, in neither room, so the sidecar needs no trainer code and the
-trainer no exporter code. Stdlib only: the base install (a training process) carries it.
-
-Wire format: JSON Lines, UTF-8, one object per line, each line written with a single
-``write()`` on an ``O_APPEND`` descriptor (so concurrent writers never interleave), one file per
-process: ``<journal_dir>/<pod>.rank-<rank>.<pid>.jsonl`` (``launcher`` for the launcher). Rotation
-never renames: when a file reaches its size bound the writer goes on in the next generation
-(``….<pid>.1.jsonl``, ``.2`` …) and deletes generations beyond its keep count, oldest first; see
-``journal_file_name``.
-
-Every record carries the common fields:
-
-=========== ======== =========================================================================
-field       type     meaning
-=========== ======== =========================================================================
-``v``       int      schema version (``SCHEMA_VERSION``); unknown versions are rejected
-``type``    str      one of ``EventType``
-``seq``     int      per-process sequence number, from 0; (pid, seq) identifies a record
-``mono``    float    ``time.monotonic()`` when the event happened (end of a span). CLOCK_MONOTONIC
-                     is node-wide on Linux, so ranks of one pod share it; it never jumps.
-``wall``    float    ``time.time()`` at the same instant — for display and timestamps only
-``job``     str      job name (``NVRX_SLO_JOB`` / Downward API), "" if unknown
-``pod``     str      pod name (``HOSTNAME``/Downward API)
-``node``    str      node name
-``rank``    int|null global rank; null for the launcher process
-``local_rank`` int|null
-``pid``     int      OS process id of the writer
-``restart`` int      the launcher's restart count (``TORCHELASTIC_RESTART_COUNT``, srun's
-                     ``SLURM_RESTART_COUNT``), 0 first
-``iter``    int      NVRx ``inprocess.Wrapper`` iteration (0 before any in-process restart)
-=========== ======== =========================================================================
-
-Spans are written once, at their end, with their start on the same monotonic clock in a
-``start`` field, so a crash mid-span leaves no half record (the time shows as unattributed or
-restart, never as double-counted).
+A field with a default (``None``) is optional (a writer may leave it out: a reader built later than
+its writer still reads it), and ``float`` is any JSON number. The field tables (``fields``), the
+stdlib validator (``validate``), the sidecar's msgspec structs (``nvrx_slo.exporter.events``) and the
+typed writer (``nvrx_slo.trainer.journal``) are all derived from these classes; the structs subclass
+them, which is why each holds no instance data of its own (``__slots__ = ()``).
 """
 
 from __future__ import annotations
 
-import json
-import typing
 from collections.abc import Callable
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TypeVar
 
 SCHEMA_VERSION = 1
-
-JOURNAL_DIR_ENV = "NVRX_SLO_JOURNAL_DIR"
-JOURNAL_SUFFIX = ".jsonl"
 
 
 class EventType(str, Enum):
@@ -87,13 +52,6 @@ class EventType(str, Enum):
     LAUNCHER_METRIC = "launcher_metric"
     LAUNCHER_EXIT = "launcher_exit"
 
-
-# --- the events, each declared once --------------------------------------------------------
-# A class per event type: its annotations are its fields, a field with a default (``None``) is
-# optional (a writer may leave it out: a reader built later than its writer still reads it), and
-# ``float`` is any JSON number. The field tables below are derived from these classes, and the
-# sidecar's decoder builds its structs from them (``nvrx_slo.exporter.events``): they subclass
-# these classes, which is why each holds no instance data of its own (``__slots__ = ()``).
 
 class Record:
     """The common fields (see the module docstring): every record is one of the events below."""
@@ -420,139 +378,3 @@ class LauncherMetric(Record):
 class LauncherExit(Record):
     __slots__ = ()
     code: int
-
-
-# --- the field tables, derived from the declarations ---------------------------------------
-# Python types accepted per field (``schema.validate``); ``None`` in a tuple means null is allowed.
-
-def _accepted(hint: Any) -> tuple[type, ...]:
-    """The JSON values a field's annotation admits: ``float`` is any number, ``X | None`` adds null."""
-    out: list[type] = []
-    for part in typing.get_args(hint) or (hint,):
-        part = type(None) if part is None else part
-        out += [int, float] if part is float else [str] if part is EventType else [part]
-    return tuple(out)
-
-
-def _fields(cls: type, below: type | None) -> tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]]]:
-    """The required and the optional fields ``cls`` declares (less those of ``below``)."""
-    skip = typing.get_type_hints(below) if below is not None else {}
-    required: dict[str, tuple[type, ...]] = {}
-    optional: dict[str, tuple[type, ...]] = {}
-    for name, hint in typing.get_type_hints(cls).items():
-        if name not in skip:
-            (optional if hasattr(cls, name) and name != "type" else required)[name] = _accepted(hint)
-    return required, optional
-
-
-COMMON_FIELDS: dict[str, tuple[type, ...]] = _fields(Record, None)[0]
-# Required payload fields per event type. Writers may add extra fields; readers ignore them.
-PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {kind: _fields(cls, Record)[0]
-                                                                 for kind, cls in EVENTS.items()}
-# Payload fields a writer may leave out: checked like the required ones when present (so they are
-# nullable), ``None`` to a reader when absent.
-OPTIONAL_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {
-    kind: optional for kind, cls in EVENTS.items() if (optional := _fields(cls, Record)[1])}
-# Events that cover a stretch of time (``Span``), and the parts of one save (``CheckpointPart``).
-SPAN_EVENTS = frozenset(kind.value for kind, cls in EVENTS.items() if issubclass(cls, Span))
-CHECKPOINT_EVENTS = frozenset(kind.value for kind, cls in EVENTS.items() if issubclass(cls, CheckpointPart))
-
-_TYPES = {t.value: t for t in EventType}
-
-# Every number a reader accepts lies within ±MAX_NUMBER (2**53: the integers a float holds
-# exactly), and every float is finite. Sums of many such values stay far inside int64 and
-# float range, so counters and the persisted state (64-bit JSON) can always hold them.
-MAX_NUMBER = 2**53
-
-
-class RejectReason(str, Enum):
-    """Why a journal line was not accounted: every reason the sidecar counts (the ``reason`` label
-    of ``nvrx_exporter_rejected_events_total``), whichever part of it refused the line."""
-
-    # the schema's (``validate``): the line is no record of this schema
-    MALFORMED = "malformed"  # not valid UTF-8 JSON, or truncated
-    NOT_AN_OBJECT = "not_an_object"
-    UNKNOWN_VERSION = "unknown_version"
-    UNKNOWN_TYPE = "unknown_type"
-    MISSING_FIELD = "missing_field"
-    BAD_FIELD = "bad_field"  # a field of the wrong type
-    OUT_OF_RANGE = "out_of_range"  # a number beyond ±MAX_NUMBER, or not finite (1e400, NaN)
-    # the reader's: a journal file it could not read, or found cut under its read offset
-    UNREADABLE = "unreadable"  # could not be opened or read (counted once per episode)
-    FILE_TRUNCATED = "file_truncated"  # shrank under, or was rewritten past, its read offset (writers never truncate)
-    # the engine's: a valid record it did not account
-    # Rejected by its plausibility rules: a record whose times contradict themselves (a span ending
-    # before it starts, a phase longer than its span), its process's other records (far before the
-    # process's first record), or the sidecar's clock (in its future). One such record would skew
-    # every rank's wall for good.
-    IMPLAUSIBLE = "implausible"
-    DUPLICATE = "duplicate"  # this (pid, seq, mono) was accounted already
-    LATE = "late"  # older than the reorder window when it arrived
-    ENGINE_ERROR = "engine_error"  # the engine raised on it: skipped (a bug; logged)
-
-
-class JournalError(ValueError):
-    """A journal line that does not satisfy this schema; ``reason`` says which rule it broke."""
-
-    def __init__(self, reason: RejectReason, detail: str) -> None:
-        super().__init__(f"{reason.value}: {detail}")
-        self.reason = reason
-
-
-def _check(record: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
-    for name, types in fields.items():
-        if name not in record:
-            raise JournalError(RejectReason.MISSING_FIELD, name)
-        value = record[name]
-        # bool is an int subclass: never accept it where a number is meant, nor a number for a bool.
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise JournalError(RejectReason.BAD_FIELD, f"{name}={value!r:.40}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
-                -MAX_NUMBER <= value <= MAX_NUMBER):  # NaN fails both comparisons
-            raise JournalError(RejectReason.OUT_OF_RANGE, f"{name}={value!r:.40}")
-
-
-def validate(record: Any) -> dict[str, Any]:
-    """Return ``record`` if it is a valid v1 event, else raise ``JournalError``."""
-    if not isinstance(record, dict):
-        raise JournalError(RejectReason.NOT_AN_OBJECT, type(record).__name__)
-    if record.get("v") != SCHEMA_VERSION:
-        raise JournalError(RejectReason.UNKNOWN_VERSION, repr(record.get("v")))
-    kind = record.get("type")
-    event_type = _TYPES.get(kind) if isinstance(kind, str) else None  # a list or dict here is not a type
-    if event_type is None:
-        raise JournalError(RejectReason.UNKNOWN_TYPE, repr(record.get("type")))
-    _check(record, COMMON_FIELDS)
-    _check(record, PAYLOAD_FIELDS[event_type])
-    optional = OPTIONAL_FIELDS.get(event_type)
-    if optional:
-        _check(record, {name: types for name, types in optional.items() if name in record})
-    return record
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (writers use allow_nan=False)")
-
-
-def decode(line: bytes | str) -> dict[str, Any]:
-    """Parse and validate one journal line (with or without its trailing newline)."""
-    try:
-        text = line.decode() if isinstance(line, bytes) else line  # strict UTF-8: no lone surrogates
-        record = json.loads(text, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise JournalError(RejectReason.MALFORMED, str(exc)[:80]) from None
-    except RecursionError:
-        raise JournalError(RejectReason.MALFORMED, "nested too deep") from None
-    return validate(record)
-
-
-def encode(record: dict[str, Any]) -> bytes:
-    """Serialise one record to a full line. Compact, ASCII-safe, newline-terminated."""
-    return (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
-
-
-def journal_file_name(pod: str, rank: int | None, pid: int, generation: int = 0) -> str:
-    """The file a process writes; ``generation`` > 0 names a rotated-out file."""
-    role = "launcher" if rank is None else f"rank-{rank}"
-    rotated = f".{generation}" if generation else ""
-    return f"{pod}.{role}.{pid}{rotated}{JOURNAL_SUFFIX}"
