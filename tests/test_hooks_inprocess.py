@@ -18,6 +18,7 @@ from nvrx_slo.trainer import inprocess_callbacks
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.inprocess_callbacks import inprocess_wrapper_kwargs
 from nvrx_slo.trainer.journal import Journal, Writer
+from nvrx_slo.trainer.reference import cpu_shims
 from virtual_clock import CLOCK
 
 pytestmark = [pytest.mark.torch, pytest.mark.nvrx]
@@ -141,10 +142,12 @@ class UserCheck(inprocess.health_check.HealthCheck):
 def test_a_wrapper_built_on_a_host_without_gpu_keeps_only_the_users_restart_health_check(tmp_path, monkeypatch,
                                                                                           user_check):
     """From NVRx 0.5 the Wrapper chains GPU/NVLink/NIC checks into ``restart_health_check`` when
-    LOCAL_RANK is set; without a driver they fail and the rank would terminate instead of restarting."""
+    LOCAL_RANK is set; without a driver they fail and the rank would terminate instead of restarting
+    (the reference job's CPU shim)."""
     monkeypatch.setenv("LOCAL_RANK", "0")
     journal = Journal(tmp_path, Writer.from_env({"RANK": "0"}))
-    built = inprocess_callbacks.inprocess_wrapper(journal, health_check=user_check)
+    wrapper = inprocess_callbacks.inprocess_wrapper(journal, health_check=user_check)
+    built = cpu_shims.without_gpu_health_checks(wrapper)
     assert isinstance(built, inprocess.Wrapper)
     plain = inprocess.Wrapper(**inprocess_wrapper_kwargs(journal, health_check=user_check))
     if hasattr(plain, "restart_health_check"):  # the releases that build one (0.5+)

@@ -21,22 +21,17 @@ journal), none blocks, and the abort callback (monitor thread) touches nothing b
 never ``torch.distributed``. Handed the hooks (not only their journal), the finalize callback
 first journals the steps whose GPU work finished before the fault, with their own times
 (``Hooks.interrupted``): a fault outside a step would otherwise leave them to be written after the
-restart. ``inprocess_wrapper`` builds the Wrapper too, fitted to restart on a host without a GPU
-(a CI runner): that fit is here, not with the reference job's CPU shims, because a user's own job
-needs it as much.
+restart. ``inprocess_wrapper`` builds the Wrapper too.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer import nvrx_compat
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import Journal
-
-log = logging.getLogger("nvrx_slo.inprocess")
 
 
 def _cause(exc: BaseException | None) -> str | None:
@@ -48,8 +43,7 @@ def inprocess_wrapper_kwargs(hooks: Hooks | Journal, **kwargs: Any) -> dict[str,
     (``hooks``: the process's ``Hooks``, or only their journal).
 
     Callbacks the caller leaves out keep NVRx's defaults (``AbortTorchDistributed`` for abort,
-    ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest). Build
-    the Wrapper with ``inprocess_wrapper`` to have it restart on a host without a GPU too.
+    ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest).
     """
     ip: Any = nvrx_compat.inprocess()  # callback base classes come from the installed NVRx
     if ip is None:
@@ -123,27 +117,8 @@ def inprocess_wrapper_kwargs(hooks: Hooks | Journal, **kwargs: Any) -> dict[str,
 
 
 def inprocess_wrapper(hooks: Hooks | Journal, **kwargs: Any) -> Any:
-    """``inprocess.Wrapper(**inprocess_wrapper_kwargs(hooks, **kwargs))``, able to restart in-process on a
-    host without a GPU (``_without_gpu_health_checks``), or None without ``inprocess``."""
+    """``inprocess.Wrapper(**inprocess_wrapper_kwargs(hooks, **kwargs))``, or None without ``inprocess``."""
     ip = nvrx_compat.inprocess()
     if ip is None:
         return None
-    return _without_gpu_health_checks(ip.Wrapper(**inprocess_wrapper_kwargs(hooks, **kwargs)))
-
-
-def _without_gpu_health_checks(wrapper: Any) -> Any:
-    """A built ``inprocess.Wrapper`` that can restart in-process on a host without a GPU.
-
-    From 0.5 the Wrapper builds ``restart_health_check`` in ``__init__``: the user's
-    ``health_check`` chained with GPU and NVLink (and NIC) checks whenever ``LOCAL_RANK`` is set.
-    Without a driver those fail and the rank terminates instead of restarting. No release takes
-    the check as an argument, so it is replaced on the built Wrapper by the user's own check
-    alone (None runs none), only when CUDA is absent. Releases without the attribute are left as
-    they are.
-    """
-    import torch  # NVRx's own dependency, loaded with the Wrapper: importing this module stays cheap
-
-    if not torch.cuda.is_available() and hasattr(wrapper, "restart_health_check"):
-        wrapper.restart_health_check = getattr(wrapper, "health_check", None)
-        log.info("nvrx-slo: no CUDA; inprocess.Wrapper restarts without its GPU/NVLink health checks")
-    return wrapper
+    return ip.Wrapper(**inprocess_wrapper_kwargs(hooks, **kwargs))
