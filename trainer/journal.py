@@ -42,7 +42,7 @@ _time = time.time
 _write = os.write
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # Floats are written with microsecond resolution: '%.6f' costs a third of repr() on the hot path.
-_LINE = '{"v":1,"type":"%s","seq":%d,"mono":%.6f,"wall":%.6f%s%s}\n'
+_LINE = '{"v":' + str(schema.SCHEMA_VERSION) + ',"type":"%s","seq":%d,"mono":%.6f,"wall":%.6f%s%s}\n'
 _STEP_BODY = ',"step":%d,"start":%.6f,"data_s":%.6f,"compute_s":%.6f,"optimizer_s":%.6f'
 _BLOCKED = ',"blocked_s":%.6f'
 
@@ -72,18 +72,8 @@ def _encode_payload(payload: dict[str, Any]) -> str:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Writer:
-    """Who writes: the common identity fields of every record (see ``schema.COMMON_FIELDS``)."""
-
-    job: str
-    pod: str
-    node: str
-    rank: int | None
-    local_rank: int | None
-    pid: int
-    restart: int = 0
-    iter: int = 0
+class Writer(schema.Writer):
+    """Who writes (``schema.Writer``'s fields), as a process's launcher and pod tell it."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, launcher: bool = False) -> Writer:

@@ -100,6 +100,7 @@ from nvrx_slo.contracts.schema.records import (
     StepTimerKind,
     StepTiming,
     UserSpan,
+    Writer,
 )
 from nvrx_slo.contracts.schema.rejects import (
     JournalError,
@@ -152,6 +153,7 @@ __all__ = [
     "LauncherSignal",
     "LauncherMetric",
     "LauncherExit",
+    "Writer",
     "COMMON_FIELDS",
     "PAYLOAD_FIELDS",
     "OPTIONAL_FIELDS",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
-from nvrx_slo.contracts.schema.records import EVENTS, CheckpointPart, EventType, Record, Span
+from nvrx_slo.contracts.schema.records import EVENTS, CheckpointPart, EventType, Record, Span, Writer
 
 
 def _accepted(hint: Any) -> tuple[type, ...]:
@@ -29,7 +29,9 @@ def _fields(cls: type, below: type | None) -> tuple[dict[str, tuple[type, ...]],
     return required, optional
 
 
-COMMON_FIELDS: dict[str, tuple[type, ...]] = _fields(Record, None)[0]
+# the record's stamp, then who wrote it (every identity field is required of a record)
+COMMON_FIELDS: dict[str, tuple[type, ...]] = {
+    **_fields(Record, None)[0], **{name: _accepted(hint) for name, hint in typing.get_type_hints(Writer).items()}}
 # Required payload fields per event type. Writers may add extra fields; readers ignore them.
 PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, ...]]] = {kind: _fields(cls, Record)[0]
                                                                  for kind, cls in EVENTS.items()}

@@ -9,9 +9,10 @@ them, which is why each holds no instance data of its own (``__slots__ = ()``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from enum import Enum
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 SCHEMA_VERSION = 1
 
@@ -53,8 +54,33 @@ class EventType(str, Enum):
     LAUNCHER_EXIT = "launcher_exit"
 
 
-class Record:
-    """The common fields (see the module docstring): every record is one of the events below."""
+@dataclasses.dataclass(frozen=True)
+class Writer:
+    """Who writes a record: the identity fields every record carries after its stamp (see the module
+    docstring of ``nvrx_slo.contracts.schema``), declared once, here, for the writer and the reader.
+    The writer stamps its lines with one of these (``nvrx_slo.trainer.journal``); a record's own
+    identity fields are these."""
+
+    job: str
+    pod: str
+    node: str
+    rank: int | None
+    local_rank: int | None
+    pid: int
+    restart: int = 0
+    iter: int = 0
+
+
+if TYPE_CHECKING:
+    _Identity = Writer  # a record's identity attributes are the writer's, for the type checker
+else:
+    class _Identity:  # and at run time nothing: the readers' structs take the fields from ``COMMON_FIELDS``
+        __slots__ = ()
+
+
+class Record(_Identity):
+    """The common fields (see the module docstring): the stamp below, then the ``Writer``'s. Every
+    record is one of the events below."""
 
     __slots__ = ()
     v: int
@@ -62,14 +88,6 @@ class Record:
     seq: int
     mono: float
     wall: float
-    job: str
-    pod: str
-    node: str
-    rank: int | None
-    local_rank: int | None
-    pid: int
-    restart: int
-    iter: int
 
 
 class Span:
