@@ -26,6 +26,7 @@ restart. ``inprocess_wrapper`` builds the Wrapper too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
@@ -38,31 +39,24 @@ def _cause(exc: BaseException | None) -> str | None:
     return None if exc is None else f"{type(exc).__name__}: {exc}"[:300]
 
 
-def inprocess_wrapper_kwargs(hooks: Hooks | Journal, **kwargs: Any) -> dict[str, Any]:
-    """``inprocess.Wrapper`` keyword arguments: ``kwargs`` with journaling composed into each callback
-    (``hooks``: the process's ``Hooks``, or only their journal).
+def _fault(state: Any) -> str | None:
+    return _cause(getattr(state, "fn_exception", None))
 
-    Callbacks the caller leaves out keep NVRx's defaults (``AbortTorchDistributed`` for abort,
-    ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest).
-    """
-    ip: Any = nvrx_compat.inprocess()  # callback base classes come from the installed NVRx
-    if ip is None:
-        return kwargs
-    journal = hooks.journal if isinstance(hooks, Hooks) else hooks
-    interrupted = hooks.interrupted if isinstance(hooks, Hooks) else None
+
+def _callbacks(ip: Any, journal: Journal, interrupted: Callable[[], None] | None) -> dict[str, Any]:
+    """One journaling callback per Wrapper callback, each an instance of NVRx's base class for it."""
+
+    def journaling(base: type, event: EventType, cause: Callable[[Any], str | None] | None = None,
+                   first: Callable[[], None] | None = None) -> Any:
+        class Journaling(base):  # NVRx's class, found at run time
+            def __call__(self, state: Any) -> Any:
+                if first is not None:
+                    first()  # never raises
+                journal.emit(event, **({} if cause is None else {"cause": cause(state)}))
+                return state
+        return Journaling()
+
     ra: Any = ip.rank_assignment
-
-    class JournalAbort(ip.abort.Abort):
-        def __call__(self, state: Any) -> Any:
-            journal.emit(EventType.INPROCESS_ABORT)
-            return state
-
-    class JournalFinalize(ip.finalize.Finalize):
-        def __call__(self, state: Any) -> Any:
-            if interrupted is not None:
-                interrupted()  # never raises
-            journal.emit(EventType.INPROCESS_FINALIZE, cause=_cause(getattr(state, "fn_exception", None)))
-            return state
 
     class JournalRankAssignment(ra.RankAssignment):
         def __init__(self) -> None:
@@ -88,23 +82,31 @@ def inprocess_wrapper_kwargs(hooks: Hooks | Journal, **kwargs: Any) -> dict[str,
             journal.emit(EventType.INPROCESS_INITIALIZE)
             return state
 
-    class JournalCompletion(ip.completion.Completion):
-        def __call__(self, state: Any) -> Any:
-            journal.emit(EventType.INPROCESS_COMPLETION)
-            return state
+    return {"abort": journaling(ip.abort.Abort, EventType.INPROCESS_ABORT),
+            "finalize": journaling(ip.finalize.Finalize, EventType.INPROCESS_FINALIZE, _fault, interrupted),
+            "rank_assignment": JournalRankAssignment(), "initialize": JournalInitialize(),
+            "completion": journaling(ip.completion.Completion, EventType.INPROCESS_COMPLETION),
+            "terminate": journaling(ip.terminate.Terminate, EventType.INPROCESS_TERMINATE, _fault)}
 
-    class JournalTerminate(ip.terminate.Terminate):
-        def __call__(self, state: Any) -> Any:
-            journal.emit(EventType.INPROCESS_TERMINATE, cause=_cause(getattr(state, "fn_exception", None)))
-            return state
 
+def inprocess_wrapper_kwargs(hooks: Hooks | Journal, **kwargs: Any) -> dict[str, Any]:
+    """``inprocess.Wrapper`` keyword arguments: ``kwargs`` with journaling composed into each callback
+    (``hooks``: the process's ``Hooks``, or only their journal).
+
+    Callbacks the caller leaves out keep NVRx's defaults (``AbortTorchDistributed`` for abort,
+    ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest).
+    """
+    ip: Any = nvrx_compat.inprocess()  # callback base classes come from the installed NVRx
+    if ip is None:
+        return kwargs
+    journal = hooks.journal if isinstance(hooks, Hooks) else hooks
+    ours = _callbacks(ip, journal, hooks.interrupted if isinstance(hooks, Hooks) else None)
     kwargs = dict(kwargs)
+    ra: Any = ip.rank_assignment
     defaults = {"abort": ip.abort.AbortTorchDistributed(),
                 "rank_assignment": ip.Compose(ra.ActivateAllRanks(), ra.ShiftRanks())}
     # Compose(a, b)(x) == a(b(x)): the journal runs first for abort (earliest "fault detected"),
     # last for the others ("... done").
-    ours = {"abort": JournalAbort(), "finalize": JournalFinalize(), "rank_assignment": JournalRankAssignment(),
-            "initialize": JournalInitialize(), "completion": JournalCompletion(), "terminate": JournalTerminate()}
     for name, callback in ours.items():
         user = kwargs.get(name, defaults.get(name))
         if user is None:
