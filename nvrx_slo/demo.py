@@ -13,6 +13,7 @@ a pod) plus an HTML report with a timeline.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import re
@@ -147,7 +148,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def main(argv: list[str], targets: Targets) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nvrx-slo demo", description=__doc__.splitlines()[0])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"demo-{stamp}",
@@ -177,7 +178,12 @@ def main(argv: list[str], targets: Targets) -> int:
     parser.add_argument("--reorder-window", type=float, default=REORDER_WINDOW_S, metavar="S",
                         help="each sidecar's reorder window: how long records wait to be accounted, so how "
                              "late settled numbers reach Prometheus (default: %(default)s)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> harness.DemoDevice:
+    """The run the arguments ask for, its faults those it injects (none on a node loss); exits (via
+    ``parser.error``) on arguments that do not make one."""
     if args.node_loss is not None and not 0 < args.node_loss < args.pods:
         parser.error(f"--node-loss must name a pod from 1 to --pods - 1 (pod 0 hosts the rendezvous), "
                      f"not {args.node_loss}")
@@ -192,15 +198,40 @@ def main(argv: list[str], targets: Targets) -> int:
     except ValueError as exc:
         parser.error(f"--faults: {exc}")
     device = harness.demo_device(harness.visible_gpus() if args.pods == 1 else 0,  # one GPU per rank; pods: CPU
-                             size=args.size, steps=args.steps, checkpoint_every=args.save_every, faults=chosen)
-    faults = device.faults if args.node_loss is None else ()
-    args.steps = device.steps
-    last = max(f.step for f in faults) if faults else LOSS_STEP
-    if args.steps <= last:
+                                 size=args.size, steps=args.steps, checkpoint_every=args.save_every, faults=chosen)
+    device = dataclasses.replace(device, faults=device.faults if args.node_loss is None else ())
+    last = max(f.step for f in device.faults) if device.faults else LOSS_STEP
+    if device.steps <= last:
         parser.error(f"--steps must be above {last}, the step of the last injected fault")
+    return device
+
+
+def _job_report(sidecars: dict[Path, _Sidecar], lost_at: dict[Path, tuple[float, float]], run_dir: Path,
+                reorder_window_s: float, targets: Targets) -> None:
+    """Each pod's line, then the job's SLO report (its pods rolled up) and its HTML report."""
+    snapshots = [_replayed(d, lost_at[d], reorder_window_s) if d in lost_at else sidecar.snapshot()
+                 for d, sidecar in sidecars.items()]
+    for snap, (d, sidecar) in zip(snapshots, sidecars.items(), strict=True):
+        eff = "—" if snap.efficiency is None else f"{100 * snap.efficiency:.2f}%"
+        if d in lost_at:
+            state = "lost with its node (its sidecar too; accounted from its journal)"
+        else:
+            state = f"{'finished' if snap.finished else 'running'}; its sidecar's report: {sidecar.report_file}"
+        print(f"{snap.pod}: {len(snap.ranks)} rank(s), efficiency {eff}, {state}")
+    print()
+    gone = {snap.pod for snap, d in zip(snapshots, sidecars, strict=True) if d in lost_at}
+    print(slo_report.render(rollup.job_snapshot(snapshots, lost=gone), targets), end="")
+    html_report = report.write(list(sidecars), run_dir / "report.html", targets)
+    print(f"\nHTML report of the job, every pod's lanes: {html_report}")
+
+
+def main(argv: list[str], targets: Targets) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    device = _device(parser, args)
+    faults, pods = device.faults, args.pods
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    pods = args.pods
     what = (", ".join(f"{f.kind} at step {f.step}" for f in faults) if faults else
             f"pod {args.node_loss} lost at step {LOSS_STEP}, replaced {args.replace_after:g} s later")
     shape = (f"{device.ranks} {device.kind.upper()} rank(s) under ft_launcher" if pods == 1
@@ -230,10 +261,10 @@ def main(argv: list[str], targets: Targets) -> int:
         with progress.Progress(harness.journal_dirs(run_dir, pods)[0]):
             # on a node loss the survivors must fail and restart through ft_launcher to let the
             # replacement in: no in-process restart (it would go on without the lost rank)
-            result = harness.run_demo(run_dir, steps=args.steps, pods=pods, faults=faults, node_loss=loss,
-                                  on_pod=on_pod, inprocess=loss is None, device=device,
-                                  checkpoint_every=device.checkpoint_every, timeout_s=device.timeout_s,
-                                  extra_args=() if loss is None else ("--collective-timeout", "5"))
+            result = harness.run_demo(run_dir, steps=device.steps, pods=pods, faults=faults, node_loss=loss,
+                                      on_pod=on_pod, inprocess=loss is None, device=device,
+                                      checkpoint_every=device.checkpoint_every, timeout_s=device.timeout_s,
+                                      extra_args=() if loss is None else ("--collective-timeout", "5"))
     finally:
         slo_reports = _stop_all({d: sidecar for d, sidecar in sidecars.items() if d not in lost_at})
     print()
@@ -245,20 +276,7 @@ def main(argv: list[str], targets: Targets) -> int:
         print(slo_reports[journal_dir], end="")
         print(f"\nHTML report with a timeline: {report.write([journal_dir], run_dir / 'report.html', targets)}")
     else:
-        snapshots = [_replayed(d, lost_at[d], args.reorder_window) if d in lost_at else sidecar.snapshot()
-                     for d, sidecar in sidecars.items()]
-        for snap, (d, sidecar) in zip(snapshots, sidecars.items(), strict=True):
-            eff = "—" if snap.efficiency is None else f"{100 * snap.efficiency:.2f}%"
-            if d in lost_at:
-                state = "lost with its node (its sidecar too; accounted from its journal)"
-            else:
-                state = f"{'finished' if snap.finished else 'running'}; its sidecar's report: {sidecar.report_file}"
-            print(f"{snap.pod}: {len(snap.ranks)} rank(s), efficiency {eff}, {state}")
-        print()
-        gone = {snap.pod for snap, d in zip(snapshots, sidecars, strict=True) if d in lost_at}
-        print(slo_report.render(rollup.job_snapshot(snapshots, lost=gone), targets), end="")
-        html_report = report.write(list(sidecars), run_dir / "report.html", targets)
-        print(f"\nHTML report of the job, every pod's lanes: {html_report}")
+        _job_report(sidecars, lost_at, run_dir, args.reorder_window, targets)
     if result.returncode != 0:
         print(f"the job failed (exit code {result.returncode}); see {result.log_path}", file=sys.stderr)
     return result.returncode
