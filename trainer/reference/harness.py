@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from nvrx_slo.contracts import pod_env, schema
@@ -208,6 +208,31 @@ def launch_args(checkpoint_dir: Path, *, device: DemoDevice, pods: int, steps: i
     return [*topology, "--max-restarts", "3", "--monitor-interval", "0.5", *train]
 
 
+def _check(run_dir: Path, checkpoint_dir: Path, pod_journals: Sequence[Path], device: DemoDevice,
+           node_loss: NodeLoss | None) -> None:
+    """Refuse a run that cannot be made (see ``run_demo``)."""
+    pods = len(pod_journals)
+    if checkpoint_dir.exists() or any(d.exists() for d in pod_journals):
+        raise FileExistsError(f"{run_dir} already holds a run; choose a fresh directory")
+    if pods > 1 and device.kind != "cpu":
+        raise ValueError("a demo of several pods runs on CPU: on one host every pod's rank would take GPU 0")
+    if node_loss is not None and not 0 < node_loss.pod < pods:
+        raise ValueError(f"pod {node_loss.pod} cannot be lost: pods 1 to {pods - 1} can (pod 0 hosts the "
+                         "rendezvous store, and the job cannot outlive it)")
+
+
+def _ended(procs: Iterable[subprocess.Popen[bytes]], killed: subprocess.Popen[bytes] | None) -> list[int]:
+    """The launchers' exit codes, each killed (with its tree) if still running, but the one killed on purpose's."""
+    codes = []
+    for proc in procs:
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+        code = proc.wait()
+        if proc is not killed:
+            codes.append(code)
+    return codes
+
+
 def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: int = 50,
              checkpoint_every: int = 10, pods: int = 1, inprocess: bool = True, node_loss: NodeLoss | None = None,
              on_pod: Callable[[str, Path], None] | None = None, extra_args: Sequence[str] = (),
@@ -229,13 +254,7 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
     run_dir = Path(run_dir)
     checkpoint_dir, log_path = run_dir / "checkpoints", run_dir / "demo.log"
     pod_journals = journal_dirs(run_dir, pods)
-    if checkpoint_dir.exists() or any(d.exists() for d in pod_journals):
-        raise FileExistsError(f"{run_dir} already holds a run; choose a fresh directory")
-    if pods > 1 and device.kind != "cpu":
-        raise ValueError("a demo of several pods runs on CPU: on one host every pod's rank would take GPU 0")
-    if node_loss is not None and not 0 < node_loss.pod < pods:
-        raise ValueError(f"pod {node_loss.pod} cannot be lost: pods 1 to {pods - 1} can (pod 0 hosts the "
-                         "rendezvous store, and the job cannot outlive it)")
+    _check(run_dir, checkpoint_dir, pod_journals, device, node_loss)
     run_dir.mkdir(parents=True, exist_ok=True)
     port = _free_port() if pods > 1 else None
     cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher",
@@ -273,12 +292,6 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
                 procs[f"pod-{node_loss.pod}-replacement"] = launch(node_loss.pod, name, lost.replacement_journal)
                 lost = dataclasses.replace(lost, replaced_mono=time.monotonic())
             time.sleep(0.2)
-        codes = []
-        for proc in procs.values():
-            if proc.poll() is None:
-                _kill_tree(proc.pid)
-            code = proc.wait()
-            if proc is not killed:
-                codes.append(code)
+        codes = _ended(procs.values(), killed)
     dirs = pod_journals if lost is None or lost.replaced_mono is None else (*pod_journals, lost.replacement_journal)
     return DemoResult(run_dir, dirs, checkpoint_dir, log_path, next((c for c in codes if c), 0), lost)
