@@ -79,7 +79,8 @@ def plain_alerts(spec: Spec, plan: Plan) -> list[Rule]:
             Alert.CHECKPOINT_WORKER_DEAD, f"min {BY_RANK} ({cat.CKPT_WORKER_UP.name}) == 0", a.worker_dead_for,
             Severity.PAGE,
             "NVRx's async checkpoint worker is dead.",
-            f"{POD_RANK}: the persistent async checkpoint worker is dead; the next save will hang the training loop.",
+            f"{POD_RANK}: the persistent async checkpoint worker is dead; no save becomes durable, and a loop "
+            "waiting on the next save with NVRx's own calls waits forever.",
         ),
         _alert(
             Alert.RESTART_STORM,
