@@ -63,7 +63,7 @@ def test_the_contracts_need_only_the_standard_library():
     assert not outside
 
 
-_TOP = tuple(f"nvrx_slo.exporter.{m}" for m in ("live", "sidecar", "server", "state_store"))
+_TOP = tuple(f"nvrx_slo.exporter.{m}" for m in ("live", "sidecar", "flags", "server", "state_store"))
 _OFFLINE = "nvrx_slo.exporter.offline"
 LAYERS = {  # inside the sidecar, one way: ingest -> engine -> views, and the process or the offline room on top
     "ingest": ("nvrx_slo.exporter.engine", "nvrx_slo.exporter.views", _OFFLINE, *_TOP),
