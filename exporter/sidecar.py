@@ -221,6 +221,7 @@ class Sidecar:
             return
         with self._render_lock:  # a scrape counted after this began rendering after the poll
             seen = self._scrapes
+        log.info("final numbers settled: serving them to %d scrapes, %g s at most", FINAL_SCRAPES, timeout)
         with self._scraped:
             while self._scrapes < seen + FINAL_SCRAPES and (left := deadline - time.monotonic()) > 0:
                 self._scraped.wait(left)
