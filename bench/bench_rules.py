@@ -51,7 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import synthetic_journal
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.views.collector import SnapshotCollector
@@ -73,7 +73,7 @@ def pod_series(ranks: int) -> list[tuple[str, dict[str, str], float, bool]]:
         live.poll()
         live.tail.close()
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotCollector(live.view, Identity(namespace="bench", pod="pod", node="node",
+        registry.register(SnapshotCollector(live.view, PodIdentity(namespace="bench", pod="pod", node="node",
                                                                 job_name="job")))
         text = TextRenderer().generate(registry).decode()
     out = []

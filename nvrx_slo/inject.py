@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from nvrx_slo import generated
+from nvrx_slo import file_format
 from nvrx_slo.contracts import pod_env
 
 Obj = dict[str, Any]
@@ -301,7 +301,7 @@ def inject_stream(sources: list[tuple[str, str]], image: str, container: str | N
                 raise InjectError(f"{_describe(doc, source, number)}: {exc}") from None
             if upgraded is not None:
                 upgraded += [f"{_describe(doc, source, number)}: {change}" for change in changes]
-    return generated.yaml_documents(out)
+    return file_format.yaml_documents(out)
 
 
 WORKLOADS = Path("deploy/workloads")  # the reference workloads as one writes them: no sidecar
@@ -322,7 +322,7 @@ def overlays(repo: Path) -> dict[Path, str]:
         source = str(WORKLOADS / path.name)
         text = inject_stream([(source, path.read_text())], image, None)
         files[OVERLAYS / path.stem / "generated" / "workload.yaml"] = (
-            generated.header("nvrx-slo generate deploy", source) + text)
+            file_format.header("nvrx-slo generate deploy", source) + text)
     return files
 
 

@@ -11,13 +11,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from needs import tool
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.schema import RejectReason
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.views.collector import SnapshotCollector
 from nvrx_slo.exporter.views.exposition import TextRenderer
 from nvrx_slo.exporter.views.view import Accelerators, View
 from snapshot_fixtures import snapshot
 
-IDENT = Identity(namespace="train", pod="pod-0", node="node-0", job_name="llm")
+IDENT = PodIdentity(namespace="train", pod="pod-0", node="node-0", job_name="llm")
 
 
 def scrape(view: View, **kw) -> tuple[bytes, dict]:

@@ -34,8 +34,10 @@ import pytest
 import yaml
 
 from dashboard_model import queries as dashboard_queries
+from journal_truth import read_journal
 from needs import tool
-from nvrx_slo.alerts import generate, spec
+from nvrx_slo.alerts import files as alert_files
+from nvrx_slo.alerts import spec
 from nvrx_slo.alerts.conventions import (
     ABSENT_RANKS,
     BADPUT_INCREASE,
@@ -56,13 +58,12 @@ from nvrx_slo.contracts.catalogue import (
     Category,
     FaultCause,
 )
+from nvrx_slo.dashboards import files as dashboard_files
 from nvrx_slo.dashboards import fleet
-from nvrx_slo.dashboards import generate as dashboards_generate
 from nvrx_slo.dashboards.queries import NAMESPACE_ALL_VALUE
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.generate import main as generate_main
-from nvrx_slo.trainer.reference.demo import read_journal
 from servers import start_prometheus, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
@@ -108,7 +109,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     config = tmp / "prometheus.yml"
     config.write_text(json.dumps({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(tmp / generate.RULES)],
+        "rule_files": [str(tmp / alert_files.RULES)],
         "scrape_configs": [{"job_name": "nvrx-slo", "honor_labels": True,
                             "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}],
     }))
@@ -379,7 +380,7 @@ def test_prometheus_prices_badput_by_cause_as_the_job_report_does(run):
 
 _SPEC = spec.from_dict(_spec_data())
 # the fleet dashboard as generated for the run's spec: its windows' records are the ones the rules make
-FLEET = dashboard_queries({Dashboard.FLEET.value: json.loads(dashboards_generate.to_json(
+FLEET = dashboard_queries({Dashboard.FLEET.value: json.loads(dashboard_files.to_json(
     fleet.dashboard(_SPEC, _SPEC.plan())))})
 
 

@@ -47,7 +47,8 @@ import pytest
 import yaml
 
 from needs import tool
-from nvrx_slo.alerts import generate, spec
+from nvrx_slo.alerts import files as alert_files
+from nvrx_slo.alerts import spec
 from nvrx_slo.alerts.conventions import (
     ERROR_BUDGET_REMAINING,
     EVALUATIONS,
@@ -84,9 +85,9 @@ def _reads(rule: dict[str, Any]) -> set[str]:
 @pytest.fixture(scope="module")
 def files() -> dict[str, dict[str, list[dict[str, Any]]]]:
     s = spec.load()
-    rendered = generate.render(s, s.plan(), "test")
-    return {"single": _groups(rendered[generate.RULES]), "local": _groups(rendered[generate.LOCAL_RULES]),
-            "global": _groups(rendered[generate.GLOBAL_RULES])}
+    rendered = alert_files.render(s, s.plan(), "test")
+    return {"single": _groups(rendered[alert_files.RULES]), "local": _groups(rendered[alert_files.LOCAL_RULES]),
+            "global": _groups(rendered[alert_files.GLOBAL_RULES])}
 
 
 def test_each_group_is_its_local_rules_then_its_global_rules_in_order(files):
@@ -174,19 +175,20 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     data = yaml.safe_load(spec.DEFAULT_PATH.read_text()) | SPEC
     (tmp / "slo.yaml").write_text(yaml.safe_dump(data))
     assert generate_main(["alerts", "--spec", str(tmp / "slo.yaml"), "--root", str(tmp)]) == 0
-    local, global_ = (_groups((tmp / f).read_text()) for f in (generate.LOCAL_RULES, generate.GLOBAL_RULES))
+    local, global_ = (_groups((tmp / f).read_text()) for f in (alert_files.LOCAL_RULES, alert_files.GLOBAL_RULES))
     interface = _recorded(local) & {n for rules in global_.values() for r in rules for n in _reads(r)}
     every = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     targets = tmp / "targets.json"
     targets.write_text("[]")
     with ExitStack() as stack:
-        ruler = _prometheus(stack, tmp, "global", {"global": every, "rule_files": [str(tmp / generate.GLOBAL_RULES)]},
+        ruler = _prometheus(stack, tmp, "global",
+                            {"global": every, "rule_files": [str(tmp / alert_files.GLOBAL_RULES)]},
                             "--web.enable-remote-write-receiver")
         _prometheus(stack, tmp, "idle-shard", {
-            "global": every | {"external_labels": {"cluster": "b"}}, "rule_files": [str(tmp / generate.LOCAL_RULES)],
+            "global": every | {"external_labels": {"cluster": "b"}}, "rule_files": [str(tmp / alert_files.LOCAL_RULES)],
             "remote_write": [_remote_write(ruler, interface)]})
         single = _prometheus(stack, tmp, "single", {
-            "global": every | {"external_labels": {"cluster": "a"}}, "rule_files": [str(tmp / generate.RULES)],
+            "global": every | {"external_labels": {"cluster": "a"}}, "rule_files": [str(tmp / alert_files.RULES)],
             "scrape_configs": [{"job_name": "nvrx-slo", "honor_labels": True,
                                 "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}],
             "remote_write": [_remote_write(ruler, interface)]})

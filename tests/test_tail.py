@@ -14,7 +14,7 @@ from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest import tail as tail_mod
 from nvrx_slo.exporter.ingest.tail import JournalTail, order_key
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.trainer.journal import Identity, Journal
+from nvrx_slo.trainer.journal import Journal, Writer
 
 
 class Sink:
@@ -31,7 +31,7 @@ class Sink:
 
 
 def journal(tmp_path: Path, rank: int | None, pid: int, **kw) -> Journal:
-    ident = Identity(job="j", pod="pod-0", node="n", rank=rank, local_rank=rank, pid=pid)
+    ident = Writer(job="j", pod="pod-0", node="n", rank=rank, local_rank=rank, pid=pid)
     return Journal(tmp_path, ident, **kw)
 
 

@@ -2,13 +2,16 @@
 
 Every argument goes to ``nvidia_resiliency_ext.fault_tolerance.launcher.main`` untouched (a
 wrong flag is reported by ft_launcher's own parser, naming the flag). Before calling it, this
-entry point installs two handlers through torchelastic's public extension points — nothing is
-patched on disk or in memory:
+entry point installs, with no file patched on disk and no function of NVRx's or torch's replaced:
 
-* a torchelastic *metrics* handler (``metrics.configure``): the agent publishes
+* a torchelastic *metrics* handler (``metrics.configure``, public): the agent publishes
   ``workers.<role>.<state>`` every monitor cycle and ``<Agent>.<method>.duration.ms`` when each
-  profiled method returns; and
-* a *rendezvous events* handler (the ``dynamic_rendezvous`` log destination).
+  profiled method returns;
+* a *rendezvous events* handler, set as the ``dynamic_rendezvous`` destination in torchelastic's
+  registry of event log handlers (``events.handlers._log_handlers``, private: the one place those
+  events are routed; ``nvrx_compat.elastic`` finds it, and says so when a release lacks it);
+* a wakeup file descriptor for the stop signals (``StopSignals``), beside torchelastic's own handlers;
+* the worker-exit timer (``WorkerExits``), which reads how each worker ended from the kernel.
 
 They map to journal events (``rank`` null) at the instant they happen:
 

@@ -45,6 +45,7 @@ from nvrx_slo.trainer import cuda_timing, launch_env
 from nvrx_slo.trainer.cuda_timing import CudaStepTimer, DeviceEvent
 from nvrx_slo.trainer.journal import Journal, open_journal, process_start_mono
 from nvrx_slo.trainer.saves import CheckpointSave, CheckpointWait, SaveWait, Waits, observe_queue
+from nvrx_slo.trainer.step_phases import StepPhases
 
 __all__ = ["TIMINGS", "CheckpointSave", "CheckpointWait", "Hooks", "Restored", "StepTimer"]
 
@@ -71,7 +72,7 @@ class _Phase:
         self.seconds += _monotonic() - self._t0
 
 
-class StepTimer:
+class StepTimer(StepPhases[_Phase]):
     """Times one training step; ``with hooks.step(n) as s:`` and ``with s.data():`` etc. inside.
 
     Time in the step outside the three phases counts as compute (loop overhead).
@@ -92,24 +93,6 @@ class StepTimer:
         self._step = step
         self._data.seconds = self._compute.seconds = self._optimizer.seconds = 0.0
         return self
-
-    def data(self) -> _Phase:
-        """Waiting for input (the data loader): ``data_wait`` in the accounting."""
-        return self._data
-
-    def compute(self) -> _Phase:
-        """Forward and backward."""
-        return self._compute
-
-    def optimizer(self) -> _Phase:
-        """The optimizer step (and gradient clipping, zeroing)."""
-        return self._optimizer
-
-    def settle(self) -> None:
-        """Nothing waits on host clocks: every step is journaled at its exit."""
-
-    def interrupted(self, why: str) -> None:
-        """Nothing waits on host clocks."""
 
     def __enter__(self) -> StepTimer:
         self._start = _monotonic()

@@ -19,7 +19,7 @@ from pathlib import Path
 from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S, Engine
 from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.offline.timeline import TimelineBuilder
+from nvrx_slo.exporter.offline.timeline_builder import TimelineBuilder
 from nvrx_slo.exporter.views.view import View
 
 
