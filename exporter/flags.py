@@ -21,6 +21,7 @@ MAX_REORDER_WINDOW_S = 600.0  # records later than this are a reader far behind,
 MAX_INTERVAL_S = 86400.0  # an interval longer than a day is a typo (and inf would overflow a wait)
 MAX_RANKS = 1 << 20
 MAX_ACCELERATORS_PER_RANK = 64.0
+MAX_ACCELERATORS_PER_POD = 1024.0
 
 
 def _http_url(url: str) -> bool:
@@ -52,12 +53,17 @@ class Config:
     final_scrape_timeout_s: float = 0.0  # after SIGTERM: wait this long at most for one more scrape
     reorder_window_s: float = REORDER_WINDOW_S  # how late a rank's record may come
     accelerator: str = UNKNOWN_ACCELERATOR  # the model each rank holds where NVML cannot say
-    accelerators_per_rank: float = 1.0
+    accelerators_per_rank: float | None = None  # None: --accelerators-per-pod shared by its ranks, else 1
+    accelerators_per_pod: float | None = None
 
     def __post_init__(self) -> None:
         def interval(flag: str, value: float) -> tuple[bool, str]:
             return (math.isfinite(value) and 0 < value <= MAX_INTERVAL_S,
                     f"{flag} must be > 0 and <= {MAX_INTERVAL_S:g} seconds, got {value}")
+
+        def count(flag: str, value: float | None, most: float) -> tuple[bool, str]:
+            return (value is None or (math.isfinite(value) and 0 < value <= most),
+                    f"{flag} must be > 0 and <= {most:g}, got {value}")
 
         def not_a_directory(flag: str, path: Path | None) -> tuple[bool, str]:
             return path is None or not path.is_dir(), f"{flag} {path} is a directory"
@@ -78,9 +84,10 @@ class Config:
             (math.isfinite(self.reorder_window_s) and 0 <= self.reorder_window_s <= MAX_REORDER_WINDOW_S,
              f"--reorder-window must be >= 0 and <= {MAX_REORDER_WINDOW_S:g} seconds, got {self.reorder_window_s}"),
             (1 <= self.max_ranks <= MAX_RANKS, f"--max-ranks must be 1..{MAX_RANKS}, got {self.max_ranks}"),
-            (math.isfinite(self.accelerators_per_rank) and 0 < self.accelerators_per_rank <= MAX_ACCELERATORS_PER_RANK,
-             f"--accelerators-per-rank must be > 0 and <= {MAX_ACCELERATORS_PER_RANK:g}, "
-             f"got {self.accelerators_per_rank}"),
+            count("--accelerators-per-rank", self.accelerators_per_rank, MAX_ACCELERATORS_PER_RANK),
+            count("--accelerators-per-pod", self.accelerators_per_pod, MAX_ACCELERATORS_PER_POD),
+            (self.accelerators_per_rank is None or self.accelerators_per_pod is None,
+             "give --accelerators-per-rank or --accelerators-per-pod, not both"),
             (0 < len(self.accelerator) <= 128 and self.accelerator.isprintable(),
              f"--accelerator must be 1 to 128 printable characters, got {self.accelerator!r}"),
             (self.otlp_endpoint is None or _http_url(self.otlp_endpoint),
@@ -155,7 +162,10 @@ def parser() -> argparse.ArgumentParser:
                         "label badput is priced by, as the SLO spec's cost section names it (default: %(default)s)")
     p.add_argument("--accelerators-per-rank", type=float, default=Config.accelerators_per_rank,
                    help="accelerators each rank holds: badput accelerator-seconds are its rank-seconds times this "
-                        "(default: %(default)s)")
+                        "(default: --accelerators-per-pod shared by the pod's ranks, else 1)")
+    p.add_argument("--accelerators-per-pod", type=float, default=Config.accelerators_per_pod,
+                   help="accelerators the pod holds (its containers' GPU resources: nvrx-slo inject sets it from "
+                        "the pod template), shared by the ranks it accounts")
     return p
 
 
@@ -173,7 +183,8 @@ def parse_args(argv: Sequence[str]) -> Config:
             otlp_interval_s=args.otlp_interval, podinfo_dir=args.podinfo_dir,
             cycle_info_dir=args.ft_cycle_info_dir, report_file=args.report_file,
             final_scrape_timeout_s=args.final_scrape_timeout, reorder_window_s=args.reorder_window,
-            accelerator=args.accelerator, accelerators_per_rank=args.accelerators_per_rank)
+            accelerator=args.accelerator, accelerators_per_rank=args.accelerators_per_rank,
+            accelerators_per_pod=args.accelerators_per_pod)
     except ValueError as exc:
         p.error(str(exc))
         raise  # unreachable: error() exits

@@ -24,7 +24,7 @@ from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.views.view import Accelerators, View
+from nvrx_slo.exporter.views.view import AcceleratorsSaid, View
 
 # How far a record may lie in the future of the sidecar's monotonic clock: replays of a recorded
 # run stamp lines minutes ahead (tests/test_sidecar_demo.py); one 8000 s ahead stretches wall for good.
@@ -44,7 +44,7 @@ class Live:
         self.pod_restarts: Counter[tuple[str, str]] = Counter()
         self.pod_seen: dict[str, int] = {}  # container -> restartCount last reported
         self.engine_errors = 0  # valid records the engine raised on (each skipped, logged)
-        self.accelerators = Accelerators()  # what each rank holds: the sidecar says at start
+        self.accelerators = AcceleratorsSaid()  # what the pod holds: the sidecar says at start
         self._log = BoundedLog(log)
         self._mono = mono
         self._wall = wall

@@ -16,8 +16,10 @@ restarts from the Kubernetes API inside a cluster (``nvrx_slo.exporter.ingest.po
 line where it cannot work; and, with ``--ft-cycle-info-dir``, the cycle-info files of NVRx versions
 that write them (``nvrx_slo.exporter.ingest.cycleinfo``). What each rank holds, which its badput is
 priced by (``nvrx_rank_accelerators``): NVML's product name where it sees GPUs, else
-``--accelerator``; ``--accelerators-per-rank`` of them. A job whose every process ended is over,
-however it was launched: its numbers settle and stop (``nvrx_slo.exporter.engine.engine``).
+``--accelerator``; ``--accelerators-per-rank`` of them, or ``--accelerators-per-pod`` (the pod's GPU
+resources, which ``nvrx-slo inject`` reads from its template) shared by the pod's ranks, else one.
+A job whose every process ended is over, however it was launched: its numbers settle and stop
+(``nvrx_slo.exporter.engine.engine``).
 SIGTERM (or SIGINT) settles what the reorder window still holds (the pod ends: nothing more will
 be read), saves the state, writes ``--report-file`` (the text SLO report) if asked, sends a last
 OTLP export and exits 0 — after, with ``--final-scrape-timeout``, reading the journal once more
@@ -56,7 +58,7 @@ from nvrx_slo.exporter.server import TEXT, Response, Server
 from nvrx_slo.exporter.views import slo_report, status_page
 from nvrx_slo.exporter.views.collector import SnapshotCollector
 from nvrx_slo.exporter.views.exposition import CONTENT_TYPE, TextRenderer
-from nvrx_slo.exporter.views.view import Accelerators
+from nvrx_slo.exporter.views.view import AcceleratorsSaid
 
 log = logging.getLogger("nvrx_slo.sidecar")
 
@@ -154,8 +156,11 @@ class Sidecar:
                  self.config.journal_dir)
         sampler = nvml.Sampler.create()
         model = (sampler.product() if sampler is not None else None) or self.config.accelerator
-        self.live.accelerators = Accelerators(model, self.config.accelerators_per_rank)
-        log.info("each rank holds %g × %s", self.config.accelerators_per_rank, model)
+        c = self.config
+        self.live.accelerators = AcceleratorsSaid(model, c.accelerators_per_rank, c.accelerators_per_pod)
+        log.info("accelerators: %s", f"{c.accelerators_per_rank:g} × {model} per rank" if c.accelerators_per_rank
+                 else f"{c.accelerators_per_pod:g} × {model} per pod, shared by its ranks" if c.accelerators_per_pod
+                 else f"1 × {model} per rank (neither --accelerators-per-rank nor --accelerators-per-pod given)")
         watcher = podwatch.start(self.identity, self.live.observe_containers)
         otlp_export = None
         if self.config.otlp_endpoint:

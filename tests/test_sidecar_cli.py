@@ -18,7 +18,7 @@ from nvrx_slo.exporter import flags
 FLAGS = ["--help", "--journal-dir", "--state-file", "--host", "--port", "--poll-interval", "--state-interval",
          "--per-rank", "--no-per-rank", "--max-ranks", "--otlp-endpoint", "--otlp-interval", "--podinfo-dir",
          "--ft-cycle-info-dir", "--report-file", "--final-scrape-timeout", "--reorder-window",
-         "--accelerator", "--accelerators-per-rank"]
+         "--accelerator", "--accelerators-per-rank", "--accelerators-per-pod"]
 
 
 def test_the_flag_surface_is_frozen():
@@ -61,6 +61,8 @@ def test_defaults_and_the_journal_dir_from_the_trainers_variable(monkeypatch, tm
     (["--reorder-window", "inf"], "--reorder-window"),
     (["--accelerators-per-rank", "0"], "--accelerators-per-rank"),
     (["--accelerators-per-rank", "nan"], "--accelerators-per-rank"),
+    (["--accelerators-per-pod", "-8"], "--accelerators-per-pod"),
+    (["--accelerators-per-pod", "8", "--accelerators-per-rank", "1"], "not both"),
     (["--accelerator", ""], "--accelerator"),
     (["--journal-dir", ""], "--journal-dir"),  # the working directory, silently
     (["--state-file", ""], "--state-file"),
