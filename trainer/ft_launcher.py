@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
-from nvrx_slo.trainer import nvrx_compat
+from nvrx_slo.trainer import launch_env, nvrx_compat
 from nvrx_slo.trainer.journal import Journal, open_journal, process_start_mono
 
 _FAILED_STATES = ("failed", "unhealthy")
@@ -316,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     journal.emit_first(EventType.LAUNCHER_START, started if started is not None else time.monotonic(),
                        **_launch_counts(launcher, argv))
     code = 1
+    os.environ[launch_env.OUR_LAUNCHER] = "1"  # its workers: their start is the launcher's worker_start
     sys.argv = ["nvrx-slo ft-launcher", *argv]  # ft_launcher's usage and errors name this command
     try:
         launcher.main(argv)

@@ -254,8 +254,10 @@ class Hooks:
             raise ValueError(f"timing must be one of {', '.join(TIMINGS)}; got {timing!r}")
         hooks = cls(open_journal(journal_dir))
         # dated when the kernel started the process: its imports and set-up before the hooks are
-        # its init too (a worker under torchrun or srun holds its accelerator from its start)
-        started = process_start_mono()
+        # its init too (a worker under torchrun or srun holds its accelerator from its start). Not
+        # under our launcher, which dates its workers' start (``launcher_worker_start``, journaled just
+        # after it spawned them) and its own from the kernel: a restart's phases are ordered by it.
+        started = None if launch_env.ours(os.environ) else process_start_mono()
         hooks.journal.emit_first(EventType.PROCESS_START, _monotonic() if started is None else started,
                                  world_size=world_size, local_world_size=launch_env.local_world_size(os.environ),
                                  max_restarts=launch_env.max_restarts(os.environ))
