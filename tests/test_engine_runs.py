@@ -96,9 +96,10 @@ def test_a_long_journal_is_mostly_runs_and_accounts_the_same(tmp_path: Path, ran
     in_runs = i = 0
     engine = Engine()
     while i < len(events):  # how much of it the runs take: the point of them
-        end, found = runs.scan(engine._s, events, i, float("inf"))
-        if found:
-            runs.account(engine._s, found, end - i)
+        found = runs.scan(engine._s, events, i, float("inf"))
+        end = found.end
+        if end > i:
+            runs.account(engine._s, found, end - i, engine._fold_checkpoints)
             in_runs += end - i
         else:
             engine.ingest(events[i])

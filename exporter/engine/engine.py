@@ -207,10 +207,11 @@ class Engine:
         accepted: list[Event] = []
         i, n = 0, len(records)
         while i < n:
-            end, found = runs.scan(self._s, records, i, not_after)
+            found = runs.scan(self._s, records, i, not_after)
+            end = found.end
             try:
-                if found:
-                    runs.account(self._s, found, end - i)
+                if end > i:
+                    runs.account(self._s, found, end - i, self._fold_checkpoints)
                     accepted += records[i:end]
                 else:
                     end = i + 1

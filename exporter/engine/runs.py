@@ -22,10 +22,10 @@ that every state and snapshot agree with ``ingest`` record by record.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from nvrx_slo.contracts.schema import Step
 from nvrx_slo.exporter.engine.accounting import INPROCESS_FAULT
@@ -73,11 +73,21 @@ def _open(s: EngineState, ev: Event) -> Run | None:
     return Run(process, lane, process.seqs.floor, newest, max(s.origin, process.first - s.window), ledger.iter)
 
 
-def scan(s: EngineState, records: Sequence[Event], i: int, not_after: float) -> tuple[int, list[Run]]:
-    """The run of plain steps from ``records[i]``: its end, and its steps by process."""
+class Found(NamedTuple):
+    """What ``scan`` found: the run ends before ``records[end]``; its steps by process; and whether
+    its last step reaches the instant the open saves may fold (``Checkpoints.due``), which
+    ``Engine.ingest`` would fold them at before taking that step."""
+
+    end: int
+    runs: list[Run]
+    folds: bool
+
+
+def scan(s: EngineState, records: Sequence[Event], i: int, not_after: float) -> Found:
+    """The run of plain steps from ``records[i]`` (none: ``end == i``)."""
     due = s.checkpoints.due
     if not isinstance(records[i], Step) or s.restarts.open or s.newest >= due:
-        return i, []
+        return Found(i, [], False)
     runs: dict[int, Run | None] = {}  # by pid; None: its steps cannot run now
     pid, run, j, n = None, None, i, len(records)
     while j < n:
@@ -91,7 +101,7 @@ def scan(s: EngineState, records: Sequence[Event], i: int, not_after: float) -> 
             run = runs[pid]
         mono, start = ev.mono, ev.start
         span = mono - start + EPS  # events.self_consistent's rule for a step, inlined: this runs per step
-        if (run is None or ev.seq != run.seq or mono <= run.mono or mono > not_after or mono >= due
+        if (run is None or ev.seq != run.seq or mono <= run.mono or mono > not_after
                 or start < run.floor or ev.iter > run.iter or start > mono + EPS or mono - start > MAX_SPAN_S
                 or not (0.0 <= ev.data_s <= span and 0.0 <= ev.compute_s <= span and 0.0 <= ev.optimizer_s <= span)
                 or (ev.blocked_s or 0.0) < 0.0):
@@ -99,14 +109,21 @@ def scan(s: EngineState, records: Sequence[Event], i: int, not_after: float) -> 
         run.seq, run.mono = run.seq + 1, mono
         run.steps.append(ev)
         j += 1
-    return j, [run for run in runs.values() if run is not None and run.steps]
+        if mono >= due:  # the saves fold before it is taken, and may move ``due``: the run ends with it
+            return Found(j, [run for run in runs.values() if run is not None and run.steps], True)
+    return Found(j, [run for run in runs.values() if run is not None and run.steps], False)
 
 
-def account(s: EngineState, runs: list[Run], n: int) -> None:
-    """Account a run of ``n`` plain steps, ``runs`` by process (``scan``)."""
-    for run in runs:
+def account(s: EngineState, found: Found, n: int, fold: Callable[[], None]) -> None:
+    """Account a run of ``n`` plain steps (``scan``); ``fold``: the engine's fold of the open saves.
+    Its steps leave every lane's process and the saves as they were, so the saves fold as they
+    would before its last step: at the pod's newest instant then, its last step's."""
+    for run in found.runs:
         run.process.seqs.floor = run.seq
-        run.lane.take_run(run.steps, s.window, s.restarts)
         if run.mono > s.newest:
             s.newest = run.mono
     s.counts.accepted += n
+    if found.folds:
+        fold()
+    for run in found.runs:
+        run.lane.take_run(run.steps, s.window, s.restarts)
