@@ -37,13 +37,11 @@ restart) is charged to ``unknown``.
 from __future__ import annotations
 
 import dataclasses
-from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import reduce
-from itertools import chain, islice, repeat
-from operator import add, le
-from typing import Annotated, Protocol
+from operator import add
+from typing import Annotated
 
 import msgspec
 
@@ -71,6 +69,8 @@ from nvrx_slo.contracts.schema import (
 )
 from nvrx_slo.exporter.engine import causes
 from nvrx_slo.exporter.engine.causes import CAUSES
+from nvrx_slo.exporter.engine.pool import POOL_MAX, Pool
+from nvrx_slo.exporter.engine.restarts import RestartSink
 from nvrx_slo.exporter.engine.snapshot import RankState
 from nvrx_slo.exporter.events import Event, begin
 
@@ -83,34 +83,12 @@ USER_NAMES = 16  # distinct user span names kept per rank; later ones are summed
 OTHER_NAME = "other"
 GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
         RankState.ENDED: SHUTDOWN}
-POOL_MAX = 4096  # undecided steps kept one by one before neighbours are merged
 _UNKNOWN = causes.INDEX[FaultCause.UNKNOWN]
 INPROCESS_FAULT = (InprocessAbort, InprocessFinalize, InprocessRankAssignment)  # the Wrapper's: a fault
 # the Wrapper's callbacks: the restart phase each one ends
 _MARKS = {EventType.INPROCESS_ABORT: RestartPhase.DETECT, EventType.INPROCESS_FINALIZE: RestartPhase.TEARDOWN,
           EventType.INPROCESS_RANK_ASSIGNMENT: RestartPhase.RENDEZVOUS,
           EventType.INPROCESS_INITIALIZE: RestartPhase.REINIT}
-
-
-class RestartSink(Protocol):
-    """Receives each rank's view of a restart; ``key`` is the same on every rank of the pod."""
-
-    def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
-              injected: bool, cause: str | None, why: FaultCause | None) -> None: ...
-
-    def mark(self, rank: int, key: str, phase: RestartPhase, mono: float) -> None: ...
-
-    def cause(self, rank: int, key: str, cause: str) -> None: ...
-
-    def ended(self, rank: int, key: str, end: float, lost: float, restart: float) -> None:
-        """The rank's part of the restart is over at ``end``; it booked ``lost`` and ``restart`` seconds in it."""
-
-    def relaunch(self, since: float, until: float) -> float | None:
-        """The instant the pod's own launcher last started workers in (``since``, ``until``], if it
-        did and was not itself started again in that stretch; else None."""
-
-    def stopped_by(self, at: float) -> int | None:
-        """The signal the pod's launcher was told to stop by before ``at`` (None: it was not)."""
 
 
 @dataclass(slots=True)
@@ -143,11 +121,7 @@ class Ledger:
     seconds: Annotated[list[float], msgspec.Meta(min_length=len(SETTLED_CATEGORIES),
                                                  max_length=len(SETTLED_CATEGORIES))] = \
         field(default_factory=lambda: [0.0] * len(SETTLED_CATEGORIES))
-    pool_steps: list[int] = field(default_factory=list)  # undecided steps, oldest first
-    pool_work: list[float] = field(default_factory=list)
-    pool_first: list[float] = field(default_factory=list)  # end (mono) of each pool entry's first step ...
-    pool_last: list[float] = field(default_factory=list)  # ... and of its last (they differ once merged)
-    pool_sum: float = 0.0
+    pool: Pool = field(default_factory=Pool)  # its undecided work
     last_wall: float = 0.0
     # (first, last, productive) per decided pool entry, in decision order: the steps of this
     # rank that ended in [first, last] (mono) and were undecided until then. None: not kept.
@@ -195,57 +169,18 @@ class Ledger:
     # --- durability --------------------------------------------------------------------------
     def _decide(self, keep_upto: int | None, drop_rest: bool) -> None:
         """Steps ≤ ``keep_upto`` become productive; the rest become lost if ``drop_rest``."""
-        steps = self.pool_steps
-        if not all(map(le, steps, islice(steps, 1, None))):  # out of step order (rare): entry by entry
-            self._decide_each(keep_upto, drop_rest)
-            return
-        kept = 0 if keep_upto is None else bisect_right(steps, keep_upto)  # the productive entries lead
-        end = len(steps) if drop_rest else kept
-        work, seconds = self.pool_work, self.seconds
-        # reduce(add, …, x) adds each in turn, as `x += w` entry by entry does: the same sums to the bit
-        seconds[PRODUCTIVE] = reduce(add, islice(work, kept), seconds[PRODUCTIVE])
-        if drop_rest:
-            lost = work[kept:]
+        kept, lost, verdicts = self.pool.take(keep_upto, drop_rest)
+        seconds = self.seconds
+        # reduce(add, ws, x) adds each in turn, as `x += w` entry by entry does: the same sums to the bit
+        seconds[PRODUCTIVE] = reduce(add, kept, seconds[PRODUCTIVE])
+        if lost:
             seconds[LOST] = reduce(add, lost, seconds[LOST])
             if self.fact is not None:
                 self.fact_lost = reduce(add, lost, self.fact_lost)
             else:
                 self.lost_by[_UNKNOWN] = reduce(add, lost, self.lost_by[_UNKNOWN])
         if self.verdicts is not None:
-            fates = chain(repeat(True, kept), repeat(False, end - kept))
-            self.verdicts += zip(self.pool_first[:end], self.pool_last[:end], fates, strict=True)
-        for pool in (steps, work, self.pool_first, self.pool_last):
-            del pool[:end]
-        self.pool_sum = sum(work)
-
-    def _decide_each(self, keep_upto: int | None, drop_rest: bool) -> None:
-        keep_steps: list[int] = []
-        keep_work: list[float] = []
-        keep_first: list[float] = []
-        keep_last: list[float] = []
-        verdicts = self.verdicts
-        for step, work, first, last in zip(self.pool_steps, self.pool_work, self.pool_first, self.pool_last,
-                                           strict=True):
-            if keep_upto is not None and step <= keep_upto:
-                self.seconds[PRODUCTIVE] += work
-                if verdicts is not None:
-                    verdicts.append((first, last, True))
-            elif drop_rest:
-                self.seconds[LOST] += work
-                if self.fact is not None:
-                    self.fact_lost += work
-                else:
-                    self.lost_by[_UNKNOWN] += work
-                if verdicts is not None:
-                    verdicts.append((first, last, False))
-            else:
-                keep_steps.append(step)
-                keep_work.append(work)
-                keep_first.append(first)
-                keep_last.append(last)
-        self.pool_steps, self.pool_work = keep_steps, keep_work
-        self.pool_first, self.pool_last = keep_first, keep_last
-        self.pool_sum = sum(keep_work)
+            self.verdicts += verdicts
 
     # --- restarts ----------------------------------------------------------------------------
     def _begin(self, key: str, level: RestartLevel, sink: RestartSink, inprocess: bool) -> None:
@@ -402,9 +337,9 @@ class Ledger:
         locals; any other goes through ``_step``."""
         pid, it, n = self.pid, self.iter, len(records)
         plain = self.state is RankState.TRAINING and self.blocking is None and self.fact is None
-        t, pool_sum, seconds = self.t, self.pool_sum, self.seconds
-        idle, data_s = seconds[UNATTRIBUTED], seconds[DATA]
-        steps, work_s, firsts, lasts = self.pool_steps, self.pool_work, self.pool_first, self.pool_last
+        t, pool, seconds = self.t, self.pool, self.seconds
+        pool_sum, idle, data_s = pool.sum, seconds[UNATTRIBUTED], seconds[DATA]
+        steps, work_s, firsts, lasts = pool.steps, pool.work, pool.first, pool.last
         j = i
         while j < n:
             ev = records[j]
@@ -412,10 +347,10 @@ class Ledger:
                 break
             j += 1
             if ev.blocked_s or not plain:
-                self.t, self.pool_sum, seconds[UNATTRIBUTED], seconds[DATA] = t, pool_sum, idle, data_s
+                self.t, pool.sum, seconds[UNATTRIBUTED], seconds[DATA] = t, pool_sum, idle, data_s
                 self._step(ev, sink)
-                t, pool_sum, idle, data_s, plain = self.t, self.pool_sum, seconds[UNATTRIBUTED], seconds[DATA], True
-                steps, work_s, firsts, lasts = self.pool_steps, self.pool_work, self.pool_first, self.pool_last
+                t, pool_sum, idle, data_s, plain = self.t, pool.sum, seconds[UNATTRIBUTED], seconds[DATA], True
+                steps, work_s, firsts, lasts = pool.steps, pool.work, pool.first, pool.last
                 continue
             start, mono = ev.start, ev.mono
             if start > t:  # the gap before it: the loop trained, so it is unattributed
@@ -433,10 +368,10 @@ class Ledger:
                 pool_sum += span - data
                 t = mono
                 if len(steps) > POOL_MAX:
-                    self._compact_pool()
-                    steps, work_s, firsts, lasts = self.pool_steps, self.pool_work, self.pool_first, self.pool_last
+                    pool.compact()
+                    steps, work_s, firsts, lasts = pool.steps, pool.work, pool.first, pool.last
         if j > i:
-            self.t, self.pool_sum, seconds[UNATTRIBUTED], seconds[DATA] = t, pool_sum, idle, data_s
+            self.t, pool.sum, seconds[UNATTRIBUTED], seconds[DATA] = t, pool_sum, idle, data_s
             self.last_wall = records[j - 1].wall
         return j
 
@@ -474,38 +409,20 @@ class Ledger:
                 seconds[BLOCKING] += inside
                 work -= inside
             seconds[DATA] += data
-            self.pool_steps.append(ev.step)
-            self.pool_work.append(work)
-            self.pool_first.append(mono)
-            self.pool_last.append(mono)
-            self.pool_sum += work
+            pool = self.pool
+            pool.steps.append(ev.step)
+            pool.work.append(work)
+            pool.first.append(mono)
+            pool.last.append(mono)
+            pool.sum += work
             self.t = mono
-            if len(self.pool_steps) > POOL_MAX:
-                self._compact_pool()
+            if len(pool.steps) > POOL_MAX:
+                pool.compact()
         if (before or inside) and self.waits is not None:
             self.waits.append((t - before, t + inside))
 
-    def _compact_pool(self) -> None:
-        """Halve a pool that no save has drained: merge neighbours, keeping the higher step.
-
-        Memory stays bounded when a job runs long without a durable save; a merged pair is
-        decided as one (a save must cover both steps), so at most one pair's work waits for
-        the next save, or is counted lost with its partner."""
-        steps, work = self.pool_steps, self.pool_work
-        odd = len(steps) % 2
-        self.pool_steps = [max(steps[i],
-                               steps[i + 1]) for i in range(0, len(steps) - odd, 2)] + steps[len(steps) - odd:]
-        self.pool_work = [work[i] + work[i + 1] for i in range(0, len(work) - odd, 2)] + work[len(work) - odd:]
-        self.pool_first = self.pool_first[0:len(steps) - odd:2] + self.pool_first[len(steps) - odd:]
-        self.pool_last = self.pool_last[1:len(steps):2] + self.pool_last[len(steps) - odd:]
-
-    def __post_init__(self) -> None:
-        if not len(self.pool_steps) == len(self.pool_work) == len(self.pool_first) == len(self.pool_last):
-            raise ValueError("ledger pool lists differ in length")
-
     def copy(self) -> Ledger:
         return dataclasses.replace(
-            self, seconds=self.seconds[:], pool_steps=self.pool_steps[:], pool_work=self.pool_work[:],
-            pool_first=self.pool_first[:], pool_last=self.pool_last[:],
+            self, seconds=self.seconds[:], pool=self.pool.copy(),
             verdicts=None if self.verdicts is None else self.verdicts[:],
             waits=None if self.waits is None else self.waits[:], user=dict(self.user), lost_by=self.lost_by[:])
