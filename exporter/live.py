@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.engine.engine import Engine, IngestFailed
 from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
@@ -69,15 +69,17 @@ class Live:
         return self._mono() + FUTURE_SLACK_S
 
     def _ingest(self, events: list[Event]) -> None:  # called by the tail under self.lock
-        ingest = self.engine.ingest
         not_after = self._not_after()
-        for event in events:
+        while events:
             try:
-                ingest(event, not_after)
-            except Exception:  # an engine bug must not crash-loop the sidecar on the same line
-                self.engine_errors += 1
-                self._log.exception("engine", "engine failed on %s seq %s of pid %s: record skipped",
-                                    event.type, event.seq, event.pid)
+                self.engine.ingest_many(events, not_after)
+                return
+            except IngestFailed as failed:  # an engine bug must not crash-loop the sidecar on the same line
+                self.engine_errors += failed.end - failed.start
+                event = events[failed.start]
+                self._log.exception("engine", "engine failed on %s seq %s of pid %s: %d record(s) skipped",
+                                    event.type, event.seq, event.pid, failed.end - failed.start)
+                events = events[failed.end:]
 
     def settle(self) -> None:
         """The pod ends (SIGTERM): nothing more will be read, so nothing is held back (``Engine.settle``)."""
