@@ -9,6 +9,7 @@ and ticket system's URLs in the spec, or swap the receivers for their native con
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nvrx_slo.alerts import duration
@@ -24,8 +25,13 @@ def _is(severity: Severity) -> str:
     return f'{SEVERITY_LABEL}="{severity.value}"'
 
 
-def config(spec: Spec) -> dict[str, Any]:
-    """alertmanager.yml: `amtool check-config` accepts it."""
+def _crd_matcher(severity: Severity) -> dict[str, str]:
+    return {"name": SEVERITY_LABEL, "value": severity.value, "matchType": "="}
+
+
+def _routing(spec: Spec, matcher: Callable[[Severity], Any]) -> dict[str, Any]:
+    """The policy, written once in alertmanager.yml's keys; ``matcher`` writes a severity matcher as
+    the reader of the result wants it."""
     r = spec.routing
     return {
         "route": {
@@ -35,9 +41,9 @@ def config(spec: Spec) -> dict[str, Any]:
             "group_interval": duration.format(r.group_interval),
             "repeat_interval": duration.format(r.ticket_repeat_interval),
             "routes": [
-                {"matchers": [_is(Severity.PAGE)], "receiver": PAGER,
+                {"matchers": [matcher(Severity.PAGE)], "receiver": PAGER,
                  "repeat_interval": duration.format(r.page_repeat_interval)},
-                {"matchers": [_is(Severity.TICKET)], "receiver": TICKET},
+                {"matchers": [matcher(Severity.TICKET)], "receiver": TICKET},
             ],
         },
         "receivers": [
@@ -45,43 +51,35 @@ def config(spec: Spec) -> dict[str, Any]:
             {"name": TICKET, "webhook_configs": [{"url": r.ticket_url, "send_resolved": True}]},
         ],
         "inhibit_rules": [
-            {"source_matchers": [_is(Severity.PAGE)], "target_matchers": [_is(Severity.TICKET)],
+            {"source_matchers": [matcher(Severity.PAGE)], "target_matchers": [matcher(Severity.TICKET)],
              "equal": list(JOB_LABELS)},
         ],
     }
 
 
-def _crd_matcher(severity: Severity) -> dict[str, str]:
-    return {"name": SEVERITY_LABEL, "value": severity.value, "matchType": "="}
+def config(spec: Spec) -> dict[str, Any]:
+    """alertmanager.yml: `amtool check-config` accepts it."""
+    return _routing(spec, _is)
+
+
+_CRD_KEYS = {"source_matchers": "sourceMatch", "target_matchers": "targetMatch"}  # not plain camelCase
+
+
+def _camel(value: Any) -> Any:
+    """``value`` with every key as the CRD spells it: camelCase, but for ``_CRD_KEYS``."""
+    if isinstance(value, dict):
+        return {_CRD_KEYS.get(k) or k.split("_")[0] + "".join(w.title() for w in k.split("_")[1:]): _camel(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_camel(v) for v in value]
+    return value
 
 
 def crd(spec: Spec) -> dict[str, Any]:
     """The same routing as a prometheus-operator AlertmanagerConfig (the operator scopes it to its namespace)."""
-    r = spec.routing
     return {
         "apiVersion": "monitoring.coreos.com/v1alpha1",
         "kind": "AlertmanagerConfig",
         "metadata": {"name": CRD_NAME, "labels": {"release": spec.release}},
-        "spec": {
-            "route": {
-                "receiver": TICKET,
-                "groupBy": list(JOB_LABELS),
-                "groupWait": duration.format(r.group_wait),
-                "groupInterval": duration.format(r.group_interval),
-                "repeatInterval": duration.format(r.ticket_repeat_interval),
-                "routes": [
-                    {"receiver": PAGER, "matchers": [_crd_matcher(Severity.PAGE)],
-                     "repeatInterval": duration.format(r.page_repeat_interval)},
-                    {"receiver": TICKET, "matchers": [_crd_matcher(Severity.TICKET)]},
-                ],
-            },
-            "receivers": [
-                {"name": PAGER, "webhookConfigs": [{"url": r.pager_url, "sendResolved": True}]},
-                {"name": TICKET, "webhookConfigs": [{"url": r.ticket_url, "sendResolved": True}]},
-            ],
-            "inhibitRules": [
-                {"sourceMatch": [_crd_matcher(Severity.PAGE)], "targetMatch": [_crd_matcher(Severity.TICKET)],
-                 "equal": list(JOB_LABELS)},
-            ],
-        },
+        "spec": _camel(_routing(spec, _crd_matcher)),
     }

@@ -28,7 +28,7 @@ from nvrx_slo.alerts.conventions import (
 )
 from nvrx_slo.alerts.plan import Plan, Severity
 from nvrx_slo.alerts.sli import job_rate, share_of_wall
-from nvrx_slo.alerts.spec import Spec
+from nvrx_slo.alerts.spec import PlainAlerts, Spec
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
 from nvrx_slo.contracts import catalogue as cat
 
@@ -58,10 +58,9 @@ def _since(metric: cat.Metric) -> str:
     )
 
 
-def plain_alerts(spec: Spec, plan: Plan) -> list[Rule]:
-    a = spec.alerts
-    up = f'up{{job=~"{a.exporter_scrape_job}"}}'
-    rules = [
+def _training_alerts(a: PlainAlerts) -> list[Rule]:
+    """What the training loop itself is doing wrong: not stepping, not saving, restarting."""
+    return [
         _alert(
             Alert.TRAINING_STALLED, f"{_since(cat.LAST_STEP_TIMESTAMP)}\n> {a.stalled_after}", 0, Severity.PAGE,
             "A training job has made no step progress.",
@@ -79,7 +78,8 @@ def plain_alerts(spec: Spec, plan: Plan) -> list[Rule]:
             Alert.CHECKPOINT_WORKER_DEAD, f"min {BY_RANK} ({cat.CKPT_WORKER_UP.name}) == 0", a.worker_dead_for,
             Severity.PAGE,
             "NVRx's async checkpoint worker is dead.",
-            f"{POD_RANK}: the persistent async checkpoint worker is dead; the next save will hang the training loop.",
+            f"{POD_RANK}: the persistent async checkpoint worker is dead; no save becomes durable, and a loop "
+            "waiting on the next save with NVRx's own calls waits forever.",
         ),
         _alert(
             Alert.RESTART_STORM,
@@ -99,6 +99,13 @@ def plain_alerts(spec: Spec, plan: Plan) -> list[Rule]:
             f"{JOB} pod {{{{ $labels.pod }}}}: ft_launcher has {{{{ $value }}}} restarts left (--max-restarts); "
             "one more fault than that and the job fails.",
         ),
+    ]
+
+
+def _measurement_alerts(a: PlainAlerts, plan: Plan) -> list[Rule]:
+    """What the measurements say beyond the SLOs, and where they themselves fail."""
+    up = f'up{{job=~"{a.exporter_scrape_job}"}}'
+    return [
         _alert(
             Alert.EXPORTER_DOWN, f"{up} == 0", a.exporter_down_for, Severity.TICKET,
             "Prometheus cannot scrape an nvrx-slo sidecar.",
@@ -148,6 +155,10 @@ def plain_alerts(spec: Spec, plan: Plan) -> list[Rule]:
             "its accounting misses them.",
         ),
     ]
+
+
+def plain_alerts(spec: Spec, plan: Plan) -> list[Rule]:
+    rules = [*_training_alerts(spec.alerts), *_measurement_alerts(spec.alerts, plan)]
     return [stamp_links(rule, spec) for rule in rules]
 
 

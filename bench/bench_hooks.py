@@ -35,7 +35,7 @@ from torch.distributed.fsdp import fully_shard
 
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer.hooks import Hooks
-from nvrx_slo.trainer.journal import Identity, Journal, open_journal
+from nvrx_slo.trainer.journal import Journal, Writer, open_journal
 from nvrx_slo.trainer.reference.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
 
 
@@ -102,7 +102,7 @@ def cuda_path(directory: str, rounds: int = 6, n: int = 20000) -> None:
 
 
 def journal_events(n: int, directory: str) -> None:
-    journal = Journal(directory, Identity.from_env())
+    journal = Journal(directory, Writer.from_env())
     step = _median_us(lambda: journal.step(41, 1234.5, 0.001, 0.08, 0.01), n)
     end = _median_us(lambda: journal.emit(EventType.CHECKPOINT_END, ckpt="step-000040", step=40, ok=True,
                                           written=1234.5, error=None), n)

@@ -68,7 +68,7 @@ from nvrx_slo.alerts import spec
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.tiles import is_tile
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.views.collector import SnapshotCollector
@@ -90,7 +90,7 @@ def pod_series(ranks: int) -> list[tuple[str, dict[str, str], float, bool]]:
         live.poll()
         live.tail.close()
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotCollector(live.view, Identity(namespace="bench", pod="pod", node="node",
+        registry.register(SnapshotCollector(live.view, PodIdentity(namespace="bench", pod="pod", node="node",
                                                                 job_name="job")))
         text = TextRenderer().generate(registry).decode()
     out = []

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from bench import synthetic_journal
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.views.collector import SnapshotCollector, families
@@ -89,7 +89,7 @@ def main() -> None:
 
         live = Live(Engine(), JournalTail(journal))
         live.poll()
-        ident = Identity(namespace="bench", pod="pod-0", node="node-0", job_name="bench")
+        ident = PodIdentity(namespace="bench", pod="pod-0", node="node-0", job_name="bench")
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(live.view, ident, max_ranks=args.ranks))
         renderer, labels = TextRenderer(), LabelSets()

@@ -20,9 +20,9 @@ import torch
 
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.trainer.reference import demo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from journal_truth import read_journal
 from sim_cuda import RealClock, SimCuda, installed
 
 CUDA = torch.cuda.is_available()
@@ -105,7 +105,7 @@ def timed(fn: Callable[[], Any], truth: dict[str, float], charge: str | None) ->
 
 
 def steps_of(directory: Path) -> list[dict[str, Any]]:
-    return [r for r in demo.read_journal(directory) if r["type"] == "step"]
+    return [r for r in read_journal(directory) if r["type"] == "step"]
 
 
 def engine(*journals: Path) -> Engine:

@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from gpu_check_parts import CUDA, engine, row, timed  # bench/, this script's directory
 
 from nvrx_slo.trainer.hooks import Hooks
-from nvrx_slo.trainer.reference import cpu_shims, demo, nvrx_async
+from nvrx_slo.trainer.reference import cpu_shims, harness, nvrx_async
 from nvrx_slo.trainer.reference.checkpoint import Checkpointer
 
 README = ("NVRx README, wrapped", "NVRx README, handed over", "NVRx README, unwrapped")
@@ -155,10 +155,10 @@ def _verdict(path: str, errors: list[float], truth: dict[str, float]) -> None:
 
 
 def restarts(work: Path) -> None:
-    device = demo.CPU
+    device = harness.CPU
     if CUDA:
-        device = demo.DemoDevice("cuda", torch.cuda.device_count(), 50, 10, demo.DEFAULT_FAULTS, timeout_s=300)
-    result = demo.run_demo(work / "d", device=device, steps=device.steps, checkpoint_every=device.checkpoint_every,
+        device = harness.DemoDevice("cuda", torch.cuda.device_count(), 50, 10, harness.DEFAULT_FAULTS, timeout_s=300)
+    result = harness.run_demo(work / "d", device=device, steps=device.steps, checkpoint_every=device.checkpoint_every,
                            faults=device.faults, timeout_s=device.timeout_s)
     if result.returncode != 0:
         row("d", "the reference job", f"exit {result.returncode}; see {result.log_path}", "exit 0", "OFF")

@@ -19,7 +19,7 @@ from typing import Any
 import attr
 from grafanalib import core as g
 
-from nvrx_slo import generated
+from nvrx_slo import file_format
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import queries as q
 
@@ -193,7 +193,7 @@ def dashboard(*, uid: str, title: str, module: str, description: str, panels: Se
               fleet: bool = False) -> g.Dashboard:
     """A complete dashboard: variables, event annotations, sibling links, shared crosshair, the
     generated note. ``fleet``: every job's, with the namespace variable only and no job's events."""
-    note = generated.note("nvrx-slo generate dashboards", f"dashboards/{module}.py")
+    note = file_format.note("nvrx-slo generate dashboards", f"dashboards/{module}.py")
     return g.Dashboard(
         uid=uid, title=title, description=f"{description} ({note})", tags=[TAG],
         panels=layout(panels), templating=g.Templating(list=_fleet_variables() if fleet else _variables()),

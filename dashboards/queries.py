@@ -7,8 +7,10 @@ The queries read the exporter's raw series, so the dashboards work before (or wi
 generated alert rules, with one exception: burn rates and the error budget read the recording
 rules the alerts fire on (``slo_record``), so a panel shows the number an alert fired on rather
 than a re-derivation that could drift from ``alerts/rules.py``. Aggregation, as the catalogue
-prescribes: time is in rank-seconds, so ``sum(productive) / sum(wall)`` over a job is its
-rank-average efficiency; per-pod gauges (checkpoint age, MTBF, …) are shown per pod.
+prescribes: time is in rank-seconds, so ``sum(productive) / sum(wall)`` over a job is the
+rank-average efficiency of the ranks its pods report; ranks no pod ran (a lost node's, a pod not
+scheduled yet) are in no pod's series, and only the efficiency SLI's records (``slo_record``) count
+them. Per-pod gauges (checkpoint age, MTBF, …) are shown per pod.
 
 Two time bases appear, and each panel says which one it uses:
 * **since job start** — the sidecar's counters are job-lifetime totals rebuilt from the
@@ -155,7 +157,7 @@ def unprotected_share() -> str:
 
 
 def efficiency(window: str | None) -> str:
-    """productive / wall for the job (rank-average): since job start, or over a window.
+    """productive / wall of the ranks the job's pods report (rank-average): since job start, or over a window.
 
     Work since the last durable checkpoint is not productive yet, so this dips between saves.
     """

@@ -76,7 +76,7 @@ def begin(record: Event) -> float:
 
 
 MAX_SPAN_S = 7 * 86400.0  # no step, restore, finalize or save lasts a week
-_EPS = 1e-6  # float noise allowed where a measured part must fit inside its span
+EPS = 1e-6  # float noise allowed where a measured part must fit inside its span
 
 
 def self_consistent(record: Event, start: float) -> bool:
@@ -86,15 +86,15 @@ def self_consistent(record: Event, start: float) -> bool:
     refuses a record that fails it (``implausible``), and the reader lets no such record's time
     move a file's merge order: it is a property of the record alone."""
     mono = record.mono
-    if start > mono + _EPS or mono - start > MAX_SPAN_S:
+    if start > mono + EPS or mono - start > MAX_SPAN_S:
         return False
     if isinstance(record, Step):
-        span = mono - start + _EPS  # three comparisons written out: this runs once per step
+        span = mono - start + EPS  # three comparisons written out: this runs once per step
         return (0.0 <= record.data_s <= span and 0.0 <= record.compute_s <= span
                 and 0.0 <= record.optimizer_s <= span and (record.blocked_s or 0.0) >= 0.0)
     if isinstance(record, CheckpointScheduled):
         return 0.0 <= record.plan_s <= MAX_SPAN_S and 0.0 <= record.stage_s <= MAX_SPAN_S and record.bytes >= 0
     if isinstance(record, CheckpointEnd):
-        return (record.written <= mono + _EPS and mono - record.written <= MAX_SPAN_S
+        return (record.written <= mono + EPS and mono - record.written <= MAX_SPAN_S
                 and 0.0 <= (record.waited_s or 0.0) <= MAX_SPAN_S)
     return not isinstance(record, Blocked) or 0.0 <= (record.blocked_s or 0.0) <= MAX_SPAN_S

@@ -35,7 +35,7 @@ COMPLETION_INDEX_LABELS = ("batch.kubernetes.io/job-completion-index",)
 
 
 @dataclass(frozen=True)
-class Identity:
+class PodIdentity:
     namespace: str
     pod: str
     node: str
@@ -81,14 +81,14 @@ def _index(value: str) -> int | None:
 
 
 def from_environment(env: Mapping[str, str] | None = None, podinfo_dir: Path | None = None,
-                     service_account_namespace: Path = SERVICE_ACCOUNT_NAMESPACE) -> Identity:
+                     service_account_namespace: Path = SERVICE_ACCOUNT_NAMESPACE) -> PodIdentity:
     env = os.environ if env is None else env
     labels = parse_labels_file(_read(podinfo_dir / "labels")) if podinfo_dir is not None else {}
 
     def label(names: tuple[str, ...]) -> str:
         return next((labels[n] for n in names if n in labels), "")
 
-    return Identity(
+    return PodIdentity(
         namespace=env.get("POD_NAMESPACE") or _read(service_account_namespace),
         pod=pod_env.pod(env),
         node=pod_env.node(env),

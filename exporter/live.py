@@ -18,13 +18,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nvrx_slo.exporter.engine.engine import Engine
+from nvrx_slo.exporter.engine.engine import Engine, IngestFailed
 from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.views.view import Accelerators, View
+from nvrx_slo.exporter.views.view import AcceleratorsSaid, View
 
 # How far a record may lie in the future of the sidecar's monotonic clock: replays of a recorded
 # run stamp lines minutes ahead (tests/test_sidecar_demo.py); one 8000 s ahead stretches wall for good.
@@ -44,7 +44,7 @@ class Live:
         self.pod_restarts: Counter[tuple[str, str]] = Counter()
         self.pod_seen: dict[str, int] = {}  # container -> restartCount last reported
         self.engine_errors = 0  # valid records the engine raised on (each skipped, logged)
-        self.accelerators = Accelerators()  # what each rank holds: the sidecar says at start
+        self.accelerators = AcceleratorsSaid()  # what the pod holds: the sidecar says at start
         self._log = BoundedLog(log)
         self._mono = mono
         self._wall = wall
@@ -69,15 +69,17 @@ class Live:
         return self._mono() + FUTURE_SLACK_S
 
     def _ingest(self, events: list[Event]) -> None:  # called by the tail under self.lock
-        ingest = self.engine.ingest
         not_after = self._not_after()
-        for event in events:
+        while events:
             try:
-                ingest(event, not_after)
-            except Exception:  # an engine bug must not crash-loop the sidecar on the same line
-                self.engine_errors += 1
-                self._log.exception("engine", "engine failed on %s seq %s of pid %s: record skipped",
-                                    event.type, event.seq, event.pid)
+                self.engine.ingest_many(events, not_after)
+                return
+            except IngestFailed as failed:  # an engine bug must not crash-loop the sidecar on the same line
+                self.engine_errors += failed.end - failed.start
+                event = events[failed.start]
+                self._log.exception("engine", "engine failed on %s seq %s of pid %s: %d record(s) skipped",
+                                    event.type, event.seq, event.pid, failed.end - failed.start)
+                events = events[failed.end:]
 
     def settle(self) -> None:
         """The pod ends (SIGTERM): nothing more will be read, so nothing is held back (``Engine.settle``)."""

@@ -1,11 +1,11 @@
 """``nvrx-slo demo``: the reference job with the real sidecar beside it, ending in the SLO report.
 
 With ``--pods N`` the job runs as N pods, each a launcher with its own journal and sidecar, and
-the report is the job's: every pod's sidecar accounting, added up by ``exporter/engine/job.py``.
+the report is the job's: every pod's sidecar accounting, added up by ``exporter/offline/rollup.py``.
 
 It spans the rooms, so it lives here rather than in ``trainer/`` (which may not import the
 exporter) or ``exporter/`` (which may not import torch): the job is
-``nvrx_slo.trainer.reference.demo.run_demo``, the sidecar is the ``nvrx-slo sidecar`` process a pod
+``nvrx_slo.trainer.reference.harness.run_demo``, the sidecar is the ``nvrx-slo sidecar`` process a pod
 would run, and what is printed at the end is the sidecar's own SLO report (written on SIGTERM, as in
 a pod) plus an HTML report with a timeline.
 """
@@ -13,6 +13,7 @@ a pod) plus an HTML report with a timeline.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import re
@@ -26,13 +27,12 @@ from pathlib import Path
 from nvrx_slo.contracts import pod_env
 from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter import state_store
-from nvrx_slo.exporter.engine import job as job_view
 from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S, Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
-from nvrx_slo.exporter.offline import progress, report
+from nvrx_slo.exporter.offline import progress, report, rollup
 from nvrx_slo.exporter.offline.replay import Replay
 from nvrx_slo.exporter.views import slo_report
-from nvrx_slo.trainer.reference import demo as job
+from nvrx_slo.trainer.reference import harness
 
 _SERVING = re.compile(r"serving (http://127\.0\.0\.1:\d+)/metrics")
 LOSS_STEP = 15  # --node-loss: the step the lost pod's rank reaches before its node goes
@@ -51,7 +51,7 @@ class _Sidecar:
         self.log_path = run_dir / "sidecar.log"
         self.final_scrape_s = final_scrape_s
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-        env.update({pod_env.JOB: job.JOB_NAME, **({pod_env.POD: pod} if pod else {})})  # the Downward API's
+        env.update({pod_env.JOB: harness.JOB_NAME, **({pod_env.POD: pod} if pod else {})})  # the Downward API's
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nvrx_slo", "sidecar", "--journal-dir", str(journal_dir), "--host", "127.0.0.1",
@@ -121,14 +121,20 @@ def _replayed(journal_dir: Path, at: tuple[float, float], reorder_window_s: floa
     return replay.view(at).snapshot
 
 
+def _accepted(journal_dir: Path) -> int:
+    """The journal records a sidecar accepts from ``journal_dir``: it has read them all once it says so."""
+    with Replay(journal_dir) as replay:
+        replay.poll()
+    return 0 if replay.newest is None else replay.view().snapshot.events_accepted
+
+
 def _stop_all(sidecars: dict[Path, _Sidecar]) -> dict[Path, str | None]:
     """Stop every sidecar, whatever the job did; each one's report, or None where it wrote none
     (said on stderr): one that cannot report never leaves the next one running."""
     reports: dict[Path, str | None] = {}
     for journal_dir, sidecar in sidecars.items():
-        records = len(job.read_journal(journal_dir)) if journal_dir.exists() else 0
         try:
-            reports[journal_dir] = sidecar.stop(records)
+            reports[journal_dir] = sidecar.stop(_accepted(journal_dir))
         except RuntimeError as exc:
             print(f"nvrx-slo demo: {exc}", file=sys.stderr)
             reports[journal_dir] = None
@@ -142,14 +148,14 @@ def _positive(text: str) -> int:
     return value
 
 
-def main(argv: list[str], targets: Targets) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nvrx-slo demo", description=__doc__.splitlines()[0])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     parser.add_argument("--run-dir", type=Path, default=Path("runs") / f"demo-{stamp}",
                         help="a fresh directory for the journal, checkpoints, logs and reports "
                              "(default: runs/demo-<time>)")
     parser.add_argument("--steps", type=_positive, help="training steps (default: 50 on CPU, 1500 on GPUs)")
-    parser.add_argument("--size", choices=tuple(job.SIZES),
+    parser.add_argument("--size", choices=tuple(harness.SIZES),
                         help="the model: tiny (the CPU default), small, large (118 M parameters: the GPU default)")
     parser.add_argument("--save-every", type=_positive, metavar="N",
                         help="a checkpoint every N steps (default: 10 on CPU, 500 on GPUs)")
@@ -172,7 +178,12 @@ def main(argv: list[str], targets: Targets) -> int:
     parser.add_argument("--reorder-window", type=float, default=REORDER_WINDOW_S, metavar="S",
                         help="each sidecar's reorder window: how long records wait to be accounted, so how "
                              "late settled numbers reach Prometheus (default: %(default)s)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> harness.DemoDevice:
+    """The run the arguments ask for, its faults those it injects (none on a node loss); exits (via
+    ``parser.error``) on arguments that do not make one."""
     if args.node_loss is not None and not 0 < args.node_loss < args.pods:
         parser.error(f"--node-loss must name a pod from 1 to --pods - 1 (pod 0 hosts the rendezvous), "
                      f"not {args.node_loss}")
@@ -183,19 +194,44 @@ def main(argv: list[str], targets: Targets) -> int:
     if not 0 <= args.reorder_window <= 60:
         parser.error(f"--reorder-window must be from 0 to 60 seconds, not {args.reorder_window:g}")
     try:
-        chosen = None if args.faults is None else job.parse_faults(args.faults)
+        chosen = None if args.faults is None else harness.parse_faults(args.faults)
     except ValueError as exc:
         parser.error(f"--faults: {exc}")
-    device = job.demo_device(job.visible_gpus() if args.pods == 1 else 0,  # one GPU per rank; pods: CPU
-                             size=args.size, steps=args.steps, checkpoint_every=args.save_every, faults=chosen)
-    faults = device.faults if args.node_loss is None else ()
-    args.steps = device.steps
-    last = max(f.step for f in faults) if faults else LOSS_STEP
-    if args.steps <= last:
+    device = harness.demo_device(harness.visible_gpus() if args.pods == 1 else 0,  # one GPU per rank; pods: CPU
+                                 size=args.size, steps=args.steps, checkpoint_every=args.save_every, faults=chosen)
+    device = dataclasses.replace(device, faults=device.faults if args.node_loss is None else ())
+    last = max(f.step for f in device.faults) if device.faults else LOSS_STEP
+    if device.steps <= last:
         parser.error(f"--steps must be above {last}, the step of the last injected fault")
+    return device
+
+
+def _job_report(sidecars: dict[Path, _Sidecar], lost_at: dict[Path, tuple[float, float]], run_dir: Path,
+                reorder_window_s: float, targets: Targets) -> None:
+    """Each pod's line, then the job's SLO report (its pods rolled up) and its HTML report."""
+    snapshots = [_replayed(d, lost_at[d], reorder_window_s) if d in lost_at else sidecar.snapshot()
+                 for d, sidecar in sidecars.items()]
+    for snap, (d, sidecar) in zip(snapshots, sidecars.items(), strict=True):
+        eff = "—" if snap.efficiency is None else f"{100 * snap.efficiency:.2f}%"
+        if d in lost_at:
+            state = "lost with its node (its sidecar too; accounted from its journal)"
+        else:
+            state = f"{'finished' if snap.finished else 'running'}; its sidecar's report: {sidecar.report_file}"
+        print(f"{snap.pod}: {len(snap.ranks)} rank(s), efficiency {eff}, {state}")
+    print()
+    gone = {snap.pod for snap, d in zip(snapshots, sidecars, strict=True) if d in lost_at}
+    print(slo_report.render(rollup.job_snapshot(snapshots, lost=gone), targets), end="")
+    html_report = report.write(list(sidecars), run_dir / "report.html", targets)
+    print(f"\nHTML report of the job, every pod's lanes: {html_report}")
+
+
+def main(argv: list[str], targets: Targets) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    device = _device(parser, args)
+    faults, pods = device.faults, args.pods
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    pods = args.pods
     what = (", ".join(f"{f.kind} at step {f.step}" for f in faults) if faults else
             f"pod {args.node_loss} lost at step {LOSS_STEP}, replaced {args.replace_after:g} s later")
     shape = (f"{device.ranks} {device.kind.upper()} rank(s) under ft_launcher" if pods == 1
@@ -218,17 +254,17 @@ def main(argv: list[str], targets: Targets) -> int:
         else:
             start_sidecar(journal_dir)
 
-    for journal_dir in job.journal_dirs(run_dir, pods):
+    for journal_dir in harness.journal_dirs(run_dir, pods):
         start_sidecar(journal_dir)
-    loss = None if args.node_loss is None else job.NodeLoss(args.node_loss, LOSS_STEP, args.replace_after)
+    loss = None if args.node_loss is None else harness.NodeLoss(args.node_loss, LOSS_STEP, args.replace_after)
     try:
-        with progress.Progress(job.journal_dirs(run_dir, pods)[0]):
+        with progress.Progress(harness.journal_dirs(run_dir, pods)[0]):
             # on a node loss the survivors must fail and restart through ft_launcher to let the
             # replacement in: no in-process restart (it would go on without the lost rank)
-            result = job.run_demo(run_dir, steps=args.steps, pods=pods, faults=faults, node_loss=loss,
-                                  on_pod=on_pod, inprocess=loss is None, device=device,
-                                  checkpoint_every=device.checkpoint_every, timeout_s=device.timeout_s,
-                                  extra_args=() if loss is None else ("--collective-timeout", "5"))
+            result = harness.run_demo(run_dir, steps=device.steps, pods=pods, faults=faults, node_loss=loss,
+                                      on_pod=on_pod, inprocess=loss is None, device=device,
+                                      checkpoint_every=device.checkpoint_every, timeout_s=device.timeout_s,
+                                      extra_args=() if loss is None else ("--collective-timeout", "5"))
     finally:
         slo_reports = _stop_all({d: sidecar for d, sidecar in sidecars.items() if d not in lost_at})
     print()
@@ -240,20 +276,7 @@ def main(argv: list[str], targets: Targets) -> int:
         print(slo_reports[journal_dir], end="")
         print(f"\nHTML report with a timeline: {report.write([journal_dir], run_dir / 'report.html', targets)}")
     else:
-        snapshots = [_replayed(d, lost_at[d], args.reorder_window) if d in lost_at else sidecar.snapshot()
-                     for d, sidecar in sidecars.items()]
-        for snap, (d, sidecar) in zip(snapshots, sidecars.items(), strict=True):
-            eff = "—" if snap.efficiency is None else f"{100 * snap.efficiency:.2f}%"
-            if d in lost_at:
-                state = "lost with its node (its sidecar too; accounted from its journal)"
-            else:
-                state = f"{'finished' if snap.finished else 'running'}; its sidecar's report: {sidecar.report_file}"
-            print(f"{snap.pod}: {len(snap.ranks)} rank(s), efficiency {eff}, {state}")
-        print()
-        gone = {snap.pod for snap, d in zip(snapshots, sidecars, strict=True) if d in lost_at}
-        print(slo_report.render(job_view.job_snapshot(snapshots, lost=gone), targets), end="")
-        html_report = report.write(list(sidecars), run_dir / "report.html", targets)
-        print(f"\nHTML report of the job, every pod's lanes: {html_report}")
+        _job_report(sidecars, lost_at, run_dir, args.reorder_window, targets)
     if result.returncode != 0:
         print(f"the job failed (exit code {result.returncode}); see {result.log_path}", file=sys.stderr)
     return result.returncode

@@ -3,7 +3,7 @@
 Each entry of ``GENERATORS`` renders its files in memory from the same inputs: the SLO spec, loaded
 and planned once, and this checkout's bare workloads (deploy/workloads/). Files are written only
 once every generator asked for has rendered, so a bad spec or workload changes nothing on disk.
-Each file is written by ``nvrx_slo.generated`` (one dumper, one "generated — do not edit" note)
+Each file is written by ``nvrx_slo.file_format`` (one dumper, one "generated — do not edit" note)
 into a folder named ``generated/`` that holds nothing else; tests/test_generate.py regenerates them
 all and diffs them byte for byte. Outputs Kubernetes consumes land under deploy/, so
 ``kubectl apply -k deploy/overlays/...`` picks them up.
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_slo import inject
-from nvrx_slo.alerts import generate as alerts
+from nvrx_slo.alerts import files as alerts
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import DEFAULT_PATH, Spec, SpecError, load
-from nvrx_slo.dashboards import generate as dashboards
+from nvrx_slo.dashboards import files as dashboards
 
 REPO = Path(__file__).resolve().parent.parent  # a source checkout, whose deploy/workloads/ `deploy` reads
 

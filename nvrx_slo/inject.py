@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from nvrx_slo import generated
+from nvrx_slo import file_format
 from nvrx_slo.contracts import pod_env
 
 Obj = dict[str, Any]
@@ -205,6 +205,39 @@ def training_container(containers: list[Obj], wanted: str | None, default: str |
                       "name it with --container")
 
 
+# The extended resources a GPU device plugin advertises: what a training pod's accelerators are requested as.
+ACCELERATOR_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
+def pod_accelerators(pod: Obj) -> float:
+    """The accelerators the pod's containers ask for (limits, where an extended resource must be set;
+    else requests): what its sidecar prices badput by, shared by the pod's ranks."""
+    total = 0.0
+    for container in pod.get("containers", []):
+        resources = container.get("resources") or {}
+        for name in ACCELERATOR_RESOURCES:
+            amount = (resources.get("limits") or {}).get(name, (resources.get("requests") or {}).get(name))
+            if amount is None:
+                continue
+            try:
+                count = float(amount)
+            except (TypeError, ValueError):
+                raise InjectError(f"container {container.get('name')!r}: resource {name} is {amount!r}, "
+                                  "not a count") from None
+            if not count >= 0:
+                raise InjectError(f"container {container.get('name')!r}: resource {name} is {amount!r}")
+            total += count
+    return total
+
+
+def _sidecar_for(pod: Obj, sidecar: Obj) -> Obj:
+    """The sidecar told how many accelerators its pod holds, where the template asks for any."""
+    accelerators = pod_accelerators(pod)
+    if not accelerators:
+        return sidecar
+    return {**sidecar, "args": [*sidecar["args"], f"--accelerators-per-pod={accelerators:g}"]}
+
+
 def _check_ports(pod: Obj, sidecar: Obj) -> None:
     """Containers share the pod's network: the sidecar's port must be its own, and the PodMonitor
     scrapes every port of the pod with the sidecar's port name."""
@@ -226,9 +259,10 @@ def inject_template(template: Obj, parts: Parts, container: str | None, default:
         raise InjectError(f"container named {parts.sidecar['name']!r} is already there and is not nvrx-slo's "
                           "(a regular container, not a native sidecar)")
     trainer = training_container(pod["containers"], container, default)
-    _check_ports(pod, parts.sidecar)
-    upgrades: list[str] | None = [] if _injected_before(pod.get("initContainers", []), parts.sidecar) else None
-    pod["initContainers"] = _merge(pod.get("initContainers", []), [parts.sidecar], "init container", upgrades)
+    sidecar = _sidecar_for(pod, parts.sidecar)
+    _check_ports(pod, sidecar)
+    upgrades: list[str] | None = [] if _injected_before(pod.get("initContainers", []), sidecar) else None
+    pod["initContainers"] = _merge(pod.get("initContainers", []), [sidecar], "init container", upgrades)
     pod["volumes"] = _merge(pod.get("volumes", []), parts.volumes, "volume", upgrades)
     where = f"container {trainer['name']!r}:"
     trainer["env"] = _merge(trainer.get("env", []), parts.trainer_env, f"{where} env var", upgrades)
@@ -301,7 +335,7 @@ def inject_stream(sources: list[tuple[str, str]], image: str, container: str | N
                 raise InjectError(f"{_describe(doc, source, number)}: {exc}") from None
             if upgraded is not None:
                 upgraded += [f"{_describe(doc, source, number)}: {change}" for change in changes]
-    return generated.yaml_documents(out)
+    return file_format.yaml_documents(out)
 
 
 WORKLOADS = Path("deploy/workloads")  # the reference workloads as one writes them: no sidecar
@@ -322,7 +356,7 @@ def overlays(repo: Path) -> dict[Path, str]:
         source = str(WORKLOADS / path.name)
         text = inject_stream([(source, path.read_text())], image, None)
         files[OVERLAYS / path.stem / "generated" / "workload.yaml"] = (
-            generated.header("nvrx-slo generate deploy", source) + text)
+            file_format.header("nvrx-slo generate deploy", source) + text)
     return files
 
 

@@ -18,7 +18,8 @@ from hypothesis import settings
 import fleet
 from deploy_model import OVERLAYS, render
 from fleet import Fleet
-from nvrx_slo.trainer.reference.demo import DEFAULT_FAULTS, DemoResult, read_journal
+from journal_truth import read_journal
+from nvrx_slo.trainer.reference.harness import DEFAULT_FAULTS, DemoResult
 from virtual_clock import virtual_time  # noqa: F401 - a fixture every test module may use
 
 # CI (``HYPOTHESIS_PROFILE=ci``, set by .ci/run) draws the same examples on every run, so a verdict

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvrx_slo.dashboards import generate
+from nvrx_slo.dashboards import files as dashboard_files
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW = "row"
@@ -30,7 +30,7 @@ class Query:
 def load_all() -> dict[str, dict]:
     """uid -> dashboard JSON, from the committed files."""
     out = {}
-    for path in sorted((ROOT / generate.JSON_DIR).glob("*.json")):
+    for path in sorted((ROOT / dashboard_files.JSON_DIR).glob("*.json")):
         model = json.loads(path.read_text(encoding="utf-8"))
         out[model["uid"]] = model
     return out

@@ -54,7 +54,8 @@ from typing import Any
 import yaml
 
 from backends import alertmanager, follow, prometheus, victoria_metrics, vmagent, vmalert
-from nvrx_slo.alerts import generate, spec
+from nvrx_slo.alerts import files as alert_files
+from nvrx_slo.alerts import spec
 from nvrx_slo.generate import main as generate_main
 from servers import HttpStub
 
@@ -123,16 +124,16 @@ def _remote_write(url: str, names: str) -> dict[str, Any]:
 def _prometheus_tiers(stack: ExitStack, tmp: Path, scrape: list[dict[str, Any]],
                       reference: str | None) -> tuple[str, str, set[str]]:
     rules, _ = _rules(tmp / "prometheus", SPEC)
-    local, global_ = (groups((rules / f).read_text()) for f in (generate.LOCAL_RULES, generate.GLOBAL_RULES))
+    local, global_ = (groups((rules / f).read_text()) for f in (alert_files.LOCAL_RULES, alert_files.GLOBAL_RULES))
     interface = recorded(local) & {n for rs in global_.values() for r in rs for n in reads(r)}
     every = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-    ruler = prometheus(stack, tmp, "global", {"global": every, "rule_files": [str(rules / generate.GLOBAL_RULES)]},
+    ruler = prometheus(stack, tmp, "global", {"global": every, "rule_files": [str(rules / alert_files.GLOBAL_RULES)]},
                        "--web.enable-remote-write-receiver")
     prometheus(stack, tmp, "idle-shard", {"global": every | {"external_labels": {"cluster": "b"}},
-                                          "rule_files": [str(rules / generate.LOCAL_RULES)],
+                                          "rule_files": [str(rules / alert_files.LOCAL_RULES)],
                                           "remote_write": [_remote_write(ruler, _names(interface))]})
     single = prometheus(stack, tmp, "single", {"global": every | {"external_labels": {"cluster": "a"}},
-                                               "rule_files": [str(rules / generate.RULES)], "scrape_configs": scrape,
+                                               "rule_files": [str(rules / alert_files.RULES)], "scrape_configs": scrape,
                                                "remote_write": [_remote_write(ruler, _names(interface))] + (
                                                    [_remote_write(reference, RAW)] if reference else [])})
     return single, ruler, interface
@@ -151,8 +152,8 @@ def _pager(stack: ExitStack) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _victoria_tiers(stack: ExitStack, tmp: Path, rules: Path, scrape: list[dict[str, Any]]) -> dict[str, str]:
-    local, global_ = rules / generate.LOCAL_RULES, rules / generate.GLOBAL_RULES
-    am = alertmanager(stack, tmp, rules / generate.ALERTMANAGER)
+    local, global_ = rules / alert_files.LOCAL_RULES, rules / alert_files.GLOBAL_RULES
+    am = alertmanager(stack, tmp, rules / alert_files.ALERTMANAGER)
     one, ruler, idle = (victoria_metrics(stack, tmp, n) for n in ("vm-one", "vm-global", "vm-idle"))
     job_level = [{"source_labels": ["__name__"], "regex": JOB_LEVEL.pattern, "action": "keep"},
                  {"target_label": "cluster", "replacement": "a"}]
@@ -183,7 +184,7 @@ def run(tmp: Path) -> Iterator[Fleet]:
             "pager_url": f"{pager}/pager", "ticket_url": f"{pager}/ticket", "group_wait": "1s", "group_interval": "1s"})
         if all(shutil.which(t) for t in VM_TOOLS):
             # the same samples as single scraped (two scrapers of a stopped sidecar share its final scrapes)
-            reference = prometheus(stack, tmp, "reference", {"rule_files": [str(vm_rules / generate.RULES)]},
+            reference = prometheus(stack, tmp, "reference", {"rule_files": [str(vm_rules / alert_files.RULES)]},
                                    "--web.enable-remote-write-receiver")
             vm = {"reference": reference, **_victoria_tiers(stack, tmp, vm_rules, scrape)}
         single, ruler, interface = _prometheus_tiers(stack, tmp, scrape, vm and vm["reference"])

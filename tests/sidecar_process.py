@@ -18,13 +18,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.views.collector import SnapshotCollector
 from nvrx_slo.exporter.views.exposition import TextRenderer
 
-IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
+IDENT = PodIdentity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
 _SERVING = re.compile(rb"serving http://127\.0\.0\.1:(\d+)/metrics")
 
 

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from alert_suites import SUITES, spec_for, suites
 from needs import tool
-from nvrx_slo.alerts import duration, generate, idle, plan, spec
+from nvrx_slo.alerts import duration, idle, plan, spec
+from nvrx_slo.alerts import files as alert_files
 from nvrx_slo.alerts.conventions import DASHBOARD_OF, Alert, Dashboard
 from nvrx_slo.contracts import catalogue
 
@@ -36,12 +37,12 @@ def _default() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def rendered() -> dict[Path, str]:
     s = spec.load()
-    return generate.render(s, s.plan(), "alerts/slo.yaml")
+    return alert_files.render(s, s.plan(), "alerts/slo.yaml")
 
 
 @pytest.fixture(scope="module")
 def rule_file(rendered: dict[Path, str]) -> dict[str, Any]:
-    return yaml.safe_load(rendered[generate.RULES])
+    return yaml.safe_load(rendered[alert_files.RULES])
 
 
 @pytest.fixture(scope="module")
@@ -168,13 +169,13 @@ def test_promtool_accepts_every_rule_file(tmp_path: Path) -> None:
     """The plain file, the PrometheusRule's groups (promtool rejects the wrapper itself), a 1h-period
     file, and one of a spec without a cost section (OpenCost's prices only)."""
     hour_spec = spec_for(SUITES / "hour")
-    hour = generate.render(hour_spec, hour_spec.plan(), "test")[generate.RULES]
+    hour = alert_files.render(hour_spec, hour_spec.plan(), "test")[alert_files.RULES]
     (tmp_path / "hour.yaml").write_text(hour)
     unpriced = spec.from_dict(_set("cost", _DELETE))
-    (tmp_path / "unpriced.yaml").write_text(generate.render(unpriced, unpriced.plan(), "test")[generate.RULES])
-    wrapped = yaml.safe_load((ROOT / generate.PROMETHEUS_RULE).read_text())["spec"]
+    (tmp_path / "unpriced.yaml").write_text(alert_files.render(unpriced, unpriced.plan(), "test")[alert_files.RULES])
+    wrapped = yaml.safe_load((ROOT / alert_files.PROMETHEUS_RULE).read_text())["spec"]
     (tmp_path / "prometheusrule-groups.yaml").write_text(yaml.safe_dump(wrapped))
-    files = [ROOT / generate.RULES, tmp_path / "prometheusrule-groups.yaml", tmp_path / "hour.yaml",
+    files = [ROOT / alert_files.RULES, tmp_path / "prometheusrule-groups.yaml", tmp_path / "hour.yaml",
              tmp_path / "unpriced.yaml"]
     result = subprocess.run(
         [tool("promtool"), "check", "rules", *map(str, files)], capture_output=True, text=True, timeout=60,
@@ -186,14 +187,14 @@ def test_promtool_accepts_every_rule_file(tmp_path: Path) -> None:
 def test_amtool_accepts_the_alertmanager_config() -> None:
     result = subprocess.run(
         [tool("amtool"), "check-config",
-         str(ROOT / generate.ALERTMANAGER)], capture_output=True, text=True, timeout=60,
+         str(ROOT / alert_files.ALERTMANAGER)], capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_prometheus_rule_wraps_the_same_groups_with_the_release_label(rendered: dict[Path, str],
                                                                           rule_file: dict) -> None:
-    wrapper = yaml.safe_load(rendered[generate.PROMETHEUS_RULE])
+    wrapper = yaml.safe_load(rendered[alert_files.PROMETHEUS_RULE])
     assert (wrapper["apiVersion"], wrapper["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
     assert wrapper["metadata"]["labels"]["release"] == spec.load().release
     assert wrapper["spec"]["groups"] == rule_file["groups"]
@@ -201,7 +202,7 @@ def test_the_prometheus_rule_wraps_the_same_groups_with_the_release_label(render
 
 def test_alertmanager_routes_by_severity_groups_by_job_and_inhibits_tickets_during_a_page(
         rendered: dict[Path, str]) -> None:
-    config = yaml.safe_load(rendered[generate.ALERTMANAGER])
+    config = yaml.safe_load(rendered[alert_files.ALERTMANAGER])
     route = config["route"]
     assert route["group_by"] == ["namespace", "job_name"]
     assert [(r["matchers"], r["receiver"]) for r in route["routes"]] == [
@@ -211,7 +212,7 @@ def test_alertmanager_routes_by_severity_groups_by_job_and_inhibits_tickets_duri
         "source_matchers": ['severity="critical"'], "target_matchers": ['severity="warning"'],
         "equal": ["namespace", "job_name"],
     }]
-    crd = yaml.safe_load(rendered[generate.ALERTMANAGER_CONFIG])
+    crd = yaml.safe_load(rendered[alert_files.ALERTMANAGER_CONFIG])
     assert crd["kind"] == "AlertmanagerConfig"
     assert crd["spec"]["inhibitRules"][0]["equal"] == ["namespace", "job_name"]
     assert [r["receiver"] for r in crd["spec"]["route"]["routes"]] == ["pager", "ticket"]
@@ -279,8 +280,8 @@ def _known(name: str) -> bool:
 
 
 def test_rules_and_runbooks_name_only_catalogue_metrics(rendered: dict[Path, str]) -> None:
-    recorded = set(re.findall(r"record: (\S+)", rendered[generate.RULES]))
-    texts = {"rules": rendered[generate.RULES]} | {p.name: p.read_text() for p in RUNBOOKS.glob("*.md")}
+    recorded = set(re.findall(r"record: (\S+)", rendered[alert_files.RULES]))
+    texts = {"rules": rendered[alert_files.RULES]} | {p.name: p.read_text() for p in RUNBOOKS.glob("*.md")}
     for where, text in texts.items():
         for name in set(_NVRX_NAME.findall(text)):
             assert _known(name) or any(name in r for r in recorded), f"{where} names {name}, not in the catalogue"

@@ -1,6 +1,6 @@
 """End to end on loopback: a real job breaches its SLO and a page reaches a webhook.
 
-The chain, all real: the demo job (``nvrx_slo.trainer.reference.demo.run_demo``: the reference FSDP job on 2 CPU
+The chain, all real: the demo job (``nvrx_slo.trainer.reference.harness.run_demo``: the reference FSDP job on 2 CPU
 ranks under ft_launcher and ``inprocess.Wrapper``, journaling through the trainer hooks) →
 ``nvrx-slo sidecar`` (/metrics) → Prometheus 2.42 (static scrape, 1 s scrape
 and evaluation) with the rules ``nvrx-slo generate alerts`` writes for this test's spec →
@@ -36,10 +36,11 @@ import pytest
 import yaml
 
 from needs import tool
-from nvrx_slo.alerts import duration, generate, spec
+from nvrx_slo.alerts import duration, spec
+from nvrx_slo.alerts import files as alert_files
 from nvrx_slo.alerts.conventions import Alert
 from nvrx_slo.generate import main as generate_main
-from nvrx_slo.trainer.reference.demo import run_demo
+from nvrx_slo.trainer.reference.harness import run_demo
 from servers import HttpStub, free_port, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
@@ -131,14 +132,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(subprocess.Popen(
-            [tool("prometheus-alertmanager"), f"--config.file={tmp / generate.ALERTMANAGER}",
+            [tool("prometheus-alertmanager"), f"--config.file={tmp / alert_files.ALERTMANAGER}",
              f"--storage.path={tmp / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=",
              "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=open(tmp / "alertmanager.log", "wb")))
         config = tmp / "prometheus.yml"
         config.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(tmp / generate.RULES)],
+            "rule_files": [str(tmp / alert_files.RULES)],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
             "scrape_configs": [{"job_name": "nvrx-slo", "honor_labels": True, "static_configs": [
                 {"targets": [f"127.0.0.1:{port}" for port in sidecar_ports.values()]}]}],

@@ -16,14 +16,14 @@ import pytest
 
 from alert_suites import spec_for, suites
 from needs import tool
-from nvrx_slo.alerts import generate
+from nvrx_slo.alerts import files as alert_files
 
 pytestmark = pytest.mark.external
 
 
 def _rules_for(folder: Path) -> str:
     s = spec_for(folder)
-    return generate.render(s, s.plan(), "test")[generate.RULES]
+    return alert_files.render(s, s.plan(), "test")[alert_files.RULES]
 
 
 @pytest.fixture(scope="module")

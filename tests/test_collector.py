@@ -11,13 +11,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from needs import tool
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.schema import RejectReason
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.views.collector import SnapshotCollector
 from nvrx_slo.exporter.views.exposition import TextRenderer
-from nvrx_slo.exporter.views.view import Accelerators, View
+from nvrx_slo.exporter.views.view import AcceleratorsSaid, View
 from snapshot_fixtures import snapshot
 
-IDENT = Identity(namespace="train", pod="pod-0", node="node-0", job_name="llm")
+IDENT = PodIdentity(namespace="train", pod="pod-0", node="node-0", job_name="llm")
 
 
 def scrape(view: View, **kw) -> tuple[bytes, dict]:
@@ -167,11 +167,13 @@ def test_an_eight_rank_pod_exports_at_most_250_series():
 def test_fault_seconds_are_one_series_per_cause_seen_and_the_accelerators_one_per_pod():
     """The lost and restart seconds by cause, summed over both categories and the pod's ranks (the
     snapshot's ``caused``); causes the pod never saw have no series. Each rank's accelerators, with
-    the model its cost is priced by."""
+    the model its cost is priced by: as said per rank, or a pod's shared by the ranks it accounts."""
     snap = view(2).snapshot
-    _, fams = scrape(View.of(snap, {}, accelerators=Accelerators("NVIDIA H100 80GB HBM3", 8.0)))
+    _, fams = scrape(View.of(snap, {}, accelerators=AcceleratorsSaid("NVIDIA H100 80GB HBM3", per_rank=8.0)))
     assert [s.labels["cause"] for s in fams["nvrx_fault_seconds"].samples] == ["killed"]
     assert value(fams, cat.FAULT_TIME, cause="killed") == sum(snap.caused.values()) == 3.0 * 2
     assert value(fams, cat.RANK_ACCELERATORS, accelerator="NVIDIA H100 80GB HBM3") == 8.0
     _, fams = scrape(View.of(snap, {}))
     assert value(fams, cat.RANK_ACCELERATORS, accelerator="unknown") == 1.0
+    _, fams = scrape(View.of(snap, {}, accelerators=AcceleratorsSaid(per_pod=8.0)))
+    assert snap.rank_count == 2 and value(fams, cat.RANK_ACCELERATORS, accelerator="unknown") == 4.0

@@ -24,17 +24,17 @@ import yaml
 
 from dashboard_model import ROOT, ROW, legend_labels, load_all, names, panels, queries
 from nvrx_slo.alerts import conventions, duration
-from nvrx_slo.alerts import generate as alerts_generate
+from nvrx_slo.alerts import files as alert_files
 from nvrx_slo.alerts import spec as slo_spec
 from nvrx_slo.alerts.plan import Severity
 from nvrx_slo.contracts import catalogue as cat
-from nvrx_slo.dashboards import generate
+from nvrx_slo.dashboards import files as dashboard_files
 from nvrx_slo.dashboards import queries as q
 
 MODELS = load_all()
 SPEC = slo_spec.load()
 PLAN = SPEC.plan()
-RULES = yaml.safe_load((ROOT / alerts_generate.RULES).read_text(encoding="utf-8"))
+RULES = yaml.safe_load((ROOT / alert_files.RULES).read_text(encoding="utf-8"))
 JOB_UIDS = {"nvrx-slo-overview", "nvrx-slo-checkpointing", "nvrx-slo-recovery", "nvrx-slo-ranks"}  # one job's
 FLEET = "nvrx-slo-fleet"
 UIDS = JOB_UIDS | {FLEET}
@@ -210,7 +210,7 @@ def test_every_metric_and_label_a_query_names_is_in_the_catalogue_or_recorded_by
     metrics, labels, _ = names(query.expr)
     assert metrics, f"no metric found in {query.expr}"
     unknown = metrics - set(known) - {q.ALERTS}
-    assert not unknown, f"not in the catalogue nor recorded by {alerts_generate.RULES}: {sorted(unknown)}"
+    assert not unknown, f"not in the catalogue nor recorded by {alert_files.RULES}: {sorted(unknown)}"
     allowed = set().union(*(known.get(x, ALERTS_LABELS) for x in metrics))
     assert labels | legend_labels(query.legend) <= allowed, f"labels not on {sorted(metrics)}"
 
@@ -277,7 +277,7 @@ def test_the_name_parser_finds_what_it_should():
 
 
 def test_configmaps_carry_the_grafana_label_the_same_json_and_stay_small():
-    path = ROOT / generate.CONFIGMAPS
+    path = ROOT / dashboard_files.CONFIGMAPS
     text = path.read_text(encoding="utf-8")
     assert text.startswith("# ") and "do not edit" in text.splitlines()[0]
     docs = list(yaml.safe_load_all(text))
@@ -286,19 +286,19 @@ def test_configmaps_carry_the_grafana_label_the_same_json_and_stay_small():
         assert doc["kind"] == "ConfigMap" and doc["metadata"]["labels"]["grafana_dashboard"] == "1"
         (key, body), = doc["data"].items()
         assert json.loads(body)["uid"] + ".json" == key
-        assert body == (ROOT / generate.JSON_DIR / key).read_text(encoding="utf-8")
-        assert len(yaml.safe_dump(doc).encode()) < generate.CONFIGMAP_LIMIT_BYTES
+        assert body == (ROOT / dashboard_files.JSON_DIR / key).read_text(encoding="utf-8")
+        assert len(yaml.safe_dump(doc).encode()) < dashboard_files.CONFIGMAP_LIMIT_BYTES
 
 
 def test_configmaps_pass_the_kubernetes_schema():
     result = subprocess.run([sys.executable, "-m", "kubernetes_validate", "-k", "1.33.0", "--strict",
-                             str(ROOT / generate.CONFIGMAPS)], capture_output=True, text=True)
+                             str(ROOT / dashboard_files.CONFIGMAPS)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_an_oversized_configmap_is_refused():
     with pytest.raises(ValueError, match="over 262144"):
-        generate.to_configmaps({"nvrx-slo-huge": "x\n" * (generate.CONFIGMAP_LIMIT_BYTES // 2)})
+        dashboard_files.to_configmaps({"nvrx-slo-huge": "x\n" * (dashboard_files.CONFIGMAP_LIMIT_BYTES // 2)})
 
 
 def test_a_label_the_metric_does_not_carry_is_refused_at_generation():

@@ -4,7 +4,7 @@ No Grafana server installs here, so nothing renders the panels; instead each Pro
 (panel targets, annotations, the template variables' selectors) is sent to Debian's Prometheus
 2.42 the way Grafana would send it, and must be accepted and return data.
 
-The run: the real demo (``nvrx_slo.trainer.reference.demo.run_demo``: the reference job on 2 CPU ranks under
+The run: the real demo (``nvrx_slo.trainer.reference.harness.run_demo``: the reference job on 2 CPU ranks under
 ft_launcher, a crash, an in-process restart and several checkpoints) with the real sidecar
 (``nvrx-slo sidecar``) beside it, scraped every second by Prometheus on 127.0.0.1 while the job
 runs (rates need two samples).
@@ -44,14 +44,14 @@ import yaml
 from dashboard_model import Query, legend_labels, load_all, names, queries
 from needs import tool
 from nvrx_slo.alerts import conventions
-from nvrx_slo.alerts import generate as alerts_generate
+from nvrx_slo.alerts import files as alert_files
 from nvrx_slo.alerts import spec as slo_spec
 from nvrx_slo.alerts.plan import Severity
 from nvrx_slo.alerts.spec import Slo
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.dashboards import queries as q
 from nvrx_slo.generate import main as generate_main
-from nvrx_slo.trainer.reference.demo import run_demo
+from nvrx_slo.trainer.reference.harness import run_demo
 from servers import free_port, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
@@ -90,7 +90,7 @@ def _alert_rules(tmp: Path) -> Path:
     spec_file.write_text(yaml.safe_dump(data))
     # the real CLI entry point
     assert generate_main(["alerts", "--spec", str(spec_file), "--root", str(tmp / "alerts")]) == 0
-    return tmp / "alerts" / alerts_generate.RULES
+    return tmp / "alerts" / alert_files.RULES
 
 
 def _start_prometheus(tmp: Path, target: str) -> Prometheus:

@@ -1,7 +1,7 @@
 """The README's first command, end to end: the job, the real sidecar beside it, the SLO report.
 
 The printed report is the sidecar's own (written on SIGTERM, as in a pod); it is checked against
-what the journal itself says happened, read independently by ``nvrx_slo.trainer.reference.demo.summarize``.
+what the journal itself says happened, read independently by ``journal_truth.summarize``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from nvrx_slo.trainer.reference.demo import read_journal, summarize
+from journal_truth import read_journal, summarize
 
 pytestmark = [pytest.mark.torch, pytest.mark.nvrx]
 

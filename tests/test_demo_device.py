@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_slo.trainer.reference import demo
-from nvrx_slo.trainer.reference.demo import CPU, DEFAULT_FAULTS, demo_device, launch_args
+from nvrx_slo.trainer.reference import harness
+from nvrx_slo.trainer.reference.harness import CPU, DEFAULT_FAULTS, demo_device, launch_args
 from nvrx_slo.trainer.reference.job import parse_args
 from nvrx_slo.trainer.reference.model import ModelConfig
 
@@ -65,7 +65,7 @@ def test_the_gpu_demo_is_sized_to_be_productive_between_saves_and_still_show_bot
 
 def test_a_demo_of_several_pods_runs_on_cpu_only(tmp_path):
     with pytest.raises(ValueError, match="runs on CPU"):
-        demo.run_demo(tmp_path / "run", pods=2, device=demo_device(2))
+        harness.run_demo(tmp_path / "run", pods=2, device=demo_device(2))
     launcher, train = _args(CPU, pods=3)
     assert "--nnodes" in launcher and parse_args(train).fault_rank == 2
 
@@ -73,15 +73,15 @@ def test_a_demo_of_several_pods_runs_on_cpu_only(tmp_path):
 def test_the_demo_is_shortened_by_its_flags_on_a_gpu_and_on_the_cpu():
     """``--size``, ``--steps``, ``--save-every`` and ``--faults`` reach nvrx-slo train's command: a demo
     that fits a slow GPU, or a longer CPU one."""
-    faults = demo.parse_faults("crash@120,exception@220")
+    faults = harness.parse_faults("crash@120,exception@220")
     for gpus in (0, 2):
         device = demo_device(gpus, size="small", steps=300, checkpoint_every=100, faults=faults)
         cfg = parse_args(_args(device)[1])
         assert (cfg.steps, cfg.checkpoint_every, cfg.model.d_model, cfg.model.layers) == (300, 100, 512, 4)
         assert [(f.kind, f.step) for f in cfg.faults] == [("crash", 120), ("exception", 220)]
         assert device.kind == ("cuda" if gpus else "cpu") and device.ranks == (gpus or 2)
-    assert demo_device(1, faults=demo.parse_faults("none")).faults == ()
+    assert demo_device(1, faults=harness.parse_faults("none")).faults == ()
     assert parse_args(_args(demo_device(0, size="large"))[1]).model.d_model == 1024
     for bad in ("crash", "crash@x", "boom@3", "crash@3,,"):
         with pytest.raises(ValueError, match="KIND@STEP"):
-            demo.parse_faults(bad)
+            harness.parse_faults(bad)

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from journal_truth import read_journal, summarize
 from nvrx_slo.contracts.catalogue import Category, RestartLevel
 from nvrx_slo.exporter import state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.trainer.reference.demo import read_journal, summarize
 
 PODS = ("pod-0", "pod-1")
 

@@ -61,6 +61,12 @@ def pip_install_args(dockerfile: Path) -> list[str]:
     return words[words.index("install") + 1:]
 
 
+def image_drops(dockerfile: Path) -> list[str]:
+    """The package's folders the image removes once installed (its ``cd <package> && rm -r ...`` line)."""
+    (run,) = [rest for ins, rest in instructions(dockerfile) if ins == "RUN" and "rm -r " in rest]
+    return shlex.split(run.split("rm -r ", 1)[1])
+
+
 def build_context(dockerfile: Path, scratch: Path) -> Path:
     """Replay the Dockerfile's COPY lines from the repository into ``scratch``; returns where /src went."""
     for ins, rest in instructions(dockerfile):
@@ -231,7 +237,10 @@ def test_the_sidecar_image_installs_without_torch_and_serves_metrics(kustomized,
     assert "nvrx-slo" in names and not names & {"torch", "nvidia-resiliency-ext"}
     package = subprocess.run([venv / "bin" / "python", "-c", "import nvrx_slo; print(nvrx_slo.__path__[0])"],
                              capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
-    shutil.rmtree(Path(package) / "trainer")  # the build needs the folder; the sidecar must not
+    dropped = image_drops(IMAGES / "sidecar.Dockerfile")
+    assert "trainer" in dropped  # the build needs the folder; the sidecar must not
+    for folder in dropped:
+        shutil.rmtree(Path(package) / folder)
 
     sidecar, _ = containers(pod_template(kustomized["indexed-job"]))
     port = free_port()

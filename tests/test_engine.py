@@ -448,7 +448,7 @@ def test_a_job_that_never_saves_keeps_bounded_state_and_every_second():
     engine = Engine(reorder_window_s=0.0)
     for record in pod.records:
         engine.ingest(as_event(record))
-    assert len(engine.to_state()["lanes"]["0"]["ledger"]["pool_steps"]) <= 4096
+    assert len(engine.to_state()["lanes"]["0"]["ledger"]["pool"]["steps"]) <= 4096
     snap = engine.snapshot(10_001.0, 0.0)
     assert snap.ranks[0].unprotected_s == pytest.approx(10_000.0)
     check_invariant(snap)

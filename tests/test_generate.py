@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_slo import generate, generated
+from nvrx_slo import file_format, generate
 from nvrx_slo.alerts import spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_the_committed_artefacts_are_a_fresh_generation_headed_do_not_edit_and_n
         assert "generated" in path.parts, path
         assert (ROOT / path).read_bytes() == (fresh / path).read_bytes(), f"{path} is stale: run `nvrx-slo generate`"
         if path.suffix == ".json":  # JSON has no comments: a dashboard says it in its description
-            assert generated.note(f"nvrx-slo generate {name}", "dashboards/") in json.loads(text)["description"]
+            assert file_format.note(f"nvrx-slo generate {name}", "dashboards/") in json.loads(text)["description"]
         else:
             assert text.startswith(f"# generated — do not edit: `nvrx-slo generate {name}` from "), path
     for folder in {path.parent for path in files}:

@@ -26,7 +26,7 @@ from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.trainer.hooks import Hooks
-from nvrx_slo.trainer.journal import Identity, Journal
+from nvrx_slo.trainer.journal import Journal, Writer
 from servers import free_port
 
 pytestmark = pytest.mark.torch
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.torch
 
 def _hooks(tmp_path: Path) -> Hooks:
     (tmp_path / "journal").mkdir()
-    return Hooks(Journal(tmp_path / "journal", Identity.from_env({"RANK": "0"})))
+    return Hooks(Journal(tmp_path / "journal", Writer.from_env({"RANK": "0"})))
 
 
 def _records(tmp_path: Path) -> list[dict]:
@@ -158,7 +158,7 @@ def test_a_result_that_cannot_be_tracked_is_a_warning_and_the_save_ends_with_its
 def test_nothing_raises_into_training_when_the_journal_cannot_be_written(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    slo = Hooks(Journal(blocker / "journal", Identity.from_env({"RANK": "0"})))
+    slo = Hooks(Journal(blocker / "journal", Writer.from_env({"RANK": "0"})))
     future: concurrent.futures.Future = concurrent.futures.Future()
     with slo.checkpoint(1, mode="async") as save:
         save.track(future)

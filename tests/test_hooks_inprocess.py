@@ -17,7 +17,8 @@ from nvrx_slo.contracts import schema
 from nvrx_slo.trainer import inprocess_callbacks
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.inprocess_callbacks import inprocess_wrapper_kwargs
-from nvrx_slo.trainer.journal import Identity, Journal
+from nvrx_slo.trainer.journal import Journal, Writer
+from nvrx_slo.trainer.reference import cpu_shims
 from virtual_clock import CLOCK
 
 pytestmark = [pytest.mark.torch, pytest.mark.nvrx]
@@ -61,7 +62,7 @@ def _records(journal):
 
 
 def test_journal_callbacks_wrap_the_users_own_in_the_order_that_timestamps_the_phases(tmp_path):
-    journal = Journal(tmp_path, Identity.from_env({"RANK": "1"}))
+    journal = Journal(tmp_path, Writer.from_env({"RANK": "1"}))
     seen: list = []
     kwargs = inprocess_wrapper_kwargs(journal, **_user_callbacks(journal, seen), soft_timeout="passed through")
     assert kwargs["soft_timeout"] == "passed through"
@@ -86,7 +87,7 @@ def test_journal_callbacks_wrap_the_users_own_in_the_order_that_timestamps_the_p
 
 
 def test_without_user_callbacks_nvrx_defaults_stay_in_place(tmp_path):
-    journal = Journal(tmp_path, Identity.from_env({"RANK": "0"}))
+    journal = Journal(tmp_path, Writer.from_env({"RANK": "0"}))
     kwargs = inprocess_wrapper_kwargs(journal)
     assert set(CALLBACKS) <= set(kwargs)
     assert any(isinstance(i, inprocess.abort.AbortTorchDistributed) for i in kwargs["abort"].instances)
@@ -100,7 +101,7 @@ def test_handed_the_hooks_finalize_first_journals_the_steps_the_gpu_finished_wit
     """A fault outside a step (a collective between steps): the steps the GPU finished before it are
     journaled at finalize with their own times, before the restart's records (fake GPU on a virtual clock)."""
     gpu = FakeGpu()
-    hooks = Hooks(Journal(tmp_path, Identity.from_env({"RANK": "1"})), gpu.event)
+    hooks = Hooks(Journal(tmp_path, Writer.from_env({"RANK": "1"})), gpu.event)
     ends = []
     for step in range(3):
         with hooks.step(step) as s:
@@ -121,7 +122,7 @@ def test_handed_the_hooks_finalize_first_journals_the_steps_the_gpu_finished_wit
 def test_a_callback_never_raises_even_when_the_journal_and_the_store_fail(tmp_path, name):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    journal = Journal(blocker / "journal", Identity.from_env({"RANK": "0"}))
+    journal = Journal(blocker / "journal", Writer.from_env({"RANK": "0"}))
     kwargs = inprocess_wrapper_kwargs(journal)
     if name == "rank_assignment":
         ctx = inprocess.rank_assignment.RankAssignmentCtx(_state(), Store(ConnectionError("store gone")), set())
@@ -141,10 +142,12 @@ class UserCheck(inprocess.health_check.HealthCheck):
 def test_a_wrapper_built_on_a_host_without_gpu_keeps_only_the_users_restart_health_check(tmp_path, monkeypatch,
                                                                                           user_check):
     """From NVRx 0.5 the Wrapper chains GPU/NVLink/NIC checks into ``restart_health_check`` when
-    LOCAL_RANK is set; without a driver they fail and the rank would terminate instead of restarting."""
+    LOCAL_RANK is set; without a driver they fail and the rank would terminate instead of restarting
+    (the reference job's CPU shim)."""
     monkeypatch.setenv("LOCAL_RANK", "0")
-    journal = Journal(tmp_path, Identity.from_env({"RANK": "0"}))
-    built = inprocess_callbacks.inprocess_wrapper(journal, health_check=user_check)
+    journal = Journal(tmp_path, Writer.from_env({"RANK": "0"}))
+    wrapper = inprocess_callbacks.inprocess_wrapper(journal, health_check=user_check)
+    built = cpu_shims.without_gpu_health_checks(wrapper)
     assert isinstance(built, inprocess.Wrapper)
     plain = inprocess.Wrapper(**inprocess_wrapper_kwargs(journal, health_check=user_check))
     if hasattr(plain, "restart_health_check"):  # the releases that build one (0.5+)

@@ -8,7 +8,7 @@ import pytest
 
 from nvrx_slo.exporter.identity import from_environment, parse_labels_file
 from nvrx_slo.trainer import launch_env
-from nvrx_slo.trainer.journal import Identity
+from nvrx_slo.trainer.journal import Writer
 
 
 def test_env_gives_every_field(tmp_path):
@@ -52,7 +52,7 @@ def test_labels_file_values_are_go_quoted():
 def test_the_trainer_and_the_sidecar_name_the_same_pod_node_and_job(tmp_path, env):
     """The engine joins the journal's records to the sidecar's series by these three strings."""
     sidecar = from_environment(env, None, service_account_namespace=tmp_path / "missing")
-    trainer = Identity.from_env(env)
+    trainer = Writer.from_env(env)
     assert (trainer.pod, trainer.node, trainer.job) == (sidecar.pod, sidecar.node, sidecar.job_name)
     assert trainer.pod == (env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname())
 
@@ -77,6 +77,6 @@ SRUN = {"SLURM_PROCID": "5", "SLURM_LOCALID": "2", "SLURM_NTASKS": "7", "SLURM_N
 def test_a_rank_reads_who_it_is_from_its_launchers_environment(env, want):
     """Without extra arguments: what the journal stamps on every record, and what process_start
     says of the pod (its workers) and of the launcher (the restarts it may make)."""
-    ident = Identity.from_env({**env, "HOSTNAME": "host-a"})
+    ident = Writer.from_env({**env, "HOSTNAME": "host-a"})
     assert (ident.job, ident.node, ident.rank, ident.local_rank, ident.restart, launch_env.local_world_size(env),
             launch_env.max_restarts(env)) == want

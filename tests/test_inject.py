@@ -144,6 +144,30 @@ def test_every_training_pod_gets_a_native_sidecar_sharing_the_journal(case):
         assert all(not c.get("env") or "NVRX_SLO_JOB" not in {e["name"] for e in c["env"]} for c in others)
 
 
+# The GPUs each pod template asks for, as the manifests in tests/manifests/ write them (a driver pod: none).
+ACCELERATORS = {"Job": {"spec.template": 8}, "PyTorchJob": {"Master": 4, "Worker": 4},
+                "JobSet": {"driver": None, "workers": 8}}
+
+
+def test_each_sidecar_is_told_the_accelerators_its_pod_asks_for(case):
+    """Badput is priced per accelerator: the sidecar shares its pod's GPUs among the ranks it accounts
+    (``--accelerators-per-pod``); a pod that asks for none says nothing (one per rank)."""
+    _, out = case
+    (workload,) = workloads(out)
+    for replica, template in templates(workload).items():
+        args = template["spec"]["initContainers"][0]["args"]
+        said = [float(a.split("=")[1]) for a in args if a.startswith("--accelerators-per-pod=")]
+        expected = ACCELERATORS[workload["kind"]][replica]
+        assert said == ([] if expected is None else [expected]), (replica, args)
+
+
+def test_a_gpu_resource_that_is_not_a_count_is_refused_naming_it():
+    (doc,) = load((MANIFESTS / "aws-indexed-job.yaml").read_text())[2:]
+    doc["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "eight"
+    with pytest.raises(inject.InjectError, match="nvidia.com/gpu is 'eight'"):
+        inject.inject_stream([("job.yaml", yaml.safe_dump(doc))], "nvrx-slo-sidecar:9.9", None)
+
+
 def _interval_s(text: str) -> float:
     assert text.endswith("s"), text
     return float(text[:-1])

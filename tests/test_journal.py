@@ -13,7 +13,7 @@ import pytest
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer.hooks import Hooks
-from nvrx_slo.trainer.journal import Identity, Journal, open_journal
+from nvrx_slo.trainer.journal import Journal, Writer, open_journal
 
 ENV = {"NVRX_SLO_JOB": "llm", "POD_NAME": "llm-0", "NODE_NAME": "n1", "RANK": "3", "LOCAL_RANK": "1",
        "TORCHELASTIC_RESTART_COUNT": "2", "HOSTNAME": "ignored-when-pod-name-set"}
@@ -24,15 +24,15 @@ def _records(directory: Path) -> list[dict]:
 
 
 def test_identity_comes_from_the_downward_api_and_torchelastic_env():
-    ident = Identity.from_env(ENV)
+    ident = Writer.from_env(ENV)
     assert (ident.job, ident.pod, ident.node, ident.rank, ident.local_rank, ident.restart, ident.iter) == \
         ("llm", "llm-0", "n1", 3, 1, 2, 0)
-    launcher = Identity.from_env(ENV, launcher=True)
+    launcher = Writer.from_env(ENV, launcher=True)
     assert launcher.rank is None and launcher.local_rank is None
 
 
 def test_every_line_is_a_valid_record_with_identity_and_increasing_seq(tmp_path):
-    journal = Journal(tmp_path, Identity.from_env(ENV))
+    journal = Journal(tmp_path, Writer.from_env(ENV))
     journal.emit(EventType.PROCESS_START, world_size=4)
     journal.step(7, 1.25, 0.5, 0.25, 0.125)
     journal.update(iter=1)
@@ -52,7 +52,7 @@ def test_every_line_is_a_valid_record_with_identity_and_increasing_seq(tmp_path)
 
 
 def test_a_payload_that_is_not_json_is_dropped_and_counted(tmp_path):
-    journal = Journal(tmp_path, Identity.from_env(ENV))
+    journal = Journal(tmp_path, Writer.from_env(ENV))
     journal.emit(EventType.WARNING, message=float("nan"))
     journal.emit(EventType.WARNING, message=object())
     journal.emit(EventType.PROCESS_END)
@@ -61,7 +61,7 @@ def test_a_payload_that_is_not_json_is_dropped_and_counted(tmp_path):
 
 
 def test_rotation_starts_new_generations_and_deletes_the_oldest_without_renaming(tmp_path):
-    journal = Journal(tmp_path, Identity.from_env(ENV), max_bytes=2000, keep=3)
+    journal = Journal(tmp_path, Writer.from_env(ENV), max_bytes=2000, keep=3)
     first = journal.path()
     for i in range(60):  # ~330 bytes each: ~6 per file, ~10 generations
         journal.step(i, 1.0, 0.0, 0.0, 0.0)
@@ -92,7 +92,7 @@ def test_an_unwritable_directory_loses_events_not_training(tmp_path, caplog):
 
 def test_a_full_device_tears_no_line_apart(tmp_path):
     """Writes that fail midway (ENOSPC) leave the next record on its own line."""
-    journal = Journal(tmp_path, Identity.from_env(ENV))
+    journal = Journal(tmp_path, Writer.from_env(ENV))
     journal.emit(EventType.PROCESS_START, world_size=1)
     real = journal._fd
     full = os.open("/dev/full", os.O_WRONLY)
@@ -105,7 +105,7 @@ def test_a_full_device_tears_no_line_apart(tmp_path):
     assert [r["type"] for r in _records(tmp_path)] == ["process_start", "process_end"]
 
 
-def _append_many(directory: str, ident: Identity, count: int, start: mp.synchronize.Event) -> None:
+def _append_many(directory: str, ident: Writer, count: int, start: mp.synchronize.Event) -> None:
     journal = Journal(directory, ident)
     start.wait()
     for i in range(count):
@@ -114,7 +114,7 @@ def _append_many(directory: str, ident: Identity, count: int, start: mp.synchron
 
 def test_concurrent_processes_and_threads_appending_to_one_file_write_only_whole_lines(tmp_path):
     """Same file on purpose (shared pid in the identity): O_APPEND + one write() per line."""
-    ident = Identity.from_env(ENV)
+    ident = Writer.from_env(ENV)
     ctx = mp.get_context("fork")
     start = ctx.Event()
     procs = [ctx.Process(target=_append_many, args=(str(tmp_path), ident, 300, start)) for _ in range(6)]
@@ -152,4 +152,4 @@ def test_a_disabled_journal_is_a_no_op(monkeypatch):
 @pytest.mark.parametrize("kwargs", [{"max_bytes": 0}, {"keep": 0}])
 def test_bad_rotation_settings_are_refused(tmp_path, kwargs):
     with pytest.raises(ValueError, match="max_bytes > 0 and keep >= 1"):
-        Journal(tmp_path, Identity.from_env(ENV), **kwargs)
+        Journal(tmp_path, Writer.from_env(ENV), **kwargs)

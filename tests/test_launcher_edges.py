@@ -20,7 +20,7 @@ from needs import missing
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.trainer import nvrx_compat
 from nvrx_slo.trainer.ft_launcher import _launch_counts
-from nvrx_slo.trainer.journal import Identity, Journal
+from nvrx_slo.trainer.journal import Journal, Writer
 
 
 def _records(directory: Path) -> list[dict]:
@@ -37,7 +37,7 @@ def test_process_start_is_the_kernels_not_when_it_is_asked():
 
 
 def test_only_a_first_record_is_dated_back(tmp_path):
-    journal = Journal(tmp_path, Identity.from_env({"RANK": "0"}))
+    journal = Journal(tmp_path, Writer.from_env({"RANK": "0"}))
     now = time.monotonic()
     journal.emit_first(EventType.PROCESS_START, now - 5.0, world_size=1)
     journal.emit_first(EventType.WARNING, now - 5.0, message="not first")

@@ -19,9 +19,9 @@ from journal_builder import Pod
 from journal_fixtures import write_journal
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.events import as_event
-from nvrx_slo.exporter.offline import report
+from nvrx_slo.exporter.offline import report, timeline_builder
 from nvrx_slo.exporter.offline.replay import Replay
-from nvrx_slo.exporter.offline.timeline import TimelineBuilder
+from nvrx_slo.exporter.offline.timeline_builder import TimelineBuilder
 from nvrx_slo.exporter.views.timeline import LOST, STEP, UNPROTECTED
 from snapshot_fixtures import TARGETS
 
@@ -34,6 +34,14 @@ STORIES = {
     "an exception left a step": lambda: stories.killed_from_outside(raised=True),
     "report story": stories.inprocess_job,
 }
+
+
+def step_kinds(builder: TimelineBuilder, rank: int) -> list[tuple[float, int, str]]:
+    """``(end mono, step, kind)`` of each step of ``rank``, oldest first: what its lane draws, before
+    the drawing merges steps into runs (read from the builder's own arrays)."""
+    data = builder._ranks[rank]
+    kinds = timeline_builder._kinds(data)
+    return sorted((m, n, k) for m, n, k in zip(data.step_mono, data.step_no, kinds, strict=True) if k is not None)
 
 
 @pytest.mark.parametrize("name", sorted(STORIES))
@@ -50,7 +58,7 @@ def test_the_timeline_the_report_and_the_engine_agree_on_every_step(name: str, t
     drawn: dict[str, int] = {STEP: 0, LOST: 0, UNPROTECTED: 0}
     for rank in snap.ranks:
         work = {(s.mono, s.step): s.mono - s.start - getattr(s, "data_s", 0.0) for s in steps if s.rank == rank.rank}
-        kinds = builder.step_kinds(rank.rank)
+        kinds = step_kinds(builder, rank.rank)
         assert len(kinds) == len(work)
         seconds = {STEP: 0.0, LOST: 0.0, UNPROTECTED: 0.0}
         for mono, step_no, kind in kinds:

@@ -12,7 +12,7 @@ from journal_fixtures import write_clean
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.events import as_event
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.views import otlp
 from nvrx_slo.exporter.views.collector import SnapshotCollector, families
 from nvrx_slo.exporter.views.exposition import TextRenderer
@@ -21,7 +21,7 @@ from nvrx_slo.exporter.views.view import View
 from otlp_receiver import Receiver, metrics_by_name, point_attributes, resource_attributes
 from snapshot_fixtures import snapshot
 
-IDENT = Identity(namespace="train", pod="pod-0", node="node-7", job_name="llm", replica_index=1)
+IDENT = PodIdentity(namespace="train", pod="pod-0", node="node-7", job_name="llm", replica_index=1)
 
 
 def export_once(view: View, **kw) -> dict:

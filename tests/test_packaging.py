@@ -108,7 +108,7 @@ def test_a_training_venv_with_only_the_base_install_journals_a_step(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout)
-    assert result == {"types": ["process_start", "step", "process_end"], "trainer": False}
+    assert result == {"types": ["process_start", "step_timing", "step", "process_end"], "trainer": False}
 
     sidecar = subprocess.run([venv / "bin" / "nvrx-slo", "sidecar", "--help"], capture_output=True, text=True)
     assert sidecar.returncode == 2 and "pip install 'nvrx-slo[sidecar]'" in sidecar.stderr

@@ -11,14 +11,14 @@ from urllib.parse import parse_qs, urlsplit
 from kubernetes import client
 
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.ingest import podwatch
 from nvrx_slo.exporter.ingest.podwatch import ContainerStatus, restart_deltas
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from servers import HttpStub
 
-IDENT = Identity(namespace="train", pod="llm-0", node="n", job_name="llm")
+IDENT = PodIdentity(namespace="train", pod="llm-0", node="n", job_name="llm")
 
 
 def pod(trainer_restarts: int, reason: str | None, sidecar_restarts: int = 0) -> dict:
@@ -94,7 +94,8 @@ def test_outside_a_cluster_it_is_off_with_one_line(caplog, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with caplog.at_level(logging.INFO, "nvrx_slo.podwatch"):
         assert podwatch.start(IDENT, lambda s: None) is None
-    mine = [r.getMessage() for r in caplog.records if r.name == "nvrx_slo.podwatch"]  # not an earlier test's thread
+    mine = [r.getMessage() for r in caplog.records  # not an earlier test's watcher thread, still retrying
+            if r.name == "nvrx_slo.podwatch" and r.thread == threading.get_ident()]
     assert mine == ["pod watcher off: not running in a Kubernetes cluster (KUBERNETES_SERVICE_HOST unset)"]
 
 
@@ -103,5 +104,6 @@ def test_in_cluster_env_without_a_token_is_off_too(caplog, monkeypatch):
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     with caplog.at_level(logging.INFO, "nvrx_slo.podwatch"):
         assert podwatch.start(IDENT, lambda s: None) is None
-    mine = [r.getMessage() for r in caplog.records if r.name == "nvrx_slo.podwatch"]  # not an earlier test's thread
+    mine = [r.getMessage() for r in caplog.records  # not an earlier test's watcher thread, still retrying
+            if r.name == "nvrx_slo.podwatch" and r.thread == threading.get_ident()]
     assert len(mine) == 1 and "pod watcher off" in mine[0]

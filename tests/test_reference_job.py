@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from journal_truth import read_journal
 from nvrx_slo.contracts import schema
 from nvrx_slo.trainer.reference.checkpoint import METADATA
-from nvrx_slo.trainer.reference.demo import DEFAULT_FAULTS, read_journal
+from nvrx_slo.trainer.reference.harness import DEFAULT_FAULTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx]
 CRASH, EXCEPTION = DEFAULT_FAULTS

@@ -55,7 +55,7 @@ def test_a_room_imports_nothing_it_may_not(room):
 
 
 def test_the_contracts_need_only_the_standard_library():
-    paths = sorted((ROOT / "nvrx_slo" / "contracts").glob("*.py"))
+    paths = sorted((ROOT / "nvrx_slo" / "contracts").rglob("*.py"))
     assert paths
     outside = {f"{path.name}: {module}" for path in paths for module in imports(path)
                if module.split(".")[0] not in sys.stdlib_module_names | {"__future__", "nvrx_slo"}
@@ -63,7 +63,7 @@ def test_the_contracts_need_only_the_standard_library():
     assert not outside
 
 
-_TOP = tuple(f"nvrx_slo.exporter.{m}" for m in ("live", "sidecar", "server", "state_store"))
+_TOP = tuple(f"nvrx_slo.exporter.{m}" for m in ("live", "sidecar", "flags", "server", "state_store"))
 _OFFLINE = "nvrx_slo.exporter.offline"
 LAYERS = {  # inside the sidecar, one way: ingest -> engine -> views, and the process or the offline room on top
     "ingest": ("nvrx_slo.exporter.engine", "nvrx_slo.exporter.views", _OFFLINE, *_TOP),

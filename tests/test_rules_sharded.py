@@ -36,7 +36,8 @@ import pytest
 
 from backends import query
 from fleet import JOB_LEVEL, Fleet, groups, reads, recorded
-from nvrx_slo.alerts import generate, spec
+from nvrx_slo.alerts import files as alert_files
+from nvrx_slo.alerts import spec
 from nvrx_slo.alerts.conventions import (
     ERROR_BUDGET_REMAINING,
     EVALUATIONS,
@@ -50,9 +51,9 @@ from nvrx_slo.alerts.conventions import (
 @pytest.fixture(scope="module")
 def files() -> dict[str, dict[str, list[dict[str, Any]]]]:
     s = spec.load()
-    rendered = generate.render(s, s.plan(), "test")
-    return {"single": groups(rendered[generate.RULES]), "local": groups(rendered[generate.LOCAL_RULES]),
-            "global": groups(rendered[generate.GLOBAL_RULES])}
+    rendered = alert_files.render(s, s.plan(), "test")
+    return {"single": groups(rendered[alert_files.RULES]), "local": groups(rendered[alert_files.LOCAL_RULES]),
+            "global": groups(rendered[alert_files.GLOBAL_RULES])}
 
 
 def test_each_group_is_its_local_rules_then_its_global_rules_in_order(files):

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from nvrx_slo.exporter.offline.replay import Replay
-from nvrx_slo.trainer.journal import Identity, Journal
+from nvrx_slo.trainer.journal import Journal, Writer
 from sidecar_process import SidecarProcess, counters, value
 from stories import crash_and_restart_records
 
@@ -41,7 +42,7 @@ class LiveJob:
         self.journals: list[Journal] = []
 
     def _journal(self, rank: int | None, pid: int, restart: int) -> Journal:
-        ident = Identity(job="job-live", pod="pod-live", node="node-0", rank=rank, local_rank=rank, pid=pid,
+        ident = Writer(job="job-live", pod="pod-live", node="node-0", rank=rank, local_rank=rank, pid=pid,
                          restart=restart)
         self.journals.append(Journal(self.dir, ident, max_bytes=6000, keep=3))
         return self.journals[-1]
@@ -116,18 +117,21 @@ def test_kill_and_restart_midrun_counts_once_and_equals_an_uninterrupted_run(tmp
             while job.progress < 70:  # past the restart
                 seen.append(first.scrape())
                 time.sleep(0.1)
-            time.sleep(0.3)  # at least one periodic save of state
+            state = tmp_path / "state.json"
+            before = state.stat().st_mtime_ns if state.exists() else None
+            deadline = time.monotonic() + 30
+            while (state.stat().st_mtime_ns if state.exists() else None) == before and time.monotonic() < deadline:
+                time.sleep(0.05)  # until a periodic save of state past the restart
             first.stop(signal.SIGKILL)
         with SidecarProcess(journal, tmp_path / "state.json", tmp_path / "sidecar.log") as second:
             second.wait_ready()
             while not job.done.is_set():
                 seen.append(second.scrape())
                 time.sleep(0.1)
-            time.sleep(0.5)
-            seen.append(final := second.scrape())
+            seen.append(final := _until(second, _read(sum(j.written for j in job.journals))))
             status, body = second.get("/metrics")
             assert second.stop() == (0, b"")
-        uninterrupted = steady.scrape()
+        uninterrupted = _until(steady, _read(sum(j.written for j in job.journals)))
         assert steady.stop()[0] == 0
 
     # counters never went backwards, across the SIGKILL too
@@ -167,6 +171,27 @@ def _write(journal: Path, records: list[dict], shift: float = 0.0) -> None:
 def _ends(records: list[dict]) -> tuple[list[dict], list[dict]]:
     ends = [r for r in records if r["type"] in ("process_end", "launcher_exit")]
     return [r for r in records if r not in ends], ends
+
+
+def _until(proc: SidecarProcess, done: Callable[[dict], bool], timeout_s: float = 30.0) -> dict:
+    """Scrape until ``done`` holds of a scrape (what a fixed sleep could only hope for), ``timeout_s`` at most."""
+    deadline = time.monotonic() + timeout_s
+    while not done(scraped := proc.scrape()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return scraped
+
+
+def _read(records: int) -> Callable[[dict], bool]:
+    """A scrape of a sidecar that has read ``records`` journal lines, accounted or refused."""
+    return lambda s: value(s, "nvrx_exporter_events_total") + sum(
+        v for (n, _), v in s.items() if n == "nvrx_exporter_rejected_events_total") >= records
+
+
+def _settled(log: Path, timeout_s: float = 30.0) -> None:
+    """Wait until a signalled sidecar has settled its final numbers: scrapes count from there."""
+    deadline = time.monotonic() + timeout_s
+    while "final numbers settled" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _check_went_on(scrapes: list[dict]) -> None:
@@ -233,8 +258,7 @@ def test_wall_never_goes_down_when_the_finish_was_stamped_before_a_scrape_that_m
         proc.wait_ready()
         running = proc.scrape()
         _write(journal, ends)
-        time.sleep(0.5)
-        finished = proc.scrape()
+        finished = _until(proc, _read(len(body) + len(ends)))
         proc.stop()
     assert value(running, "nvrx_wall_seconds_total", rank="0") > 40  # counted to the sidecar's now
     _check_went_on([running, finished])
@@ -257,10 +281,9 @@ def test_after_sigterm_the_job_end_is_read_and_served_to_two_more_scrapes(tmp_pa
         running = proc.scrape()
         _write(journal, ends, time.monotonic() - min(r["mono"] for r in ends))  # the job ends
         proc.proc.send_signal(signal.SIGTERM)  # at once: the next poll would be a minute away
-        time.sleep(1.0)
+        _settled(tmp_path / "log")
         assert proc.proc.poll() is None  # still serving, for the scrape that has the end
         final = proc.scrape()
-        time.sleep(0.5)
         assert proc.proc.poll() is None  # and for one more, that keeps it fresh
         assert proc.scrape() == final
         stopped = time.monotonic()
@@ -299,7 +322,7 @@ def test_after_sigterm_a_job_that_journaled_no_end_is_settled_for_its_final_scra
         proc.wait_ready()
         running = proc.scrape()
         proc.proc.send_signal(signal.SIGTERM)
-        time.sleep(1.0)
+        _settled(tmp_path / "log")
         final = proc.scrape()
         proc.scrape()
         assert proc.proc.wait(timeout=10) == 0

@@ -11,7 +11,7 @@ import pytest
 
 from journal_fixtures import by_file, make_unreadable, write_clean
 from nvrx_slo.contracts import schema
-from nvrx_slo.exporter import sidecar, state_store
+from nvrx_slo.exporter import flags, sidecar, state_store
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail
@@ -120,7 +120,7 @@ def test_a_state_accounted_with_another_reorder_window_is_accounted_again_with_t
     live.poll()
     state_store.save(state, tmp_path / "journal", live.to_state())
     for window, resumed in ((10.0, True), (1.0, False)):
-        config = sidecar.parse_args(["--journal-dir", str(tmp_path / "journal"), "--state-file", str(state),
+        config = flags.parse_args(["--journal-dir", str(tmp_path / "journal"), "--state-file", str(state),
                                      "--reorder-window", str(window)])
         got = sidecar.resume(config, lambda w=window: Live(Engine(w), JournalTail(tmp_path / "journal")))
         assert got.engine.window == window and (got.engine.to_state()["counts"]["accepted"] > 0) == resumed

@@ -12,22 +12,22 @@ import urllib.request
 
 import pytest
 
-from nvrx_slo.exporter import sidecar
+from nvrx_slo.exporter import flags
 
 # The whole surface, frozen: a new flag is a deliberate change to this list (and the README).
 FLAGS = ["--help", "--journal-dir", "--state-file", "--host", "--port", "--poll-interval", "--state-interval",
          "--per-rank", "--no-per-rank", "--max-ranks", "--otlp-endpoint", "--otlp-interval", "--podinfo-dir",
          "--ft-cycle-info-dir", "--report-file", "--final-scrape-timeout", "--reorder-window",
-         "--accelerator", "--accelerators-per-rank"]
+         "--accelerator", "--accelerators-per-rank", "--accelerators-per-pod"]
 
 
 def test_the_flag_surface_is_frozen():
-    assert [s for a in sidecar.parser()._actions for s in a.option_strings if s != "-h"] == FLAGS
+    assert [s for a in flags.parser()._actions for s in a.option_strings if s != "-h"] == FLAGS
 
 
 def test_defaults_and_the_journal_dir_from_the_trainers_variable(monkeypatch, tmp_path):
     monkeypatch.setenv("NVRX_SLO_JOURNAL_DIR", str(tmp_path))
-    cfg = sidecar.parse_args([])
+    cfg = flags.parse_args([])
     assert cfg.journal_dir == tmp_path and cfg.port == 9400 and cfg.per_rank and cfg.max_ranks == 64
     assert cfg.state_file == tmp_path / ".nvrx-slo-sidecar-state.json" and cfg.otlp_endpoint is None
 
@@ -61,6 +61,8 @@ def test_defaults_and_the_journal_dir_from_the_trainers_variable(monkeypatch, tm
     (["--reorder-window", "inf"], "--reorder-window"),
     (["--accelerators-per-rank", "0"], "--accelerators-per-rank"),
     (["--accelerators-per-rank", "nan"], "--accelerators-per-rank"),
+    (["--accelerators-per-pod", "-8"], "--accelerators-per-pod"),
+    (["--accelerators-per-pod", "8", "--accelerators-per-rank", "1"], "not both"),
     (["--accelerator", ""], "--accelerator"),
     (["--journal-dir", ""], "--journal-dir"),  # the working directory, silently
     (["--state-file", ""], "--state-file"),
@@ -73,7 +75,7 @@ def test_a_wrong_flag_exits_2_naming_it(argv, named, tmp_path, capsys, monkeypat
     (tmp_path / "file").write_text("")
     argv = [a.replace("JOURNAL", str(tmp_path)).replace("FILE", str(tmp_path / "file")) for a in argv]
     with pytest.raises(SystemExit) as exit_:
-        sidecar.parse_args(["--journal-dir", str(tmp_path), *argv])
+        flags.parse_args(["--journal-dir", str(tmp_path), *argv])
     assert exit_.value.code == 2 and named in capsys.readouterr().err
 
 
@@ -92,7 +94,7 @@ def test_a_journal_dir_that_does_not_exist_yet_keeps_its_state_file_in_it(tmp_pa
     """The journal directory may appear after the sidecar starts (the trainer creates it), and the
     default state file with it: only a state file elsewhere must have its directory at start."""
     monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
-    cfg = sidecar.parse_args(["--journal-dir", str(tmp_path / "later")])
+    cfg = flags.parse_args(["--journal-dir", str(tmp_path / "later")])
     assert cfg.state_file.parent == tmp_path / "later"
 
 
@@ -100,7 +102,7 @@ def test_a_journal_dir_that_is_a_file_names_the_flag(tmp_path, capsys, monkeypat
     monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit) as exit_:
-        sidecar.parse_args(["--journal-dir", str(tmp_path / "file")])
+        flags.parse_args(["--journal-dir", str(tmp_path / "file")])
     assert exit_.value.code == 2 and "--journal-dir" in capsys.readouterr().err
 
 
@@ -154,7 +156,7 @@ def test_an_ipv6_host_is_served(tmp_path):
 def test_no_journal_dir_names_the_flag_and_the_variable(capsys, monkeypatch):
     monkeypatch.delenv("NVRX_SLO_JOURNAL_DIR", raising=False)
     with pytest.raises(SystemExit):
-        sidecar.parse_args([])
+        flags.parse_args([])
     err = capsys.readouterr().err
     assert "--journal-dir" in err and "NVRX_SLO_JOURNAL_DIR" in err
 

@@ -13,13 +13,13 @@ from journal_fixtures import by_file
 from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.catalogue import RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.ingest.cycleinfo import CycleInfoReader
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
 from stories import crash_and_restart_records
 
-IDENT = Identity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
+IDENT = PodIdentity(namespace="ns", pod="pod-0", node="node-0", job_name="job")
 OFFSET = 1.7e9  # the story's wall - mono
 
 

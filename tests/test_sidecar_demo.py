@@ -12,22 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from journal_truth import read_journal
 from needs import tool
 from nvrx_slo.contracts import schema
 from sidecar_process import SidecarProcess, counters, value
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx]
-
-
-def read_journal(directory: Path) -> list[dict]:
-    records = []
-    for path in sorted(directory.glob("*.jsonl")):
-        for line in path.read_bytes().splitlines():
-            try:
-                records.append(schema.decode(line))
-            except schema.JournalError:
-                pass
-    return records
 
 
 class Facts:

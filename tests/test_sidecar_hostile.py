@@ -302,15 +302,18 @@ def test_temporary_state_files_of_killed_saves_are_removed(tmp_path):
 
 @pytest.mark.slow
 def test_no_temporary_state_file_of_a_sidecar_killed_mid_save_survives_its_restart(tmp_path):
-    """SIGKILLed while saving every 10 ms until one kill lands mid-save and leaves its temporary
-    file; the next start removes it before anything else."""
+    """SIGKILLed while polling and saving every millisecond (a save follows a poll), once it serves,
+    until one kill lands mid-save and leaves its temporary file; the next start removes it before
+    anything else. Killed on a clock instead, a loaded machine's sidecar was still importing: no
+    kill landed mid-save in 40 tries."""
     write_clean(tmp_path / "journal")
     (tmp_path / "state").mkdir()
     temporary = tmp_path / "state" / ".state.json.tmp"
     for attempt in range(40):
         with SidecarProcess(tmp_path / "journal", tmp_path / "state" / "state.json", tmp_path / "log",
-                            "--state-interval", "0.01") as proc:
-            time.sleep(0.2 + 0.05 * (attempt % 7))
+                            "--state-interval", "0.001", "--poll-interval", "0.001") as proc:
+            proc.wait_ready(timeout=60)
+            time.sleep(0.001 * (attempt % 7))
             proc.stop(signal.SIGKILL)
         if temporary.exists():
             break

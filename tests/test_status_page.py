@@ -15,7 +15,7 @@ from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import RestartStats
 from nvrx_slo.exporter.ingest.tail import JournalTail
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.views import status_page
+from nvrx_slo.exporter.views import judgement, status_page
 from nvrx_slo.exporter.views.view import View
 from pages import assert_inert
 from snapshot_fixtures import TARGETS, histogram, snapshot
@@ -59,7 +59,7 @@ def _restarts(durations: list[float]) -> RestartStats:
 
 
 def _verdicts(snap, targets=TARGETS) -> dict[str, bool | None]:
-    return {r.key: r.ok for r in status_page.slo_results(snap, targets)}
+    return {r.key: r.ok for r in judgement.slo_results(snap, targets)}
 
 
 @pytest.mark.parametrize("productive, ok", [(99.0, True), (98.9, False)])

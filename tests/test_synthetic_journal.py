@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from journal_truth import read_journal
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.trainer.reference.demo import read_journal
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "synthetic_journal.py"
 

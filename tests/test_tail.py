@@ -11,10 +11,11 @@ from journal_fixtures import file_name, make_unreadable, record, step, write
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.events import Event
+from nvrx_slo.exporter.ingest import merge as merge_mod
 from nvrx_slo.exporter.ingest import tail as tail_mod
 from nvrx_slo.exporter.ingest.tail import JournalTail, order_key
 from nvrx_slo.exporter.live import Live
-from nvrx_slo.trainer.journal import Identity, Journal
+from nvrx_slo.trainer.journal import Journal, Writer
 
 
 class Sink:
@@ -31,7 +32,7 @@ class Sink:
 
 
 def journal(tmp_path: Path, rank: int | None, pid: int, **kw) -> Journal:
-    ident = Identity(job="j", pod="pod-0", node="n", rank=rank, local_rank=rank, pid=pid)
+    ident = Writer(job="j", pod="pod-0", node="n", rank=rank, local_rank=rank, pid=pid)
     return Journal(tmp_path, ident, **kw)
 
 
@@ -116,7 +117,7 @@ def test_bad_lines_are_counted_by_reason_and_good_lines_around_them_kept(tmp_pat
 
 
 def test_an_over_long_line_is_rejected_once_and_skipped(tmp_path, monkeypatch):
-    monkeypatch.setattr(tail_mod, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(merge_mod, "MAX_LINE_BYTES", 1000)
     monkeypatch.setattr(tail_mod, "MIN_CHUNK", 256)
     path = tmp_path / file_name()
     write(path, step(0, 1.0, 0), b"x" * 3000)

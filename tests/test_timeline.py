@@ -10,7 +10,7 @@ import pytest
 from nvrx_slo.contracts.catalogue import Category
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.events import as_event
-from nvrx_slo.exporter.offline.timeline import TimelineBuilder
+from nvrx_slo.exporter.offline.timeline_builder import TimelineBuilder
 from nvrx_slo.exporter.views import timeline
 from nvrx_slo.exporter.views.timeline import RestartBand
 
@@ -70,7 +70,7 @@ def test_waits_on_saves_are_drawn_where_and_as_long_as_the_engine_booked_them():
     b.decide(decisions)
     b.decide(decisions)  # as the settling of a reorder window hands them out again: drawn once
     lane = b.build().lanes[0]
-    drawn = [(sp.start, sp.end) for sp in lane.spans if sp.kind == timeline.BLOCKING]
+    drawn = [(sp.start, sp.end) for sp in lane.bars if sp.kind == timeline.BLOCKING]
     origin = b.build().origin_wall - WALL0
     assert [(round(s + origin, 6), round(e + origin, 6)) for s, e in drawn] == [
         (19.51, 19.91), (20.0, 20.15), (30.75, 31.0)]
@@ -81,7 +81,7 @@ def test_waits_on_saves_are_drawn_where_and_as_long_as_the_engine_booked_them():
 def kinds_by_step(lane):
     """Map each step number mentioned in a single-step span's label to its kind."""
     out = {}
-    for sp in lane.spans:
+    for sp in lane.bars:
         m = re.match(r"(?:lost |unprotected )?step (\d+),", sp.label)
         if m:
             out[int(m.group(1))] = sp.kind
@@ -96,9 +96,9 @@ def test_steps_after_the_last_durable_checkpoint_are_shaded_lost_and_redone_step
     tl = build(records)
     got = kinds_by_step(tl.lanes[0])
     assert [got[n] for n in (1, 2, 3)] == ["step"] * 3
-    lost = [sp for sp in tl.lanes[0].spans if sp.kind == "lost"]
+    lost = [sp for sp in tl.lanes[0].bars if sp.kind == "lost"]
     assert [sp.label.split(",")[0] for sp in lost] == ["lost step 4", "lost step 5", "lost step 6"]
-    redone = [sp for sp in tl.lanes[0].spans if sp.start + tl.origin_wall > WALL0 + 75]
+    redone = [sp for sp in tl.lanes[0].bars if sp.start + tl.origin_wall > WALL0 + 75]
     assert [(sp.kind, sp.label.split(",")[0]) for sp in redone] == [("unprotected", "unprotected step 4"),
                                                                     ("unprotected", "unprotected step 5")]
 
@@ -109,7 +109,7 @@ def test_a_fallback_to_an_older_checkpoint_loses_only_the_undecided_redone_work(
     records += [restore(50.0, 2), step(3, 60.0, pid=101), step(4, 70.0, pid=101)]
     records += [restore(80.0, 1, pid=102), step(2, 90.0, pid=102)]  # the step-2 checkpoint turned out corrupt
     tl = build(records)
-    spans = sorted(tl.lanes[0].spans, key=lambda s: s.start)
+    spans = sorted(tl.lanes[0].bars, key=lambda s: s.start)
     kinds = [(s.kind, s.label.split(",")[0]) for s in spans if s.kind in ("step", "lost")]
     assert kinds == [("step", "step 1"), ("step", "step 2"), ("lost", "lost step 3"), ("lost", "lost step 4"),
                      ("lost", "lost step 3"), ("lost", "lost step 4")]
@@ -117,7 +117,7 @@ def test_a_fallback_to_an_older_checkpoint_loses_only_the_undecided_redone_work(
 
 def test_a_fresh_start_restore_loses_every_earlier_step():
     tl = build([step(1, 10.0), step(2, 20.0), restore(30.0, None), step(1, 40.0)])
-    assert {sp.kind for sp in tl.lanes[0].spans if sp.kind in ("step", "lost")} == {"lost"}
+    assert {sp.kind for sp in tl.lanes[0].bars if sp.kind in ("step", "lost")} == {"lost"}
 
 
 def test_one_lane_per_rank_and_one_marker_per_checkpoint_with_its_status():
@@ -134,8 +134,8 @@ def test_one_lane_per_rank_and_one_marker_per_checkpoint_with_its_status():
     ok = next(m for m in tl.checkpoints if m.ckpt == "ok-ckpt")
     assert abs((ok.at + tl.origin_wall) - (WALL0 + 2.6)) < 1e-6  # the instant the write finished
     lane0 = tl.lanes[0]
-    blocking = [sp for sp in lane0.spans if sp.kind == "blocking"]
-    background = [sp for sp in lane0.spans if sp.kind == "background"]
+    blocking = [sp for sp in lane0.bars if sp.kind == "blocking"]
+    background = [sp for sp in lane0.bars if sp.kind == "background"]
     assert [round(sp.end - sp.start, 3) for sp in blocking] == [0.02, 0.02]
     assert [round(sp.end - sp.start, 3) for sp in background] == [0.48, 0.48]
 
@@ -162,7 +162,7 @@ def test_a_checkpoint_saved_again_after_a_rollback_is_a_second_attempt():
 def test_process_start_to_first_work_is_drawn_as_init():
     records = [rec("process_start", 1.0, world_size=1), restore(3.0, None, pid=100), step(1, 4.0),
                rec("process_start", 10.0, pid=101, world_size=1), step(2, 12.0, pid=101)]
-    init = [(round(s.start, 3), round(s.end, 3)) for s in build(records).lanes[0].spans if s.kind == "init"]
+    init = [(round(s.start, 3), round(s.end, 3)) for s in build(records).lanes[0].bars if s.kind == "init"]
     assert init == [(0.0, 1.8), (9.0, 10.91)]
 
 
@@ -197,9 +197,9 @@ def test_a_huge_journal_stays_small_on_the_page():
     per_kind_cap = timeline.PLOT_WIDTH // timeline.MERGE_PX + 1
     for lane in tl.lanes:
         for kind in ("step", "blocking", "background"):
-            assert sum(sp.kind == kind for sp in lane.spans) <= per_kind_cap
+            assert sum(sp.kind == kind for sp in lane.bars) <= per_kind_cap
     # every step is still accounted for in the merged runs
-    assert sum(sp.count for sp in tl.lanes[1].spans if sp.kind == "unprotected") == 1500  # no save covers them
+    assert sum(sp.count for sp in tl.lanes[1].bars if sp.kind == "unprotected") == 1500  # no save covers them
     svg = timeline.render_svg(tl)
     assert len(svg) < 1_500_000, len(svg)
     assert "6 more ranks not drawn" in svg and "50 older checkpoints not marked" in svg

@@ -9,6 +9,7 @@ import signal
 import statistics
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -364,9 +365,10 @@ def test_sub_millisecond_polls_add_up_to_the_blocking_the_loop_measured_within_a
     for record in _records(hooks):
         engine.ingest(as_event(record))
     rank = engine.snapshot(time.monotonic() + 60, time.time() + 60).ranks[0]
-    # The engine books what the journal says, to the microsecond; against the truth, the median above
-    # (a sum over saves would carry one preempted save's error: 12.3 ms of 12 allowed, once, under load).
-    assert rank.seconds[Category.CHECKPOINT_BLOCKING] == pytest.approx(sum(journaled.values()), abs=1e-6)
+    # The engine books what the journal says (its fields are written to the microsecond: three per save,
+    # each half a microsecond off at most); against the truth, the median above (a sum over saves would
+    # carry one preempted save's error: 12.3 ms of 12 allowed, once, under load).
+    assert rank.seconds[Category.CHECKPOINT_BLOCKING] == pytest.approx(sum(journaled.values()), abs=2e-6 * len(truth))
 
 
 @pytest.mark.nvrx
@@ -389,16 +391,32 @@ def test_the_first_save_after_a_start_blocks_no_longer_than_the_steady_ones(refe
 def test_a_handed_over_queues_unwrapped_polls_and_its_close_are_booked_to_the_save(tmp_path):
     """NVRx's own ``AsyncCallsQueue`` handed to the hooks once (``Hooks.checkpoint_queue``), polled bare
     between steps as NVRx's docs do: every poll while a save is in flight, blocking or not, is that
-    save's blocking (the truth: the loop's clock around the calls), and so is the finalize that
-    ``close()`` makes (within the close, which also stops the writer)."""
+    save's blocking, and so is the finalize that ``close()`` makes (within the close, which also stops
+    the writer). The truth brackets it from outside the hooks: at least NVRx's own calls (timed inside
+    the hooks' wrapper), at most the loop's clock around them (the hooks' own overhead between the
+    two, and under load whatever preempted the loop there)."""
     from nvrx_slo.trainer.reference import cpu_shims, nvrx_async
 
     api = nvrx_async.async_checkpointing()
     cpu_shims.apply(api)
     hooks = Hooks.start(world_size=1, journal_dir=str(tmp_path / "journal"))
-    queue = hooks.checkpoint_queue(api.AsyncCallsQueue(persistent=True, **cpu_shims.queue_kwargs(api)))
-    truth = {"polled": 0.0, "waited": 0.0}
+    raw = api.AsyncCallsQueue(persistent=True, **cpu_shims.queue_kwargs(api))
+    inner = {"polled": 0.0, "waited": 0.0, "closed": 0.0}
+    saving = ["polled"]
+    bare = raw.maybe_finalize_async_calls
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return bare(*args, **kwargs)
+        finally:
+            inner[saving[0]] += time.monotonic() - t0
+
+    raw.maybe_finalize_async_calls = timed
+    queue = hooks.checkpoint_queue(raw)
+    outer = {"polled": 0.0, "waited": 0.0}
     for name, step in (("polled", 3), ("waited", 6), ("closed", 9)):
+        saving[0] = name
         with hooks.checkpoint(step, name, mode="async") as save:
             queue.schedule_async_request(api.AsyncRequest(time.sleep, (0.5,), [save.completion()]))
         with hooks.step(step):
@@ -406,19 +424,22 @@ def test_a_handed_over_queues_unwrapped_polls_and_its_close_are_booked_to_the_sa
         while name == "polled" and queue.get_num_unfinalized_calls():
             t0 = time.monotonic()
             queue.maybe_finalize_async_calls(blocking=False)  # bare: no checkpoint_wait
-            truth[name] += time.monotonic() - t0
+            outer[name] += time.monotonic() - t0
             with hooks.step(step):
                 time.sleep(0.02)
         if name == "waited":
             t0 = time.monotonic()
             queue.maybe_finalize_async_calls(blocking=True)
-            truth[name] += time.monotonic() - t0
+            outer[name] += time.monotonic() - t0
     t0 = time.monotonic()
     queue.close()  # the last save's write is waited for and finalized here, then the writer stops
     closed = time.monotonic() - t0
     hooks.close()
     ends = {r["ckpt"]: r for r in _records(hooks) if r["type"] == "checkpoint_end"}
     assert all(end["ok"] for end in ends.values()) and len(ends) == 3
-    for name, seconds in truth.items():
-        assert abs(ends[name]["waited_s"] - seconds) < 0.002, (name, ends[name]["waited_s"], seconds)
+    for name, seconds in outer.items():
+        print(f"{name}: NVRx's calls {1e3 * inner[name]:.3f} ms <= journal {1e3 * ends[name]['waited_s']:.3f} ms "
+              f"<= the loop's clock {1e3 * seconds:.3f} ms")
+        assert inner[name] - 2e-6 <= ends[name]["waited_s"] <= seconds + 2e-6, (name, inner[name], seconds)
+    assert inner["closed"] > 0.3  # close() finalized the last save through the queue's own poll
     assert 0.3 < ends["closed"]["waited_s"] <= closed

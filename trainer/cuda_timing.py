@@ -51,6 +51,7 @@ from typing import Any, Protocol
 from nvrx_slo.contracts.schema import EventType, StepTimerKind
 from nvrx_slo.trainer.journal import Journal
 from nvrx_slo.trainer.saves import Waits
+from nvrx_slo.trainer.step_phases import StepPhases
 
 MAX_PENDING = 16  # steps left by the host whose GPU work may still run; one more is a fence
 
@@ -169,7 +170,7 @@ class _CudaPhase:
         self._timer._host[self._index] += _monotonic() - self._t0
 
 
-class CudaStepTimer:
+class CudaStepTimer(StepPhases[_CudaPhase]):
     """``StepTimer`` with its phases timed by CUDA events: used the same way, writes the same records
     (see the module docstring for what they mean here)."""
 
@@ -196,18 +197,6 @@ class CudaStepTimer:
         self._host = [0.0, 0.0, 0.0]  # fresh lists: a waiting step keeps its own
         self._marks = []
         return self
-
-    def data(self) -> _CudaPhase:
-        """Waiting for input: the GPU's wait, ``data_wait`` in the accounting."""
-        return self._data
-
-    def compute(self) -> _CudaPhase:
-        """Forward and backward: the GPU's time for the work launched here."""
-        return self._compute
-
-    def optimizer(self) -> _CudaPhase:
-        """The optimizer step (and gradient clipping, zeroing)."""
-        return self._optimizer
 
     def settle(self) -> None:
         """Fence: wait for the GPU work of the steps the host has left, and journal them."""

@@ -2,13 +2,16 @@
 
 Every argument goes to ``nvidia_resiliency_ext.fault_tolerance.launcher.main`` untouched (a
 wrong flag is reported by ft_launcher's own parser, naming the flag). Before calling it, this
-entry point installs two handlers through torchelastic's public extension points — nothing is
-patched on disk or in memory:
+entry point installs, with no file patched on disk and no function of NVRx's or torch's replaced:
 
-* a torchelastic *metrics* handler (``metrics.configure``): the agent publishes
+* a torchelastic *metrics* handler (``metrics.configure``, public): the agent publishes
   ``workers.<role>.<state>`` every monitor cycle and ``<Agent>.<method>.duration.ms`` when each
-  profiled method returns; and
-* a *rendezvous events* handler (the ``dynamic_rendezvous`` log destination).
+  profiled method returns;
+* a *rendezvous events* handler, set as the ``dynamic_rendezvous`` destination in torchelastic's
+  registry of event log handlers (``events.handlers._log_handlers``, private: the one place those
+  events are routed; ``nvrx_compat.elastic`` finds it, and says so when a release lacks it);
+* a wakeup file descriptor for the stop signals (``StopSignals``), beside torchelastic's own handlers;
+* the worker-exit timer (``WorkerExits``), which reads how each worker ended from the kernel.
 
 They map to journal events (``rank`` null) at the instant they happen:
 
@@ -42,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
-from nvrx_slo.trainer import nvrx_compat
+from nvrx_slo.trainer import launch_env, nvrx_compat
 from nvrx_slo.trainer.journal import Journal, open_journal, process_start_mono
 
 _FAILED_STATES = ("failed", "unhealthy")
@@ -313,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     journal.emit_first(EventType.LAUNCHER_START, started if started is not None else time.monotonic(),
                        **_launch_counts(launcher, argv))
     code = 1
+    os.environ[launch_env.OUR_LAUNCHER] = "1"  # its workers: their start is the launcher's worker_start
     sys.argv = ["nvrx-slo ft-launcher", *argv]  # ft_launcher's usage and errors name this command
     try:
         launcher.main(argv)

@@ -43,8 +43,9 @@ from typing import Any, TypeVar
 from nvrx_slo.contracts.schema import EventType, StepTimerKind
 from nvrx_slo.trainer import cuda_timing, launch_env
 from nvrx_slo.trainer.cuda_timing import CudaStepTimer, DeviceEvent
-from nvrx_slo.trainer.journal import Journal, open_journal
+from nvrx_slo.trainer.journal import Journal, open_journal, process_start_mono
 from nvrx_slo.trainer.saves import CheckpointSave, CheckpointWait, SaveWait, Waits, observe_queue
+from nvrx_slo.trainer.step_phases import StepPhases
 
 __all__ = ["TIMINGS", "CheckpointSave", "CheckpointWait", "Hooks", "Restored", "StepTimer"]
 
@@ -71,7 +72,7 @@ class _Phase:
         self.seconds += _monotonic() - self._t0
 
 
-class StepTimer:
+class StepTimer(StepPhases[_Phase]):
     """Times one training step; ``with hooks.step(n) as s:`` and ``with s.data():`` etc. inside.
 
     Time in the step outside the three phases counts as compute (loop overhead).
@@ -92,24 +93,6 @@ class StepTimer:
         self._step = step
         self._data.seconds = self._compute.seconds = self._optimizer.seconds = 0.0
         return self
-
-    def data(self) -> _Phase:
-        """Waiting for input (the data loader): ``data_wait`` in the accounting."""
-        return self._data
-
-    def compute(self) -> _Phase:
-        """Forward and backward."""
-        return self._compute
-
-    def optimizer(self) -> _Phase:
-        """The optimizer step (and gradient clipping, zeroing)."""
-        return self._optimizer
-
-    def settle(self) -> None:
-        """Nothing waits on host clocks: every step is journaled at its exit."""
-
-    def interrupted(self, why: str) -> None:
-        """Nothing waits on host clocks."""
 
     def __enter__(self) -> StepTimer:
         self._start = _monotonic()
@@ -270,9 +253,14 @@ class Hooks:
         if timing not in TIMINGS:
             raise ValueError(f"timing must be one of {', '.join(TIMINGS)}; got {timing!r}")
         hooks = cls(open_journal(journal_dir))
-        hooks.journal.emit(EventType.PROCESS_START, world_size=world_size,
-                           local_world_size=launch_env.local_world_size(os.environ),
-                           max_restarts=launch_env.max_restarts(os.environ))
+        # dated when the kernel started the process: its imports and set-up before the hooks are
+        # its init too (a worker under torchrun or srun holds its accelerator from its start). Not
+        # under our launcher, which dates its workers' start (``launcher_worker_start``, journaled just
+        # after it spawned them) and its own from the kernel: a restart's phases are ordered by it.
+        started = None if launch_env.ours(os.environ) else process_start_mono()
+        hooks.journal.emit_first(EventType.PROCESS_START, _monotonic() if started is None else started,
+                                 world_size=world_size, local_world_size=launch_env.local_world_size(os.environ),
+                                 max_restarts=launch_env.max_restarts(os.environ))
         if hooks.journal.enabled:
             hooks._step = _Undecided(hooks, timing)
             atexit.register(hooks._exited, os.getpid())

@@ -21,14 +21,12 @@ journal), none blocks, and the abort callback (monitor thread) touches nothing b
 never ``torch.distributed``. Handed the hooks (not only their journal), the finalize callback
 first journals the steps whose GPU work finished before the fault, with their own times
 (``Hooks.interrupted``): a fault outside a step would otherwise leave them to be written after the
-restart. ``inprocess_wrapper`` builds the Wrapper too, fitted to restart on a host without a GPU
-(a CI runner): that fit is here, not with the reference job's CPU shims, because a user's own job
-needs it as much.
+restart. ``inprocess_wrapper`` builds the Wrapper too.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 from typing import Any
 
 from nvrx_slo.contracts.schema import EventType
@@ -36,39 +34,29 @@ from nvrx_slo.trainer import nvrx_compat
 from nvrx_slo.trainer.hooks import Hooks
 from nvrx_slo.trainer.journal import Journal
 
-log = logging.getLogger("nvrx_slo.inprocess")
-
 
 def _cause(exc: BaseException | None) -> str | None:
     return None if exc is None else f"{type(exc).__name__}: {exc}"[:300]
 
 
-def inprocess_wrapper_kwargs(hooks: Hooks | Journal, **kwargs: Any) -> dict[str, Any]:
-    """``inprocess.Wrapper`` keyword arguments: ``kwargs`` with journaling composed into each callback
-    (``hooks``: the process's ``Hooks``, or only their journal).
+def _fault(state: Any) -> str | None:
+    return _cause(getattr(state, "fn_exception", None))
 
-    Callbacks the caller leaves out keep NVRx's defaults (``AbortTorchDistributed`` for abort,
-    ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest). Build
-    the Wrapper with ``inprocess_wrapper`` to have it restart on a host without a GPU too.
-    """
-    ip: Any = nvrx_compat.inprocess()  # callback base classes come from the installed NVRx
-    if ip is None:
-        return kwargs
-    journal = hooks.journal if isinstance(hooks, Hooks) else hooks
-    interrupted = hooks.interrupted if isinstance(hooks, Hooks) else None
+
+def _callbacks(ip: Any, journal: Journal, interrupted: Callable[[], None] | None) -> dict[str, Any]:
+    """One journaling callback per Wrapper callback, each an instance of NVRx's base class for it."""
+
+    def journaling(base: type, event: EventType, cause: Callable[[Any], str | None] | None = None,
+                   first: Callable[[], None] | None = None) -> Any:
+        class Journaling(base):  # NVRx's class, found at run time
+            def __call__(self, state: Any) -> Any:
+                if first is not None:
+                    first()  # never raises
+                journal.emit(event, **({} if cause is None else {"cause": cause(state)}))
+                return state
+        return Journaling()
+
     ra: Any = ip.rank_assignment
-
-    class JournalAbort(ip.abort.Abort):
-        def __call__(self, state: Any) -> Any:
-            journal.emit(EventType.INPROCESS_ABORT)
-            return state
-
-    class JournalFinalize(ip.finalize.Finalize):
-        def __call__(self, state: Any) -> Any:
-            if interrupted is not None:
-                interrupted()  # never raises
-            journal.emit(EventType.INPROCESS_FINALIZE, cause=_cause(getattr(state, "fn_exception", None)))
-            return state
 
     class JournalRankAssignment(ra.RankAssignment):
         def __init__(self) -> None:
@@ -94,23 +82,31 @@ def inprocess_wrapper_kwargs(hooks: Hooks | Journal, **kwargs: Any) -> dict[str,
             journal.emit(EventType.INPROCESS_INITIALIZE)
             return state
 
-    class JournalCompletion(ip.completion.Completion):
-        def __call__(self, state: Any) -> Any:
-            journal.emit(EventType.INPROCESS_COMPLETION)
-            return state
+    return {"abort": journaling(ip.abort.Abort, EventType.INPROCESS_ABORT),
+            "finalize": journaling(ip.finalize.Finalize, EventType.INPROCESS_FINALIZE, _fault, interrupted),
+            "rank_assignment": JournalRankAssignment(), "initialize": JournalInitialize(),
+            "completion": journaling(ip.completion.Completion, EventType.INPROCESS_COMPLETION),
+            "terminate": journaling(ip.terminate.Terminate, EventType.INPROCESS_TERMINATE, _fault)}
 
-    class JournalTerminate(ip.terminate.Terminate):
-        def __call__(self, state: Any) -> Any:
-            journal.emit(EventType.INPROCESS_TERMINATE, cause=_cause(getattr(state, "fn_exception", None)))
-            return state
 
+def inprocess_wrapper_kwargs(hooks: Hooks | Journal, **kwargs: Any) -> dict[str, Any]:
+    """``inprocess.Wrapper`` keyword arguments: ``kwargs`` with journaling composed into each callback
+    (``hooks``: the process's ``Hooks``, or only their journal).
+
+    Callbacks the caller leaves out keep NVRx's defaults (``AbortTorchDistributed`` for abort,
+    ``Compose(ActivateAllRanks(), ShiftRanks())`` for rank assignment, none for the rest).
+    """
+    ip: Any = nvrx_compat.inprocess()  # callback base classes come from the installed NVRx
+    if ip is None:
+        return kwargs
+    journal = hooks.journal if isinstance(hooks, Hooks) else hooks
+    ours = _callbacks(ip, journal, hooks.interrupted if isinstance(hooks, Hooks) else None)
     kwargs = dict(kwargs)
+    ra: Any = ip.rank_assignment
     defaults = {"abort": ip.abort.AbortTorchDistributed(),
                 "rank_assignment": ip.Compose(ra.ActivateAllRanks(), ra.ShiftRanks())}
     # Compose(a, b)(x) == a(b(x)): the journal runs first for abort (earliest "fault detected"),
     # last for the others ("... done").
-    ours = {"abort": JournalAbort(), "finalize": JournalFinalize(), "rank_assignment": JournalRankAssignment(),
-            "initialize": JournalInitialize(), "completion": JournalCompletion(), "terminate": JournalTerminate()}
     for name, callback in ours.items():
         user = kwargs.get(name, defaults.get(name))
         if user is None:
@@ -123,27 +119,8 @@ def inprocess_wrapper_kwargs(hooks: Hooks | Journal, **kwargs: Any) -> dict[str,
 
 
 def inprocess_wrapper(hooks: Hooks | Journal, **kwargs: Any) -> Any:
-    """``inprocess.Wrapper(**inprocess_wrapper_kwargs(hooks, **kwargs))``, able to restart in-process on a
-    host without a GPU (``_without_gpu_health_checks``), or None without ``inprocess``."""
+    """``inprocess.Wrapper(**inprocess_wrapper_kwargs(hooks, **kwargs))``, or None without ``inprocess``."""
     ip = nvrx_compat.inprocess()
     if ip is None:
         return None
-    return _without_gpu_health_checks(ip.Wrapper(**inprocess_wrapper_kwargs(hooks, **kwargs)))
-
-
-def _without_gpu_health_checks(wrapper: Any) -> Any:
-    """A built ``inprocess.Wrapper`` that can restart in-process on a host without a GPU.
-
-    From 0.5 the Wrapper builds ``restart_health_check`` in ``__init__``: the user's
-    ``health_check`` chained with GPU and NVLink (and NIC) checks whenever ``LOCAL_RANK`` is set.
-    Without a driver those fail and the rank terminates instead of restarting. No release takes
-    the check as an argument, so it is replaced on the built Wrapper by the user's own check
-    alone (None runs none), only when CUDA is absent. Releases without the attribute are left as
-    they are.
-    """
-    import torch  # NVRx's own dependency, loaded with the Wrapper: importing this module stays cheap
-
-    if not torch.cuda.is_available() and hasattr(wrapper, "restart_health_check"):
-        wrapper.restart_health_check = getattr(wrapper, "health_check", None)
-        log.info("nvrx-slo: no CUDA; inprocess.Wrapper restarts without its GPU/NVLink health checks")
-    return wrapper
+    return ip.Wrapper(**inprocess_wrapper_kwargs(hooks, **kwargs))

@@ -1,4 +1,4 @@
-"""The journal writer: one append-only JSONL file per process, as ``nvrx_slo/contracts/schema.py`` specifies.
+"""The journal writer: one append-only JSONL file per process, as ``nvrx_slo/contracts/schema/`` specifies.
 
 Why it looks like this:
 
@@ -42,7 +42,7 @@ _time = time.time
 _write = os.write
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # Floats are written with microsecond resolution: '%.6f' costs a third of repr() on the hot path.
-_LINE = '{"v":1,"type":"%s","seq":%d,"mono":%.6f,"wall":%.6f%s%s}\n'
+_LINE = '{"v":' + str(schema.SCHEMA_VERSION) + ',"type":"%s","seq":%d,"mono":%.6f,"wall":%.6f%s%s}\n'
 _STEP_BODY = ',"step":%d,"start":%.6f,"data_s":%.6f,"compute_s":%.6f,"optimizer_s":%.6f'
 _BLOCKED = ',"blocked_s":%.6f'
 
@@ -72,21 +72,11 @@ def _encode_payload(payload: dict[str, Any]) -> str:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Identity:
-    """Who writes: the common identity fields of every record (see ``schema.COMMON_FIELDS``)."""
-
-    job: str
-    pod: str
-    node: str
-    rank: int | None
-    local_rank: int | None
-    pid: int
-    restart: int = 0
-    iter: int = 0
+class Writer(schema.Writer):
+    """Who writes (``schema.Writer``'s fields), as a process's launcher and pod tell it."""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, *, launcher: bool = False) -> Identity:
+    def from_env(cls, env: Mapping[str, str] | None = None, *, launcher: bool = False) -> Writer:
         """Read identity the way Kubernetes (Downward API) and the launcher (torchrun, ft_launcher,
         srun: ``launch_env``) hand it to a process; plain ``python`` is rank 0.
 
@@ -104,7 +94,7 @@ class Identity:
         )
 
 
-def _identity_suffix(identity: Identity) -> str:
+def _identity_suffix(identity: Writer) -> str:
     """The encoded identity fields, ``,"job":…,"iter":N`` — appended after ``wall`` on every line."""
     fields = dataclasses.asdict(identity)
     return "," + _ENCODER.encode(fields)[1:-1]
@@ -120,7 +110,7 @@ class Journal:
     def __init__(
         self,
         directory: str | os.PathLike[str] | None,
-        identity: Identity | None = None,
+        identity: Writer | None = None,
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         keep: int = DEFAULT_KEEP,
@@ -128,7 +118,7 @@ class Journal:
         if max_bytes <= 0 or keep < 1:
             raise ValueError(f"journal needs max_bytes > 0 and keep >= 1, got {max_bytes=} {keep=}")
         self.directory = Path(directory) if directory is not None else None
-        self.identity = identity or Identity.from_env()
+        self.identity = identity or Writer.from_env()
         self.max_bytes = max_bytes
         self.keep = keep
         self.errors = 0  # events dropped because of an error (I/O or encoding)
@@ -293,4 +283,4 @@ def open_journal(directory: str | os.PathLike[str] | None = None, *, launcher: b
             Path(directory).mkdir(parents=True, exist_ok=True)
         except OSError:
             pass  # the first emit counts and logs the failure
-    return Journal(directory, Identity.from_env(launcher=launcher))
+    return Journal(directory, Writer.from_env(launcher=launcher))

@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+# Set by ``nvrx-slo ft-launcher`` for its workers: the launcher journals when it started them.
+OUR_LAUNCHER = "NVRX_SLO_FT_LAUNCHER"
 _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")  # one SLURM_TASKS_PER_NODE entry: "2" or "2(x3)"
 
 
@@ -30,6 +32,11 @@ def int_env(env: Mapping[str, str], name: str) -> int | None:
 
 def _first(env: Mapping[str, str], *names: str) -> int | None:
     return next((v for v in (int_env(env, n) for n in names) if v is not None), None)
+
+
+def ours(env: Mapping[str, str]) -> bool:
+    """Whether ``nvrx-slo ft-launcher`` started this process."""
+    return env.get(OUR_LAUNCHER) == "1"
 
 
 def rank(env: Mapping[str, str]) -> int | None:

@@ -1,2 +1,3 @@
-"""The accounting: events in, snapshots out (``engine.Engine``, ``snapshot.Snapshot``; ``job`` adds up
-pods). Pure: no I/O, threads or clocks; it reads events as ``nvrx_slo.exporter.events`` holds them."""
+"""The accounting: events in, snapshots out (``engine.Engine``, ``snapshot.Snapshot``; a job of
+several pods is ``offline/rollup.py``'s). Pure: no I/O, threads or clocks; it reads events as
+``nvrx_slo.exporter.events`` holds them."""

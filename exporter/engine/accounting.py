@@ -37,8 +37,11 @@ restart) is charged to ``unknown``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Protocol
+from functools import reduce
+from operator import add
+from typing import Annotated
 
 import msgspec
 
@@ -52,17 +55,24 @@ from nvrx_slo.contracts.schema import (
     CheckpointStart,
     EventType,
     FaultInjected,
+    InprocessAbort,
+    InprocessCompletion,
+    InprocessFinalize,
+    InprocessRankAssignment,
     LauncherWorkerExit,
+    ProcessEnd,
+    ProcessStart,
     Restore,
-    Span,
     Step,
     StepFailed,
     UserSpan,
 )
 from nvrx_slo.exporter.engine import causes
 from nvrx_slo.exporter.engine.causes import CAUSES
+from nvrx_slo.exporter.engine.pool import POOL_MAX, Pool
+from nvrx_slo.exporter.engine.restarts import RestartSink
 from nvrx_slo.exporter.engine.snapshot import RankState
-from nvrx_slo.exporter.events import Event
+from nvrx_slo.exporter.events import Event, begin
 
 IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
 PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]
@@ -73,34 +83,12 @@ USER_NAMES = 16  # distinct user span names kept per rank; later ones are summed
 OTHER_NAME = "other"
 GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
         RankState.ENDED: SHUTDOWN}
-POOL_MAX = 4096  # undecided steps kept one by one before neighbours are merged
-_INPROCESS_FAULT = frozenset((EventType.INPROCESS_ABORT, EventType.INPROCESS_FINALIZE,
-                              EventType.INPROCESS_RANK_ASSIGNMENT))
+_UNKNOWN = causes.INDEX[FaultCause.UNKNOWN]
+INPROCESS_FAULT = (InprocessAbort, InprocessFinalize, InprocessRankAssignment)  # the Wrapper's: a fault
 # the Wrapper's callbacks: the restart phase each one ends
 _MARKS = {EventType.INPROCESS_ABORT: RestartPhase.DETECT, EventType.INPROCESS_FINALIZE: RestartPhase.TEARDOWN,
           EventType.INPROCESS_RANK_ASSIGNMENT: RestartPhase.RENDEZVOUS,
           EventType.INPROCESS_INITIALIZE: RestartPhase.REINIT}
-
-
-class RestartSink(Protocol):
-    """Receives each rank's view of a restart; ``key`` is the same on every rank of the pod."""
-
-    def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
-              injected: bool, cause: str | None, why: FaultCause | None) -> None: ...
-
-    def mark(self, rank: int, key: str, phase: RestartPhase, mono: float) -> None: ...
-
-    def cause(self, rank: int, key: str, cause: str) -> None: ...
-
-    def ended(self, rank: int, key: str, end: float, lost: float, restart: float) -> None:
-        """The rank's part of the restart is over at ``end``; it booked ``lost`` and ``restart`` seconds in it."""
-
-    def relaunch(self, since: float, until: float) -> float | None:
-        """The instant the pod's own launcher last started workers in (``since``, ``until``], if it
-        did and was not itself started again in that stretch; else None."""
-
-    def stopped_by(self, at: float) -> int | None:
-        """The signal the pod's launcher was told to stop by before ``at`` (None: it was not)."""
 
 
 @dataclass(slots=True)
@@ -133,11 +121,7 @@ class Ledger:
     seconds: Annotated[list[float], msgspec.Meta(min_length=len(SETTLED_CATEGORIES),
                                                  max_length=len(SETTLED_CATEGORIES))] = \
         field(default_factory=lambda: [0.0] * len(SETTLED_CATEGORIES))
-    pool_steps: list[int] = field(default_factory=list)  # undecided steps, oldest first
-    pool_work: list[float] = field(default_factory=list)
-    pool_first: list[float] = field(default_factory=list)  # end (mono) of each pool entry's first step ...
-    pool_last: list[float] = field(default_factory=list)  # ... and of its last (they differ once merged)
-    pool_sum: float = 0.0
+    pool: Pool = field(default_factory=Pool)  # its undecided work
     last_wall: float = 0.0
     # (first, last, productive) per decided pool entry, in decision order: the steps of this
     # rank that ended in [first, last] (mono) and were undecided until then. None: not kept.
@@ -185,33 +169,18 @@ class Ledger:
     # --- durability --------------------------------------------------------------------------
     def _decide(self, keep_upto: int | None, drop_rest: bool) -> None:
         """Steps ≤ ``keep_upto`` become productive; the rest become lost if ``drop_rest``."""
-        keep_steps: list[int] = []
-        keep_work: list[float] = []
-        keep_first: list[float] = []
-        keep_last: list[float] = []
-        verdicts = self.verdicts
-        for step, work, first, last in zip(self.pool_steps, self.pool_work, self.pool_first, self.pool_last,
-                                           strict=True):
-            if keep_upto is not None and step <= keep_upto:
-                self.seconds[PRODUCTIVE] += work
-                if verdicts is not None:
-                    verdicts.append((first, last, True))
-            elif drop_rest:
-                self.seconds[LOST] += work
-                if self.fact is not None:
-                    self.fact_lost += work
-                else:
-                    self.lost_by[causes.INDEX[FaultCause.UNKNOWN]] += work
-                if verdicts is not None:
-                    verdicts.append((first, last, False))
+        kept, lost, verdicts = self.pool.take(keep_upto, drop_rest)
+        seconds = self.seconds
+        # reduce(add, ws, x) adds each in turn, as `x += w` entry by entry does: the same sums to the bit
+        seconds[PRODUCTIVE] = reduce(add, kept, seconds[PRODUCTIVE])
+        if lost:
+            seconds[LOST] = reduce(add, lost, seconds[LOST])
+            if self.fact is not None:
+                self.fact_lost = reduce(add, lost, self.fact_lost)
             else:
-                keep_steps.append(step)
-                keep_work.append(work)
-                keep_first.append(first)
-                keep_last.append(last)
-        self.pool_steps, self.pool_work = keep_steps, keep_work
-        self.pool_first, self.pool_last = keep_first, keep_last
-        self.pool_sum = sum(keep_work)
+                self.lost_by[_UNKNOWN] = reduce(add, lost, self.lost_by[_UNKNOWN])
+        if self.verdicts is not None:
+            self.verdicts += verdicts
 
     # --- restarts ----------------------------------------------------------------------------
     def _begin(self, key: str, level: RestartLevel, sink: RestartSink, inprocess: bool) -> None:
@@ -261,25 +230,46 @@ class Ledger:
                 why = causes.of_exit(ev.signal, ev.exit_code) if stop is None else causes.of_exit(stop, None)
                 self._died(ev.mono, ev.wall, "worker process exited", why)
             return
-        kind, mono = ev.type, ev.mono
-        if self.first is None:
-            self.first = self.t = min(mono, ev.start) if isinstance(ev, Span) else mono
-            self.pid, self.restart, self.iter, self.last_wall = ev.pid, ev.restart, ev.iter, ev.wall
-            self.launch = str(ev.restart)
-        elif ev.pid != self.pid:
-            self._new_process(ev, sink)
-        elif (ev.iter > self.iter or kind in _INPROCESS_FAULT) and not (
-                self.state is RankState.RESTART and self.fact_inprocess and not self.fact_reinit):
-            self._inprocess(sink)  # not while one is under way, unless it failed after re-initialising
-        if ev.iter > self.iter:
-            self.iter = ev.iter
-
+        self._incarnation(ev, sink)
         if isinstance(ev, Step):
             self._step(ev, sink)
             self.last_wall = ev.wall
             return
         if isinstance(ev, Blocked) and ev.blocked_s:
-            self._blocked(ev.start if isinstance(ev, Span) else mono, ev.blocked_s)
+            self._blocked(begin(ev), ev.blocked_s)
+        self._event(ev, sink)
+        if isinstance(ev, CheckpointEnd) and ev.ok:
+            self._decide(ev.step, drop_rest=False)
+        self.last_wall = ev.wall
+
+    def apply_many(self, records: Sequence[Event], sink: RestartSink) -> None:
+        """``apply`` each record in order; the steps of its process a stretch at a time."""
+        i, n = 0, len(records)
+        while i < n:
+            j = self._steps(records, i, sink)
+            if j == i:
+                self.apply(records[i], sink)
+                j += 1
+            i = j
+
+    def _incarnation(self, ev: Event, sink: RestartSink) -> None:
+        """Whose record ``ev`` is: the rank's first, a new process's (a restart) or a new Wrapper
+        iteration's (an in-process restart)."""
+        if self.first is None:
+            self.first = self.t = min(ev.mono, begin(ev))
+            self.pid, self.restart, self.iter, self.last_wall = ev.pid, ev.restart, ev.iter, ev.wall
+            self.launch = str(ev.restart)
+        elif ev.pid != self.pid:
+            self._new_process(ev, sink)
+        elif (ev.iter > self.iter or isinstance(ev, INPROCESS_FAULT)) and not (
+                self.state is RankState.RESTART and self.fact_inprocess and not self.fact_reinit):
+            self._inprocess(sink)  # not while one is under way, unless it failed after re-initialising
+        if ev.iter > self.iter:
+            self.iter = ev.iter
+
+    def _event(self, ev: Event, sink: RestartSink) -> None:
+        """What a record other than a step does to the loop's state and time."""
+        mono = ev.mono
         if isinstance(ev, CheckpointStart):
             self._advance(mono)
             if self.state is not RankState.RESTART:
@@ -302,28 +292,25 @@ class Ledger:
         elif isinstance(ev, StepFailed):
             self._advance(ev.start)
             self._died(mono, ev.wall, ev.error, FaultCause.EXCEPTION)
-        elif kind is EventType.PROCESS_START:
+        elif isinstance(ev, ProcessStart):
             self._advance(mono)
             if self.fact is not None:
                 sink.mark(self.rank, self.fact, RestartPhase.REINIT, mono)
-        elif kind is EventType.PROCESS_END or kind is EventType.INPROCESS_COMPLETION:
+        elif isinstance(ev, (ProcessEnd, InprocessCompletion)):
             # the loop is over: from its last step or save to the process's (and the job's) end is
             # shutdown (writer stop, completion barrier, process-group teardown)
             if self.state is RankState.TRAINING:
                 self.state = RankState.ENDED
             self._advance(mono)
-            if kind is EventType.PROCESS_END:
+            if isinstance(ev, ProcessEnd):
                 self.state = RankState.ENDED
-        elif kind in _MARKS:
+        elif (phase := _MARKS.get(ev.type)) is not None:
             self._advance(mono)
             if isinstance(ev, Cause) and ev.cause and self.fact is not None:
                 sink.cause(self.rank, self.fact, ev.cause)
             if self.fact is not None and self.state is RankState.RESTART:
-                sink.mark(self.rank, self.fact, _MARKS[kind], mono)
-                self.fact_reinit = self.fact_reinit or kind is EventType.INPROCESS_INITIALIZE
-        if isinstance(ev, CheckpointEnd) and ev.ok:
-            self._decide(ev.step, drop_rest=False)
-        self.last_wall = ev.wall
+                sink.mark(self.rank, self.fact, phase, mono)
+                self.fact_reinit = self.fact_reinit or phase is RestartPhase.REINIT
 
     def _died(self, mono: float, wall: float, cause: str, why: FaultCause) -> None:
         """The loop stopped at ``mono`` (an exception left a step, the process was killed): the
@@ -343,14 +330,61 @@ class Ledger:
         self.t = mono
         self.fault, self.fault_wall, self.cause = mono, wall, cause
 
+    def _steps(self, records: Sequence[Event], i: int, sink: RestartSink) -> int:
+        """Apply the steps of its process from ``records[i]`` on, in order, up to the first other
+        record; returns its index. The hot path (a journal is mostly steps): a step of a loop that
+        trains, with no waits on saves to book, is applied here with the ledger's time and pool in
+        locals; any other goes through ``_step``."""
+        pid, it, n = self.pid, self.iter, len(records)
+        plain = self.state is RankState.TRAINING and self.blocking is None and self.fact is None
+        t, pool, seconds = self.t, self.pool, self.seconds
+        pool_sum, idle, data_s = pool.sum, seconds[UNATTRIBUTED], seconds[DATA]
+        steps, work_s, firsts, lasts = pool.steps, pool.work, pool.first, pool.last
+        j = i
+        while j < n:
+            ev = records[j]
+            if not isinstance(ev, Step) or ev.pid != pid or ev.iter > it:
+                break
+            j += 1
+            if ev.blocked_s or not plain:
+                self.t, pool.sum, seconds[UNATTRIBUTED], seconds[DATA] = t, pool_sum, idle, data_s
+                self._step(ev, sink)
+                t, pool_sum, idle, data_s, plain = self.t, pool.sum, seconds[UNATTRIBUTED], seconds[DATA], True
+                steps, work_s, firsts, lasts = pool.steps, pool.work, pool.first, pool.last
+                continue
+            start, mono = ev.start, ev.mono
+            if start > t:  # the gap before it: the loop trained, so it is unattributed
+                idle += start - t
+                t = start
+            span = mono - t
+            if span > 0:
+                data: float = ev.data_s
+                data = span if data > span else (data if data > 0.0 else 0.0)
+                data_s += data
+                steps.append(ev.step)
+                work_s.append(span - data)
+                firsts.append(mono)
+                lasts.append(mono)
+                pool_sum += span - data
+                t = mono
+                if len(steps) > POOL_MAX:
+                    pool.compact()
+                    steps, work_s, firsts, lasts = pool.steps, pool.work, pool.first, pool.last
+        if j > i:
+            self.t, pool.sum, seconds[UNATTRIBUTED], seconds[DATA] = t, pool_sum, idle, data_s
+            self.last_wall = records[j - 1].wall
+        return j
+
     def _step(self, ev: Step, sink: RestartSink) -> None:
+        """One step, whatever the loop's state: the gap before it goes where the state says (a
+        restart it ends, a save blocking), and its waits on saves are booked as blocking."""
         start: float = ev.start
         mono = ev.mono
         t = self.t
         seconds = self.seconds
         blocked: float | None = ev.blocked_s  # the loop's waits on saves since the previous record
         before = inside = 0.0  # of blocked: booked from the stretch before the span, from the span
-        if start > t:  # _advance, inlined: this runs once per step
+        if start > t:  # _advance, with the waits taken out of the gap
             gap = start - t
             if blocked:
                 before = blocked if blocked < gap else gap
@@ -375,38 +409,20 @@ class Ledger:
                 seconds[BLOCKING] += inside
                 work -= inside
             seconds[DATA] += data
-            self.pool_steps.append(ev.step)
-            self.pool_work.append(work)
-            self.pool_first.append(mono)
-            self.pool_last.append(mono)
-            self.pool_sum += work
+            pool = self.pool
+            pool.steps.append(ev.step)
+            pool.work.append(work)
+            pool.first.append(mono)
+            pool.last.append(mono)
+            pool.sum += work
             self.t = mono
-            if len(self.pool_steps) > POOL_MAX:
-                self._compact_pool()
+            if len(pool.steps) > POOL_MAX:
+                pool.compact()
         if (before or inside) and self.waits is not None:
             self.waits.append((t - before, t + inside))
 
-    def _compact_pool(self) -> None:
-        """Halve a pool that no save has drained: merge neighbours, keeping the higher step.
-
-        Memory stays bounded when a job runs long without a durable save; a merged pair is
-        decided as one (a save must cover both steps), so at most one pair's work waits for
-        the next save, or is counted lost with its partner."""
-        steps, work = self.pool_steps, self.pool_work
-        odd = len(steps) % 2
-        self.pool_steps = [max(steps[i],
-                               steps[i + 1]) for i in range(0, len(steps) - odd, 2)] + steps[len(steps) - odd:]
-        self.pool_work = [work[i] + work[i + 1] for i in range(0, len(work) - odd, 2)] + work[len(work) - odd:]
-        self.pool_first = self.pool_first[0:len(steps) - odd:2] + self.pool_first[len(steps) - odd:]
-        self.pool_last = self.pool_last[1:len(steps):2] + self.pool_last[len(steps) - odd:]
-
-    def __post_init__(self) -> None:
-        if not len(self.pool_steps) == len(self.pool_work) == len(self.pool_first) == len(self.pool_last):
-            raise ValueError("ledger pool lists differ in length")
-
     def copy(self) -> Ledger:
         return dataclasses.replace(
-            self, seconds=self.seconds[:], pool_steps=self.pool_steps[:], pool_work=self.pool_work[:],
-            pool_first=self.pool_first[:], pool_last=self.pool_last[:],
+            self, seconds=self.seconds[:], pool=self.pool.copy(),
             verdicts=None if self.verdicts is None else self.verdicts[:],
             waits=None if self.waits is None else self.waits[:], user=dict(self.user), lost_by=self.lost_by[:])

@@ -27,7 +27,7 @@ def rank(led: Ledger, preview: Ledger, lane: Lane, origin: float, end: float, fi
         seconds = led.seconds[:]
         seconds[INIT] += led.first - origin
         tail = max(0.0, end - led.t)
-        unprotected = led.pool_sum
+        unprotected = led.pool.sum
         if finished:
             seconds[BLOCKING if led.blocking is not None else GAP[led.state]] += tail
         else:

@@ -11,6 +11,18 @@ import math
 from statistics import median
 
 
+def overlap_ratio(blocking_s: float, background_s: float) -> float | None:
+    """Checkpoint overlap: the share of the saves' seconds spent in the background, not blocking the
+    loop (the recording rules' ``checkpoint_overlap`` signal, ``alerts/signals.py``)."""
+    both = blocking_s + background_s
+    return background_s / both if both > 0 else None
+
+
+def blocking_fraction(blocking_s: float, wall_s: float) -> float | None:
+    """Checkpoint blocking rank-seconds as a share of wall rank-seconds (the blocking SLI)."""
+    return blocking_s / wall_s if wall_s > 0 else None
+
+
 def mtbf(elapsed_s: float, faults: int) -> float | None:
     """Mean time between faults: the job's elapsed wall time over the faults seen in it."""
     return elapsed_s / faults if faults > 0 and elapsed_s > 0 else None

@@ -60,15 +60,16 @@ version is refused, and the sidecar then accounts the journal again from its sta
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import msgspec
 
 from nvrx_slo.contracts.catalogue import Category, FaultCause
-from nvrx_slo.contracts.schema import CheckpointPart, EventType, LauncherSignal, LauncherWorkerExit, ProcessStart, Span
-from nvrx_slo.exporter.engine import assembly, derived
+from nvrx_slo.contracts.schema import CheckpointPart, EventType, LauncherSignal, LauncherWorkerExit, ProcessStart
+from nvrx_slo.exporter import events
+from nvrx_slo.exporter.engine import assembly, derived, runs
 from nvrx_slo.exporter.engine.accounting import Ledger
 from nvrx_slo.exporter.engine.causes import CAUSES
 from nvrx_slo.exporter.engine.checkpoints import Checkpoints
@@ -79,10 +80,10 @@ from nvrx_slo.exporter.engine.restarts import Restarts
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, RestartRecord, Snapshot
 from nvrx_slo.exporter.events import BEFORE_ALL, STRUCTS, Event
 
-__all__ = ["Engine", "Snapshot", "REORDER_WINDOW_S"]
+__all__ = ["Engine", "IngestFailed", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 13
+STATE_VERSION = 14
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 # the records that can make a rank's work productive, by struct class (a set of classes is read fastest)
 _DECIDING = frozenset(STRUCTS[kind] for kind in (EventType.CHECKPOINT_END, EventType.RESTORE))
@@ -109,6 +110,15 @@ class EngineState:
     identity: tuple[str, str, str] = ("", "", "")  # job, pod, node
     next_fold: float = BEFORE_ALL
     shown: float = BEFORE_ALL  # the furthest instant a snapshot counted wall to
+
+
+class IngestFailed(Exception):
+    """Accounting ``records[start:end]`` raised (``Engine.ingest_many``; the cause is chained): one
+    record, or a run of plain steps. The records before them were accounted, those after were not."""
+
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__(f"accounting records {start}..{end - 1} raised")
+        self.start, self.end = start, end
 
 
 @dataclass(frozen=True)
@@ -158,33 +168,14 @@ class Engine:
         whether it was accepted: a record refused (implausible, a duplicate) changed nothing but
         its count."""
         s = self._s
-        pid: int = record.pid
-        seq: int = record.seq
-        mono: float = record.mono
-        begin = record.start if isinstance(record, Span) else mono
-        processes = s.processes
-        process = processes.get(pid)
-        if not plausible(process, record, mono, begin, s.window, not_after):
-            s.counts.implausible += 1
-            return False
+        process = self._admit(record, not_after)
         if process is None:
-            process = processes[pid] = Process()
-        seqs = process.seqs
-        if seq == seqs.floor and not seqs.ahead:
-            seqs.floor = seq + 1  # the common case: the next record of a file read in order
-        else:
-            duplicate, lost = seqs.seen(seq, mono, s.window)
-            s.counts.records_lost += lost
-            if duplicate:
-                s.counts.duplicates += 1
-                return False
-        kind = record.type
-        if not process.started or kind in ENDS:  # a started process's other records say nothing of its life
-            lived(processes, process, record, begin)
+            return False
         rank: int | None = record.rank
         if rank is not None:
             lane_rank = process.lane
             rank = process.lane = new_lane(s.lane_of_local, rank, record.local_rank) if lane_rank is None else lane_rank
+        mono, begin = record.mono, events.begin(record)
         if s.origin is None or begin < s.origin:
             s.origin, s.origin_wall = begin, record.wall - (mono - begin)
             if not s.identity[1]:
@@ -192,28 +183,11 @@ class Engine:
         if mono > s.newest:
             s.newest = mono
         s.counts.accepted += 1
-        lane = None
-        if rank is not None:
-            lane = s.lanes.get(rank)
-            if lane is None:
-                kept = s.keep_history
-                lane = s.lanes[rank] = Lane(Ledger(rank, verdicts=[] if kept else None, waits=[] if kept else None))
-            newest_pid = lane.newest_pid
-            lane.count(record, mono)
-            if lane.newest_pid != newest_pid and s.checkpoints.open:
-                s.checkpoints.due = s.newest  # a process died: its unfinished saves may fold
+        lane = None if rank is None else self._count(rank, record, mono)
         if s.newest >= s.checkpoints.due:  # before adding: a new save never joins one that is over
             self._fold_checkpoints()
         if lane is None:
-            s.restarts.launcher_event(kind, mono)
-            s.launcher.note(record)
-            if isinstance(record, LauncherSignal):
-                s.restarts.stop(mono, record.signal)
-            if isinstance(record, LauncherWorkerExit) and not s.restarts.tearing_down(mono):
-                # a worker died on its own: the fault's instant, for its rank's ledger
-                exited = next((ln for ln in s.lanes.values() if record.worker_pid in ln.pids), None)
-                if exited is not None:
-                    exited.take(record, s.window, s.restarts, s.counts)
+            self._launcher(record, mono)
         else:
             if isinstance(record, CheckpointPart):
                 if s.checkpoints.add(record, record.ckpt, lane.ledger.rank):
@@ -222,11 +196,89 @@ class Engine:
                 s.world_size = record.world_size
             lane.take(record, s.window, s.restarts, s.counts)
         if s.restarts.open and (s.newest >= s.next_fold or s.restarts.ended_since_fold):
-            lanes = s.lanes
-            applied = {r: float("-inf") if ln.applied is None else ln.applied.mono for r, ln in lanes.items()}
-            s.restarts.fold(s.newest, s.window, applied, {r: ln.first() for r, ln in lanes.items()})
-            s.next_fold = s.newest + FOLD_EVERY_S
+            self._fold_restarts()
         return True
+
+    def ingest_many(self, records: Sequence[Event], not_after: float = float("inf")) -> list[Event]:
+        """``ingest`` each record in order; returns those accepted. Runs of plain steps (``runs``:
+        the bulk of a journal) are accounted a run at a time, exactly as one by one. If accounting
+        raises (an engine bug), ``IngestFailed`` says which records it was accounting; those
+        before them were accounted, those after were not."""
+        accepted: list[Event] = []
+        i, n = 0, len(records)
+        while i < n:
+            found = runs.scan(self._s, records, i, not_after)
+            end = found.end
+            try:
+                if end > i:
+                    runs.account(self._s, found, end - i, self._fold_checkpoints)
+                    accepted += records[i:end]
+                else:
+                    end = i + 1
+                    if self.ingest(records[i], not_after):
+                        accepted.append(records[i])
+            except Exception as exc:
+                raise IngestFailed(i, end) from exc
+            i = end
+        return accepted
+
+    def _admit(self, record: Event, not_after: float) -> Process | None:
+        """The record's process, if the record is plausible and not a duplicate (else it is counted
+        as such and None returned); what it says of its process's life is noted."""
+        s = self._s
+        pid, seq, mono = record.pid, record.seq, record.mono
+        begin = events.begin(record)
+        process = s.processes.get(pid)
+        if not plausible(process, record, mono, begin, s.window, not_after):
+            s.counts.implausible += 1
+            return None
+        if process is None:
+            process = s.processes[pid] = Process()
+        seqs = process.seqs
+        if seq == seqs.floor and not seqs.ahead:
+            seqs.floor = seq + 1  # the common case: the next record of a file read in order
+        else:
+            duplicate, lost = seqs.seen(seq, mono, s.window)
+            s.counts.records_lost += lost
+            if duplicate:
+                s.counts.duplicates += 1
+                return None
+        if not process.started or record.type in ENDS:  # a started process's other records say nothing of its life
+            lived(s.processes, process, record, begin)
+        return process
+
+    def _count(self, rank: int, record: Event, mono: float) -> Lane:
+        """The lane of ``rank``, with ``record`` counted in it."""
+        s = self._s
+        lane = s.lanes.get(rank)
+        if lane is None:
+            kept = s.keep_history
+            lane = s.lanes[rank] = Lane(Ledger(rank, verdicts=[] if kept else None, waits=[] if kept else None))
+        newest_pid = lane.newest_pid
+        lane.count(record, mono)
+        if lane.newest_pid != newest_pid and s.checkpoints.open:
+            s.checkpoints.due = s.newest  # a process died: its unfinished saves may fold
+        return lane
+
+    def _launcher(self, record: Event, mono: float) -> None:
+        """A record of no rank: the launcher's."""
+        s = self._s
+        s.restarts.launcher_event(record.type, mono)
+        s.launcher.note(record)
+        if isinstance(record, LauncherSignal):
+            s.restarts.stop(mono, record.signal)
+        if isinstance(record, LauncherWorkerExit) and not s.restarts.tearing_down(mono):
+            # a worker died on its own: the fault's instant, for its rank's ledger
+            exited = next((ln for ln in s.lanes.values() if record.worker_pid in ln.pids), None)
+            if exited is not None:
+                exited.take(record, s.window, s.restarts, s.counts)
+
+    def _fold_restarts(self) -> None:
+        s = self._s
+        lanes = s.lanes
+        applied = {r: float("-inf") if ln.applied is None else ln.applied.mono for r, ln in lanes.items()}
+        s.restarts.fold(s.newest, s.window, applied, {r: ln.first() for r, ln in lanes.items()})
+        s.next_fold = s.newest + FOLD_EVERY_S
 
     def _fold_checkpoints(self) -> None:
         lanes = self._s.lanes

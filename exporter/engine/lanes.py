@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
-from operator import attrgetter
+from functools import partial, reduce
+from operator import add, attrgetter, sub
 from typing import Annotated
 
 import msgspec
@@ -34,12 +35,15 @@ from nvrx_slo.contracts.schema import (
     StepTimerKind,
     StepTiming,
 )
-from nvrx_slo.exporter.engine.accounting import Ledger, RestartSink
+from nvrx_slo.exporter.engine.accounting import Ledger
 from nvrx_slo.exporter.engine.histogram import StepBuckets
+from nvrx_slo.exporter.engine.restarts import RestartSink
 from nvrx_slo.exporter.events import BEFORE_ALL, Event
 
 RECENT_STEPS = 16  # step durations per rank for the skew ratio
 ORDER = attrgetter("mono", "pid", "seq")  # the order records are applied in; unique per record
+MONO, START, WALL = attrgetter("mono"), attrgetter("start"), attrgetter("wall")
+_bucket = partial(bisect_left, STEP_BUCKETS)  # a step duration's histogram bucket
 
 
 def new_lane(of_local: dict[int, int], rank: int, local_rank: int | None) -> int:
@@ -169,21 +173,48 @@ class Lane:
         horizon = mono - window
         if pending[0].mono >= horizon:
             return
-        apply = self.ledger.apply
-        n = 0
-        for ev in pending:
-            if ev.mono >= horizon:
-                break
-            apply(ev, sink)
-            n += 1
+        n = bisect_left(pending, horizon, key=MONO)
+        if n == 1:  # the usual case: the record the window passed
+            self.ledger.apply(pending[0], sink)
+        else:
+            self.ledger.apply_many(pending[:n], sink)
         self.applied = pending[n - 1]
         del pending[:n]
+
+    def take_run(self, run: list[Step], window: float, sink: RestartSink) -> None:
+        """``count`` and ``take`` each step of a run (``runs``: steps of its newest process, each
+        later than the one before and than any record it holds), as they would one by one: the
+        histogram per step, the newest of everything once, the buffer extended once and applied
+        to the ledger up to the last step's horizon (the union of each step's)."""
+        durations = list(map(sub, map(MONO, run), map(START, run)))
+        hist, n = self.hist, len(run)
+        counts = hist.counts
+        for bucket in map(_bucket, durations):
+            counts[bucket] += 1
+        hist.sum = reduce(add, durations, hist.sum)  # each in turn, as ``count`` adds them
+        hist.count += n
+        begun = min(map(sub, map(WALL, run), durations))
+        if self.first_step_wall is None or begun < self.first_step_wall:
+            self.first_step_wall = begun
+        for i in range(max(0, n - RECENT_STEPS), n):
+            self.recent[(self.steps + i) % RECENT_STEPS] = durations[i]
+        self.steps += n
+        last = run[-1]
+        self.step, self.step_mono, self.step_wall = last.step, last.mono, last.wall
+        self.newest, self.newest_kind, self.end_error = last.mono, last.type, None
+        self.newest_restart, self.newest_iter = last.restart, last.iter
+        pending = self.pending
+        pending.extend(run)
+        applied = bisect_left(pending, last.mono - window, key=MONO)
+        if applied:
+            self.ledger.apply_many(pending[:applied], sink)
+            self.applied = pending[applied - 1]
+            del pending[:applied]
 
     def settle(self, sink: RestartSink) -> None:
         """Apply every buffered record to the ledger now (``Engine.settle``)."""
         if self.pending:
-            for ev in self.pending:
-                self.ledger.apply(ev, sink)
+            self.ledger.apply_many(self.pending, sink)
             self.applied = self.pending[-1]
             self.pending.clear()
 

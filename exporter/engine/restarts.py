@@ -37,6 +37,7 @@ import dataclasses
 from bisect import bisect_left, insort
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from nvrx_slo.contracts.catalogue import FaultCause, RestartLevel, RestartPhase
 from nvrx_slo.contracts.schema import EventType
@@ -56,6 +57,27 @@ _LAUNCHER_MARKS = {
 _CHAIN = (RestartPhase.DETECT, RestartPhase.TEARDOWN, RestartPhase.RENDEZVOUS, RestartPhase.REINIT)
 
 LauncherMark = tuple[float, EventType]  # (mono, type) of an ft_launcher record
+
+
+class RestartSink(Protocol):
+    """Receives each rank's view of a restart; ``key`` is the same on every rank of the pod."""
+
+    def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
+              injected: bool, cause: str | None, why: FaultCause | None) -> None: ...
+
+    def mark(self, rank: int, key: str, phase: RestartPhase, mono: float) -> None: ...
+
+    def cause(self, rank: int, key: str, cause: str) -> None: ...
+
+    def ended(self, rank: int, key: str, end: float, lost: float, restart: float) -> None:
+        """The rank's part of the restart is over at ``end``; it booked ``lost`` and ``restart`` seconds in it."""
+
+    def relaunch(self, since: float, until: float) -> float | None:
+        """The instant the pod's own launcher last started workers in (``since``, ``until``], if it
+        did and was not itself started again in that stretch; else None."""
+
+    def stopped_by(self, at: float) -> int | None:
+        """The signal the pod's launcher was told to stop by before ``at`` (None: it was not)."""
 
 
 @dataclass(frozen=True, slots=True)

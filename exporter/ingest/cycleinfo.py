@@ -30,7 +30,7 @@ import orjson
 
 from nvrx_slo.contracts import schema
 from nvrx_slo.exporter.events import Event, as_event
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.cycleinfo")
@@ -44,7 +44,7 @@ def _wall(iso: str) -> float | None:
 
 
 class CycleInfoReader:
-    def __init__(self, directory: Path, identity: Identity, *, mono: Callable[[], float] = time.monotonic,
+    def __init__(self, directory: Path, identity: PodIdentity, *, mono: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self._identity = identity

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.podwatch")
@@ -105,7 +105,7 @@ class Watcher:
                 self._stopped.wait(self._retry_s)
 
 
-def start(identity: Identity, on_statuses: Callable[[list[ContainerStatus]], None],
+def start(identity: PodIdentity, on_statuses: Callable[[list[ContainerStatus]], None],
           api_client: Any = None) -> Watcher | None:
     """Watch the sidecar's own pod; ``None`` (with one log line) outside a cluster."""
     if api_client is None:

@@ -19,7 +19,8 @@ byte offset that stays valid for the file's whole life. What this reader guarant
   sidecar's future, once a later line of that writer confirms it (a greater seq, no earlier time,
   as its writer writes them): one line the engine would refuse, even claiming a seq its writer
   wrote too, cannot hold its file's later lines back (they would arrive late), and the time lags
-  one line. So a refused record changes nothing (``tests/test_rejected_records.py``).
+  one line. So a refused record changes nothing (``tests/test_rejected_records.py``). Lines are
+  made into items and handed on merged by ``exporter/ingest/merge.py``; this module follows files.
 * A file deleted under the reader is still read to its end through the descriptor held open for
   it; only then is it forgotten. A file cut under its offset (``copytruncate``: writers never do)
   is counted as ``RejectReason.FILE_TRUNCATED`` and read again from its start, so the lines written after the
@@ -40,42 +41,29 @@ from __future__ import annotations
 
 import errno
 import logging
-import math
 import os
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from itertools import accumulate
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from nvrx_slo.contracts import schema
-from nvrx_slo.contracts.schema import JournalError, RejectReason
-from nvrx_slo.exporter.events import Event, begin, self_consistent
-from nvrx_slo.exporter.ingest.decode import decode_batch
+from nvrx_slo.contracts.schema import RejectReason
+from nvrx_slo.exporter.events import Event
+from nvrx_slo.exporter.ingest.merge import Source, hand_on, split
 from nvrx_slo.exporter.ingest.ratelog import BoundedLog
 
 log = logging.getLogger("nvrx_slo.tail")
 
-HEAD_BYTES = 256  # of a file's first line, remembered to tell a file cut and rewritten from one grown
-MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage: rejected, skipped to its newline
 ROUND_BYTES = 2 << 20  # read per round across all files: a round's lines, decoded, take ~4x this
 MIN_CHUNK = 2 << 10  # with many files the round budget wins: 1024 files x 2 KB = 2 MB read per round
-_NEVER = float("inf")
 _NO_GUARD = nullcontext()  # poll's default guard: nullcontext is reusable and re-entrant
 
 Ingest = Callable[[list[Event]], None]
 """Takes accepted events, in merged order."""
-
-# One line read and not yet handed on: (merge key, order, offset just past the line, event | (file, rejection) |
-# None). The key is the time it waits for before it is handed on: its own (or the newest before it) among its
-# writer's lines in order (see ``_split``); the order is the record's own time, never before its process's first
-# record (see ``_split``).
-_Item = tuple[float, float, int, Event | tuple[str, JournalError] | None]
 
 
 def order_key(name: str) -> tuple[str, int, str]:
@@ -89,68 +77,10 @@ def order_key(name: str) -> tuple[str, int, str]:
     return ".".join(parts), 0, name
 
 
-def _keeps_order(event: Event, limit: float) -> bool:
-    """Whether a line of its file's writer may set its process's start: not in the sidecar's
-    future, and its own times agree (what the engine refuses alone)."""
-    mono = event.mono
-    return mono <= limit and self_consistent(event, begin(event))
-
-
-def _lower(items: list[_Item], key: float) -> None:
-    """Buffered items wait for no later time than ``key`` (their keys stay non-decreasing)."""
-    i = len(items) - 1
-    while i >= 0 and items[i][0] > key:
-        items[i] = (key, *items[i][1:])
-        i -= 1
-
-
-def _after(start: float) -> float:
-    """The order of a record dated before its process's first record: just after that record."""
-    return math.nextafter(start, _NEVER)
-
-
 def writer_pid(name: str) -> int | None:
     """The pid in a journal file's name (``<pod>.<role>.<pid>[.<generation>].jsonl``), None if none."""
     last = order_key(name)[0].rsplit(".", 1)[-1]
     return int(last) if last.isdigit() else None
-
-
-def _decoded(lines: list[bytes]) -> Sequence[Event | JournalError]:
-    """``decode_batch``, and if it raises (a decoder bug on some hostile line), line by line, so
-    that only the lines it raises on are lost — each counted as malformed — never the chunk."""
-    try:
-        return decode_batch(lines)
-    except Exception:  # whatever it is, it must not take the valid lines with it
-        out: list[Event | JournalError] = []
-        for line in lines:
-            try:
-                out += decode_batch([line])
-            except Exception as exc:
-                out.append(JournalError(RejectReason.MALFORMED, f"undecodable: {type(exc).__name__}"))
-        return out
-
-
-@dataclass
-class _Source:
-    """An open journal file: where reading got to, and lines read but not yet handed on."""
-
-    fd: int
-    inode: int
-    read_pos: int  # next byte to read; the handed-on offset lives in JournalTail.offsets
-    pending: bytes = b""  # after the last newline: a partial line waiting for its end
-    skipping: bool = False  # inside an over-long line: drop bytes up to the next newline
-    items: list[_Item] = field(default_factory=list)
-    key: float = float("-inf")  # mono of the newest confirmed line read so far (see _split)
-    more: bool = True  # the last read filled its chunk: more may be waiting
-    vanished: bool = False  # deleted or replaced: read to the end, then forget
-    last_growth: float = 0.0
-    pid: int | None = None  # the writer its name gives (None: not a journal file name)
-    seq: int = -1  # seq of the line that set ``key``
-    candidate: tuple[float, int] | None = None  # (mono, seq) of the newest line that may set it once confirmed
-
-    def waits(self) -> float:
-        """The time a line read now waits for before it is handed on (``_split``)."""
-        return self.key if self.candidate is None else self.candidate[0]
 
 
 class JournalTail:
@@ -163,7 +93,7 @@ class JournalTail:
         self.complete = False  # the last poll read every file with new data to its end
         self._waiting = False  # files with new data left unopened (max_open, or out of descriptors)
         self._failing: set[tuple[str, int]] = set()  # (name, inode) counted as unreadable until read
-        self._open: dict[str, _Source] = {}
+        self._open: dict[str, Source] = {}
         self._clock = clock
         self._idle_close_s = idle_close_s
         self._max_open = max_open
@@ -227,7 +157,7 @@ class JournalTail:
                     break  # nothing could be opened (no descriptor at all): try again next poll
                 continue
             with guard:
-                handed += self._hand_on(ingest)
+                handed += hand_on(self._open, self.offsets, self._reject, ingest)
         self._retire()
         self.complete = not self._waiting and not stop()
         return handed
@@ -310,9 +240,9 @@ class JournalTail:
                              "its first line changed; reading it again from the start")
                 offset = 0
                 self.offsets[name] = (inode, offset)
-            self._open[name] = _Source(fd, inode, offset, last_growth=self._clock(), pid=writer_pid(name))
+            self._open[name] = Source(fd, inode, offset, last_growth=self._clock(), pid=writer_pid(name))
 
-    def _truncated(self, name: str, src: _Source, why: str) -> None:
+    def _truncated(self, name: str, src: Source, why: str) -> None:
         """A file cut under its open descriptor (``copytruncate``): what it holds now was written
         after the cut, so it is read again from its start (once its lines read so far are handed on)."""
         self._reject(RejectReason.FILE_TRUNCATED, name, f"{why}; reading it again from the start")
@@ -354,99 +284,7 @@ class JournalTail:
             src.more = len(data) == chunk
             if data:
                 src.last_growth = self._clock()
-                self._split(name, src, data)
-
-    def _split(self, name: str, src: _Source, data: bytes) -> None:
-        """Turn ``pending + data`` into items, one per complete line; keep the partial tail."""
-        start = src.read_pos - len(src.pending)  # file offset of the first byte of pending + data
-        src.read_pos += len(data)
-        data = src.pending + data
-        if start == 0 and (first := data.find(b"\n")) >= 0:  # what the file begins with: see _same_head
-            head = data[:min(first + 1, HEAD_BYTES)]
-            self._heads[name] = (len(head), zlib.crc32(head))
-        if src.skipping:  # still inside an over-long line: drop through its newline
-            newline = data.find(b"\n")
-            if newline < 0:
-                src.pending = b""
-                src.items.append((src.waits(), src.waits(), src.read_pos, None))
-                return
-            src.skipping = False
-            src.items.append((src.waits(), src.waits(), start + newline + 1, None))
-            start, data = start + newline + 1, data[newline + 1:]
-        end = data.rfind(b"\n")
-        if end < 0:
-            src.pending = data
-            if len(data) > MAX_LINE_BYTES:
-                src.pending, src.skipping = b"", True
-                src.items.append((src.waits(), src.waits(), src.read_pos, (name, JournalError(
-                    RejectReason.MALFORMED, f"line longer than {MAX_LINE_BYTES} bytes"))))
-            return
-        src.pending = data[end + 1:]
-        lines = data[:end].split(b"\n")
-        ends = list(accumulate(map(len, lines)))  # line i ends at start + ends[i] + i + 1 (its newline)
-        if all(lines):
-            nonempty: Sequence[int] = range(len(lines))
-        else:
-            nonempty = [i for i, line in enumerate(lines) if line]
-            lines = [lines[i] for i in nonempty]
-        decoded = _decoded(lines)
-        starts, pid, limit = self._starts, src.pid, self._not_after()
-        if start == 0:  # the file's start: its writer's first record (seq 0), wherever in the chunk it lies
-            for item in decoded:
-                if (not isinstance(item, JournalError) and item.seq == 0 and item.pid == pid
-                        and item.mono < starts.get(pid, _NEVER) and _keeps_order(item, limit)):
-                    starts[pid] = item.mono
-        key, items, last, candidate = src.key, src.items, src.seq, src.candidate
-        begun = starts.get(pid, -_NEVER) if pid is not None else -_NEVER
-        for i, item in zip(nonempty, decoded, strict=True):
-            held = key if candidate is None else candidate[0]  # what this line waits for, unless it moves it
-            if isinstance(item, JournalError):
-                items.append((held, held, start + ends[i] + i + 1, (name, item)))
-                continue
-            mono = item.mono
-            if item.pid == pid or pid is None:
-                if mono <= limit:  # the merge key: see the docstring
-                    seq = item.seq
-                    if candidate is not None and seq > candidate[1] and mono >= candidate[0]:
-                        key, last = candidate  # confirmed by a later line of its writer
-                        candidate, held = (mono, seq), mono
-                    elif seq > last and mono >= key:  # the first, or one that contradicts the candidate
-                        candidate, held = (mono, seq), mono
-                        _lower(items, mono)  # the lines read since no longer wait for the candidate's time
-                order = mono if mono >= begun else _after(begun)
-            else:  # another process's record in this file: never its merge time
-                theirs = starts.get(item.pid, -_NEVER)
-                order = mono if mono >= theirs else _after(theirs)
-            items.append((held, order, start + ends[i] + i + 1, item))
-        src.key, src.seq, src.candidate = key, last, candidate
-        if not nonempty or nonempty[-1] != len(ends) - 1:  # trailing empty lines: move past them too
-            items.append((src.waits(), src.waits(), start + ends[-1] + len(ends), None))
-
-    def _hand_on(self, ingest: Ingest) -> int:
-        """Ingest every buffered item up to the merge watermark, in key order; advance offsets."""
-        watermark = min((s.key for s in self._open.values() if s.more), default=float("inf"))
-        batch: list[_Item] = []
-        for name, src in self._open.items():
-            items = src.items
-            n = len(items)
-            if items and items[-1][0] > watermark:
-                n = next(i for i, item in enumerate(items) if item[0] > watermark)
-            if n:
-                batch += items[:n]
-                self.offsets[name] = (src.inode, items[n - 1][2])
-                del items[:n]
-        if not batch:  # the file setting the watermark has nothing buffered: read it first
-            return 0
-        batch.sort(key=itemgetter(1))  # stable: equal times keep their file's order
-        events: list[Event] = []
-        for _key, _order, _end, payload in batch:
-            if isinstance(payload, tuple):
-                name, error = payload
-                self._reject(error.reason, name, str(error))
-            elif payload is not None:
-                events.append(payload)
-        ingest(events)
-        return len(batch)
+                split(name, src, data, self._starts, self._not_after(), self._heads)
 
     def _retire(self) -> None:
         """Forget drained vanished files; close quiet descriptors (offsets stay), quietest first."""

@@ -14,13 +14,16 @@ record dates nothing (``tests/test_rejected_records.py``).
 
 from __future__ import annotations
 
+from operator import attrgetter
 from pathlib import Path
 
 from nvrx_slo.exporter.engine.engine import REORDER_WINDOW_S, Engine
 from nvrx_slo.exporter.events import Event
 from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.offline.timeline import TimelineBuilder
+from nvrx_slo.exporter.offline.timeline_builder import TimelineBuilder
 from nvrx_slo.exporter.views.view import View
+
+_MONO = attrgetter("mono")
 
 
 class EmptyJournal(ValueError):
@@ -52,16 +55,16 @@ class Replay:
         return handed
 
     def _ingest(self, records: list[Event]) -> None:
-        builder = self.builder
-        for record in records:
-            if not self.engine.ingest(record):  # refused: it draws nothing and dates nothing
-                continue
-            if builder is not None:
-                builder.add(record)
-            if self.newest is None or record.mono > self.newest[0]:
-                self.newest = (record.mono, record.wall)
-        if builder is not None:
-            builder.decide(self.engine.take_decisions())
+        accepted = self.engine.ingest_many(records)  # a record refused draws nothing and dates nothing
+        if not accepted:
+            return
+        newest = max(accepted, key=_MONO)  # the first of the newest
+        if self.newest is None or newest.mono > self.newest[0]:
+            self.newest = (newest.mono, newest.wall)
+        if self.builder is not None:
+            for record in accepted:
+                self.builder.add(record)
+            self.builder.decide(self.engine.take_decisions())
 
     def view(self, at: tuple[float, float] | None = None) -> View:
         """What was read, as of ``at`` (monotonic, Unix seconds) or else of the newest accepted

@@ -26,11 +26,11 @@ from pathlib import Path
 
 from nvrx_slo.contracts.catalogue import RestartPhase
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter.engine import job
 from nvrx_slo.exporter.engine.engine import History
 from nvrx_slo.exporter.engine.snapshot import RestartRecord, Snapshot
+from nvrx_slo.exporter.offline import rollup
 from nvrx_slo.exporter.offline.replay import EmptyJournal, Replay
-from nvrx_slo.exporter.offline.timeline import TimelineBuilder, compose
+from nvrx_slo.exporter.offline.timeline_builder import TimelineBuilder, compose
 from nvrx_slo.exporter.views import cost, slo_report, status_page, timeline
 from nvrx_slo.exporter.views.timeline import RestartBand
 from nvrx_slo.exporter.views.view import View
@@ -70,7 +70,7 @@ def _read(journal_dir: str | Path) -> _Pod:
 
 @dataclasses.dataclass(frozen=True)
 class _Replayed:
-    """The journal directories replayed: one pod's accounting, or its job's (``exporter/engine/job.py``)."""
+    """The journal directories replayed: one pod's accounting, or its job's (``exporter/offline/rollup.py``)."""
 
     pods: list[_Pod]
     snap: Snapshot
@@ -89,7 +89,7 @@ def _replay(journal_dirs: Sequence[str | Path]) -> _Replayed:
     full = [dataclasses.replace(p.snap, restarts=dataclasses.replace(p.snap.restarts, recent=p.history.restarts),
                                 checkpoints=dataclasses.replace(p.snap.checkpoints, recent=p.history.checkpoints))
             for p in pods]
-    snap = full[0] if len(full) == 1 else job.job_snapshot(full, lost=job.lost_pods(full))
+    snap = full[0] if len(full) == 1 else rollup.job_snapshot(full, lost=rollup.lost_pods(full))
     rejected = dict(sum((Counter(p.rejected) for p in pods), Counter()))
     view = View.of(snap, rejected)
     return _Replayed(pods, snap, view)
@@ -97,7 +97,7 @@ def _replay(journal_dirs: Sequence[str | Path]) -> _Replayed:
 
 def build(journal_dirs: Sequence[str | Path], targets: Targets, pricing: cost.Pricing | None = None) -> str:
     """The report of one pod's journal directory, or of a job's (one directory per pod: the job's
-    accounting, ``exporter/engine/job.py``, and one timeline with every pod's lanes), as one HTML
+    accounting, ``exporter/offline/rollup.py``, and one timeline with every pod's lanes), as one HTML
     document, its SLOs judged against ``targets``; ``EmptyJournal`` if a directory holds nothing."""
     replayed = _replay(journal_dirs)
     view, snap = replayed.view, replayed.snap

@@ -17,7 +17,7 @@ from prometheus_client.samples import Sample
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import Kind
 from nvrx_slo.exporter.engine.snapshot import Histogram
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.views.series import Labels, LabelSets, exposed_name, series
 from nvrx_slo.exporter.views.view import View
 
@@ -44,7 +44,7 @@ def _add_histogram(family: Metric, labels: LabelSets, own: Labels, hist: Histogr
 class SnapshotCollector:
     """Register on an owned ``CollectorRegistry``; ``view`` returns ``None`` until state is loaded."""
 
-    def __init__(self, view: Callable[[], View | None], identity: Identity, *, per_rank: bool = True,
+    def __init__(self, view: Callable[[], View | None], identity: PodIdentity, *, per_rank: bool = True,
                  max_ranks: int = 64) -> None:
         if max_ranks < 1:
             raise ValueError(f"max_ranks must be >= 1, got {max_ranks}")
@@ -65,7 +65,7 @@ class SnapshotCollector:
                              labels=self._labels))
 
 
-def families(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
+def families(view: View, identity: PodIdentity, *, per_rank: bool, max_ranks: int,
              labels: LabelSets | None = None) -> list[Metric]:
     """Every catalogue metric for ``view``, in catalogue order."""
     lab = labels or LabelSets()

@@ -44,7 +44,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import Kind
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.views.series import Labels, LabelSets, Series, exposed_name, series
 from nvrx_slo.exporter.views.view import View
 
@@ -90,7 +90,7 @@ class OtlpExport:
     """Sends the series of ``view()`` to ``exporter`` every ``interval_s`` (none while it returns
     ``None``: the state is not loaded yet); ``shutdown()`` sends a last export."""
 
-    def __init__(self, view: Callable[[], View | None], identity: Identity, exporter: MetricExporter, *,
+    def __init__(self, view: Callable[[], View | None], identity: PodIdentity, exporter: MetricExporter, *,
                  interval_s: float, per_rank: bool, max_ranks: int) -> None:
         self._view = view
         self._identity = identity
@@ -148,7 +148,7 @@ class OtlpExport:
             self._exporter.shutdown(timeout_millis=timeout_millis)
 
 
-def start(view: Callable[[], View | None], identity: Identity, *, endpoint: str, interval_s: float,
+def start(view: Callable[[], View | None], identity: PodIdentity, *, endpoint: str, interval_s: float,
           per_rank: bool, max_ranks: int) -> OtlpExport:
     """Export every ``interval_s`` to ``endpoint``; ``shutdown()`` it to send a last export."""
     exporter = OTLPMetricExporter(endpoint=metrics_url(endpoint))

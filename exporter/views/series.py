@@ -32,7 +32,7 @@ from nvrx_slo.contracts import catalogue as cat
 from nvrx_slo.contracts.catalogue import ALL_RANKS, GpuIdleSource, Kind
 from nvrx_slo.contracts.schema import RejectReason
 from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot
-from nvrx_slo.exporter.identity import Identity
+from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.views.view import View
 
 _ALL_RANKS_AGGREGATE: dict[str, Callable[[Sequence[float]], float]] = {
@@ -104,101 +104,121 @@ class Series:
     histograms: list[tuple[Labels, Histogram]] = field(default_factory=list)
 
 
-def series(view: View, identity: Identity, *, per_rank: bool, max_ranks: int,
-           labels: LabelSets | None = None) -> list[Series]:
-    """Every catalogue metric's series in ``view``, in catalogue order."""
-    lab = labels or LabelSets()
-    snap = view.snapshot
-    base: _Items = (("namespace", identity.namespace), ("job_name", identity.job_name or snap.job),
-                    ("pod", identity.pod or snap.pod))
-    base_labels = lab.get(base)
-    ranks = snap.ranks
-    split = per_rank and len(ranks) <= max_ranks
-    rank_items = tuple(base + (("rank", str(r.rank)),) for r in ranks) if split else (base + (("rank", ALL_RANKS),),)
-    out = {m.name: Series(m) for m in cat.CATALOGUE}
+class _Series:
+    """The series of one ``View`` under construction, one list per catalogue metric."""
 
-    def per_rank_values(metric: cat.Metric, values: Sequence[float | None], extra: _Items = ()) -> None:
-        if split:
-            out[metric.name].values += [(labels, value) for labels, value in zip(lab.ranks(rank_items, extra), values,
-                                                                                  strict=True) if value is not None]
+    def __init__(self, view: View, identity: PodIdentity, per_rank: bool, max_ranks: int, lab: LabelSets) -> None:
+        snap = view.snapshot
+        self.lab = lab
+        self.base: _Items = (("namespace", identity.namespace), ("job_name", identity.job_name or snap.job),
+                             ("pod", identity.pod or snap.pod))
+        self.base_labels = lab.get(self.base)
+        self.ranks = snap.ranks
+        self.split = per_rank and len(self.ranks) <= max_ranks
+        self.rank_items = (tuple(self.base + (("rank", str(r.rank)),) for r in self.ranks) if self.split
+                           else (self.base + (("rank", ALL_RANKS),),))
+        self.out = {m.name: Series(m) for m in cat.CATALOGUE}
+
+    def per_rank(self, metric: cat.Metric, values: Sequence[float | None], extra: _Items = ()) -> None:
+        if self.split:
+            self.out[metric.name].values += [
+                (labels, value) for labels, value in zip(self.lab.ranks(self.rank_items, extra), values, strict=True)
+                if value is not None]
             return
         known = [v for v in values if v is not None]
         if known:
             agg = _ALL_RANKS_AGGREGATE.get(metric.name, sum)
-            out[metric.name].values.append((lab.get(rank_items[0] + extra), agg(known)))
+            self.out[metric.name].values.append((self.lab.get(self.rank_items[0] + extra), agg(known)))
 
-    def single(metric: cat.Metric, value: float | None, extra: _Items = ()) -> None:
+    def of_ranks(self, metric: cat.Metric, get: Callable[[RankSnapshot], float | None], extra: _Items = ()) -> None:
+        self.per_rank(metric, [get(r) for r in self.ranks], extra)
+
+    def single(self, metric: cat.Metric, value: float | None, extra: _Items = ()) -> None:
         if value is not None:
-            out[metric.name].values.append((lab.get(base + extra) if extra else base_labels, value))
+            self.out[metric.name].values.append((self.lab.get(self.base + extra) if extra else self.base_labels, value))
 
-    def histogram(metric: cat.Metric, hist: Histogram, extra: _Items = ()) -> None:
-        out[metric.name].histograms.append((lab.get(base + extra) if extra else base_labels, hist))
+    def histogram(self, metric: cat.Metric, hist: Histogram, extra: _Items = ()) -> None:
+        self.out[metric.name].histograms.append((self.lab.get(self.base + extra) if extra else self.base_labels, hist))
 
-    def of_ranks(get: Callable[[RankSnapshot], float | None]) -> list[float | None]:
-        return [get(r) for r in ranks]
 
-    per_rank_values(cat.WALL, of_ranks(lambda r: r.wall_s))
+def _ranks(b: _Series, view: View) -> None:
+    """The ranks' time, steps and pod-level facts about them."""
+    snap, ranks = view.snapshot, b.ranks
+    b.of_ranks(cat.WALL, lambda r: r.wall_s)
     for category in cat.SETTLED_CATEGORIES:
-        per_rank_values(cat.TIME, [r.seconds.get(category, 0.0) for r in ranks], (("category", category.value),))
-    per_rank_values(cat.UNPROTECTED_WORK, of_ranks(lambda r: r.unprotected_s))
+        b.per_rank(cat.TIME, [r.seconds.get(category, 0.0) for r in ranks], (("category", category.value),))
+    b.of_ranks(cat.UNPROTECTED_WORK, lambda r: r.unprotected_s)
     if ranks:
-        single(cat.WORK_AT_RISK, sum(r.at_risk_s for r in ranks))
-    per_rank_values(cat.STEPS, of_ranks(lambda r: r.steps))
-    single(cat.TRAINING_STEP, snap.latest_step)
-    per_rank_values(cat.LAST_STEP_TIMESTAMP, of_ranks(lambda r: r.last_step_wall))
+        b.single(cat.WORK_AT_RISK, sum(r.at_risk_s for r in ranks))
+    b.of_ranks(cat.STEPS, lambda r: r.steps)
+    b.single(cat.TRAINING_STEP, snap.latest_step)
+    b.of_ranks(cat.LAST_STEP_TIMESTAMP, lambda r: r.last_step_wall)
     timers = [r.step_timer for r in ranks]
     for timer in sorted({t for t in timers if t is not None}):
-        single(cat.STEP_TIMING_RANKS, timers.count(timer), (("timer", timer.value),))
+        b.single(cat.STEP_TIMING_RANKS, timers.count(timer), (("timer", timer.value),))
     if ranks:
-        steps = out[cat.STEP_DURATION.name].histograms
-        if split:
-            steps += [(lab.get(items), r.step_duration) for items, r in zip(rank_items, ranks, strict=True)]
+        steps = b.out[cat.STEP_DURATION.name].histograms
+        if b.split:
+            steps += [(b.lab.get(items), r.step_duration) for items, r in zip(b.rank_items, ranks, strict=True)]
         else:
-            steps.append((lab.get(rank_items[0]), Histogram.merged([r.step_duration for r in ranks])))
-    single(cat.JOB_START_TIMESTAMP, snap.job_start_wall)
-    single(cat.JOB_WORLD_SIZE, snap.world_size)
-    single(cat.POD_RANKS, snap.pod_ranks)
+            steps.append((b.lab.get(b.rank_items[0]), Histogram.merged([r.step_duration for r in ranks])))
+    b.single(cat.JOB_START_TIMESTAMP, snap.job_start_wall)
+    b.single(cat.JOB_WORLD_SIZE, snap.world_size)
+    b.single(cat.POD_RANKS, snap.pod_ranks)
 
-    ck = snap.checkpoints
-    histogram(cat.CKPT_BLOCKING, ck.blocking)
-    histogram(cat.CKPT_BACKGROUND, ck.background)
-    single(cat.CKPT_LAST_SUCCESS, ck.last_success_wall)
-    single(cat.CKPT_LAST_STEP, ck.last_success_step)
-    single(cat.CKPT_FAILURES, ck.failures)
-    single(cat.CKPT_IN_FLIGHT, ck.in_flight)
-    single(cat.CKPT_BYTES, ck.bytes_total)
-    per_rank_values(cat.CKPT_WORKER_UP, of_ranks(lambda r: None if r.worker_alive is None else float(r.worker_alive)))
 
-    rs = snap.restarts
+def _saves_and_restarts(b: _Series, view: View) -> None:
+    ck, rs = view.snapshot.checkpoints, view.snapshot.restarts
+    b.histogram(cat.CKPT_BLOCKING, ck.blocking)
+    b.histogram(cat.CKPT_BACKGROUND, ck.background)
+    b.single(cat.CKPT_LAST_SUCCESS, ck.last_success_wall)
+    b.single(cat.CKPT_LAST_STEP, ck.last_success_step)
+    b.single(cat.CKPT_FAILURES, ck.failures)
+    b.single(cat.CKPT_IN_FLIGHT, ck.in_flight)
+    b.single(cat.CKPT_BYTES, ck.bytes_total)
+    b.of_ranks(cat.CKPT_WORKER_UP, lambda r: None if r.worker_alive is None else float(r.worker_alive))
     for level, n in rs.counts.items():
-        single(cat.RESTARTS, n, (("level", level.value),))
+        b.single(cat.RESTARTS, n, (("level", level.value),))
     for level, hist in rs.duration.items():
-        histogram(cat.RESTART_DURATION, hist, (("level", level.value),))
+        b.histogram(cat.RESTART_DURATION, hist, (("level", level.value),))
     for (level, phase), hist in rs.phases.items():
-        single(cat.RESTART_PHASE, hist.sum, (("level", level.value), ("phase", phase.value)))
-    single(cat.LAUNCHER_RESTARTS_REMAINING, rs.launcher_remaining)
+        b.single(cat.RESTART_PHASE, hist.sum, (("level", level.value), ("phase", phase.value)))
+    b.single(cat.LAUNCHER_RESTARTS_REMAINING, rs.launcher_remaining)
 
+
+def _spans_devices_causes(b: _Series, view: View) -> None:
+    snap, ranks = view.snapshot, b.ranks
     for name, seconds in sorted(snap.user_spans.items()):
-        single(cat.USER_SPAN_TIME, seconds, (("name", name),))
-    per_rank_values(cat.GPU_IDLE, of_ranks(lambda r: r.gpu_idle_s), (("source", GpuIdleSource.STEP_PHASES.value),))
+        b.single(cat.USER_SPAN_TIME, seconds, (("name", name),))
+    b.of_ranks(cat.GPU_IDLE, lambda r: r.gpu_idle_s, (("source", GpuIdleSource.STEP_PHASES.value),))
     if view.gpu_idle_nvml:
         by_rank = dict(zip(sorted(r.rank for r in ranks), (view.gpu_idle_nvml.get(i) for i in range(len(ranks))),
                            strict=True))
-        per_rank_values(cat.GPU_IDLE, [by_rank.get(r.rank) for r in ranks], (("source", GpuIdleSource.NVML.value),))
-
+        b.per_rank(cat.GPU_IDLE, [by_rank.get(r.rank) for r in ranks], (("source", GpuIdleSource.NVML.value),))
     by_cause: dict[str, float] = {}
     for (_, fault), seconds in snap.caused.items():
         by_cause[fault.value] = by_cause.get(fault.value, 0.0) + seconds
     for name, seconds in sorted(by_cause.items()):
-        single(cat.FAULT_TIME, seconds, (("cause", name),))
+        b.single(cat.FAULT_TIME, seconds, (("cause", name),))
     if ranks:
-        single(cat.RANK_ACCELERATORS, view.accelerators.per_rank, (("accelerator", view.accelerators.model),))
+        b.single(cat.RANK_ACCELERATORS, view.accelerators.per_rank, (("accelerator", view.accelerators.model),))
 
-    single(cat.EXPORTER_EVENTS, snap.events_accepted)
+
+def _exporter(b: _Series, view: View) -> None:
+    snap = view.snapshot
+    b.single(cat.EXPORTER_EVENTS, snap.events_accepted)
     for reason in sorted({r.value for r in RejectReason} | set(view.rejected)):
-        single(cat.EXPORTER_REJECTED, view.rejected.get(reason, 0), (("reason", reason),))
-    single(cat.EXPORTER_RECORDS_LOST, snap.records_lost)
-    single(cat.EXPORTER_LAG, snap.journal_lag_s)
+        b.single(cat.EXPORTER_REJECTED, view.rejected.get(reason, 0), (("reason", reason),))
+    b.single(cat.EXPORTER_RECORDS_LOST, snap.records_lost)
+    b.single(cat.EXPORTER_LAG, snap.journal_lag_s)
     for (container, reason), n in sorted(view.pod_restarts.items()):
-        single(cat.POD_RESTARTS, n, (("container", container), ("reason", reason)))
-    return list(out.values())
+        b.single(cat.POD_RESTARTS, n, (("container", container), ("reason", reason)))
+
+
+def series(view: View, identity: PodIdentity, *, per_rank: bool, max_ranks: int,
+           labels: LabelSets | None = None) -> list[Series]:
+    """Every catalogue metric's series in ``view``, in catalogue order."""
+    b = _Series(view, identity, per_rank, max_ranks, labels or LabelSets())
+    for part in (_ranks, _saves_and_restarts, _spans_devices_causes, _exporter):
+        part(b, view)
+    return list(b.out.values())

@@ -3,8 +3,8 @@
 Efficiency, where every rank-second went (productive plus each badput category, summing to 100%
 of wall — the engine's invariant), what badput cost (``cost``), checkpoint overlap and blocking
 share, restart latency by level and by phase, and the spec's SLOs judged pass/fail. Journal strings (job, pod, causes)
-are escaped for the terminal (``printable``). The SLO judgement is the status
-page's (``status_page.slo_results``), so the page and the report never disagree.
+are escaped for the terminal (``printable``). The SLO judgement and the split of
+the time are ``judgement``'s, as the status page's are, so the page and the report never disagree.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from nvrx_slo.contracts.targets import Targets
 from nvrx_slo.exporter.engine.snapshot import Snapshot
 from nvrx_slo.exporter.printable import printable
 from nvrx_slo.exporter.views import cost
-from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, RECENT_ROWS, breakdown, slo_results, step_timing
+from nvrx_slo.exporter.views.judgement import breakdown, slo_results
+from nvrx_slo.exporter.views.status_page import CATEGORY_STYLES, RECENT_ROWS, step_timing
 
 
 def _pct(part: float, whole: float) -> str:

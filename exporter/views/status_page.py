@@ -23,7 +23,8 @@ from importlib import resources
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase, StepTimer
 from nvrx_slo.contracts.targets import Targets
-from nvrx_slo.exporter.engine.snapshot import Histogram, RankSnapshot, RankState, Snapshot
+from nvrx_slo.exporter.engine.snapshot import RankSnapshot, RankState, Snapshot
+from nvrx_slo.exporter.views.judgement import breakdown, slo_results
 from nvrx_slo.exporter.views.view import View
 
 REFRESH_S = 5
@@ -103,53 +104,7 @@ def _verdict(ok: bool | None) -> str:
     return f'<span class="badge {cls}">{text}</span>'
 
 
-# --- SLOs --------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SloResult:
-    key: str
-    name: str
-    objective: str
-    value: float | None
-    shown: str
-    ok: bool | None  # None: not measurable yet (no restarts, no saves)
-
-
-def slo_results(snap: Snapshot, targets: Targets) -> list[SloResult]:
-    """The spec's SLOs judged on this snapshot (whole job so far, not a burn-rate window)."""
-    eff = snap.efficiency
-    durations = list(snap.restarts.duration.values())
-    fast = Histogram.merged(durations).share_within(targets.recovery_threshold_s) if durations else None
-    ck = snap.checkpoints
-    return [
-        SloResult("efficiency", "training efficiency", f"productive / wall ≥ {_pct(targets.efficiency, 0)}",
-                  eff, _pct(eff), None if eff is None else eff >= targets.efficiency),
-        SloResult("recovery", "recovery latency",
-                  f"{_pct(targets.recovery, 0)} of restarts back to training in < {targets.recovery_threshold_s:g} s",
-                  fast, _pct(fast, 1) if fast is not None else "no restarts",
-                  None if fast is None else fast >= targets.recovery),
-        SloResult("checkpoint_blocking", "checkpoint blocking", f"blocking ≤ {_pct(targets.blocking_max, 0)} of wall",
-                  ck.blocking_fraction, _pct(ck.blocking_fraction, 3),
-                  None if ck.blocking_fraction is None else ck.blocking_fraction <= targets.blocking_max),
-        SloResult("checkpoint_overlap", "checkpoint overlap",
-                  f"background / (blocking + background) ≥ {_pct(targets.checkpoint_overlap, 0)}",
-                  ck.overlap_ratio, _pct(ck.overlap_ratio, 1),
-                  None if ck.overlap_ratio is None else ck.overlap_ratio >= targets.checkpoint_overlap),
-    ]
-
-
 # --- sections ----------------------------------------------------------------------------------
-
-def breakdown(snap: Snapshot) -> dict[Category, float]:
-    """Rank-seconds per category, unprotected included (and a job's absent ranks when there were
-    any): the values sum to ``snap.wall_s``."""
-    seconds = snap.seconds
-    parts: dict[Category, float] = {c: seconds.get(c, 0.0) for c in Category if c is not Category.ABSENT}
-    parts[Category.UNPROTECTED] = snap.unprotected_s
-    if snap.absent_s:
-        parts[Category.ABSENT] = snap.absent_s
-    return parts
-
 
 def _rank_name(r: RankSnapshot) -> str:
     """``rank 1``, and in a job the pod that ran it: a lost pod's rank and its replacement's are two."""
@@ -203,7 +158,7 @@ def _time_section(snap: Snapshot) -> str:
 
 def _headline(snap: Snapshot, targets: Targets) -> str:
     eff = snap.efficiency
-    ok = None if eff is None else eff >= targets.efficiency
+    ok = slo_results(snap, targets)[0].ok
     cls = "na" if ok is None else "pass" if ok else "fail"
     steps = sum(r.steps for r in snap.ranks)
     step, restarts, ranks = snap.latest_step, snap.restarts_total, snap.rank_count

@@ -1,7 +1,7 @@
 """The report's timeline, drawn: lanes of spans, checkpoint and restart marks, as one inline SVG.
 
 Pure: no I/O, no clock. The offline room builds a ``Timeline`` from a journal next to the engine
-(``nvrx_slo.exporter.offline.timeline``); ``render_svg`` draws it and ``legend_html`` explains it.
+(``nvrx_slo.exporter.offline.timeline_builder``); ``render_svg`` draws it and ``legend_html`` explains it.
 
 Why it is bounded: a month-long journal holds millions of steps. Consecutive spans of one kind
 closer than ``MERGE_PX`` pixels are merged into a run (so a lane never holds more spans per kind
@@ -25,7 +25,7 @@ GUTTER = 90  # px left of the plot for lane labels
 MAX_LANES = 64
 MAX_MARKERS = 400
 
-# Span kinds, in drawing order (later ones on top); each has a CSS class "tl-<kind>".
+# Bar kinds, in drawing order (later ones on top); each has a CSS class "tl-<kind>".
 INIT, STEP, LOST, UNPROTECTED = "init", "step", "lost", "unprotected"
 RESTORE, BLOCKING, BACKGROUND = "restore", "blocking", "background"
 KIND_LABELS = {
@@ -40,7 +40,7 @@ KIND_LABELS = {
 
 
 @dataclass(frozen=True)
-class Span:
+class Bar:
     """``[start, end]`` in seconds since the timeline's origin; ``count`` spans merged into it."""
 
     kind: str
@@ -51,9 +51,9 @@ class Span:
 
 
 @dataclass(frozen=True)
-class Lane:
+class Row:
     rank: int
-    spans: tuple[Span, ...]
+    bars: tuple[Bar, ...]
     pod: str = ""  # in a job's timeline: the pod whose process ran the rank (a lost pod's and its replacement's)
 
 
@@ -83,7 +83,7 @@ class RestartBand:
 class Timeline:
     origin_wall: float  # wall time of x = 0
     duration: float
-    lanes: tuple[Lane, ...]
+    lanes: tuple[Row, ...]
     checkpoints: tuple[CheckpointMarker, ...]
     restarts: tuple[RestartBand, ...]
     lanes_omitted: int = 0
@@ -158,7 +158,7 @@ def render_svg(tl: Timeline) -> str:
         out.append(f'<g class="tl-lane" data-rank="{lane.rank}" data-pod="{_e(lane.pod)}">'
                    f'<text class="tl-lanelabel" x="4" y="{y + 15}">rank {lane.rank}</text>{pod}'
                    f'<rect class="tl-lanebg" x="{GUTTER}" y="{y}" width="{PLOT_WIDTH}" height="{ROW_H}"/>')
-        for sp in lane.spans:
+        for sp in lane.bars:
             top, h = (y + ROW_H + 1, BG_H) if sp.kind == BACKGROUND else (y, ROW_H)
             out.append(f'<rect class="tl-{sp.kind}" x="{x(sp.start)}" y="{top}" width="{w(sp.start, sp.end)}"'
                        f' height="{h}" data-count="{sp.count}"><title>{_e(sp.label)}</title></rect>')

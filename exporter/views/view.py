@@ -27,6 +27,24 @@ class Accelerators:
 
 
 @dataclass(frozen=True)
+class AcceleratorsSaid:
+    """What the sidecar was told its pod holds: accelerators per rank, or per pod (its containers'
+    GPU resources, as ``nvrx-slo inject`` reads them from the pod template), shared by the ranks the
+    pod accounts. Neither: one per rank."""
+
+    model: str = UNKNOWN_ACCELERATOR
+    per_rank: float | None = None
+    per_pod: float | None = None
+
+    def of(self, ranks: int) -> Accelerators:
+        if self.per_rank is not None:
+            return Accelerators(self.model, self.per_rank)
+        if self.per_pod is not None and ranks > 0:
+            return Accelerators(self.model, self.per_pod / ranks)
+        return Accelerators(self.model)
+
+
+@dataclass(frozen=True)
 class View:
     snapshot: Snapshot
     rejected: Mapping[str, int]  # journal lines not accounted, by reason (``schema.RejectReason`` values)
@@ -38,11 +56,12 @@ class View:
     def of(cls, snapshot: Snapshot, read_rejected: Mapping[str, int], *, engine_errors: int = 0,
            gpu_idle_nvml: Mapping[int, float] | None = None,
            pod_restarts: Mapping[tuple[str, str], int] | None = None,
-           accelerators: Accelerators | None = None) -> View:
+           accelerators: AcceleratorsSaid | None = None) -> View:
         """``snapshot`` with the lines the reader rejected (``read_rejected``, by reason) and those
-        the engine refused (its snapshot counts them) or raised on (``engine_errors``)."""
+        the engine refused (its snapshot counts them) or raised on (``engine_errors``); what each of
+        its ranks holds, from what the sidecar was told (``accelerators``)."""
         rejected = {**read_rejected, RejectReason.DUPLICATE.value: snapshot.duplicates,
                     RejectReason.LATE.value: snapshot.late, RejectReason.IMPLAUSIBLE.value: snapshot.implausible,
                     RejectReason.ENGINE_ERROR.value: engine_errors}
         return cls(snapshot, rejected, dict(gpu_idle_nvml or {}), dict(pod_restarts or {}),
-                   accelerators or Accelerators())
+                   (accelerators or AcceleratorsSaid()).of(snapshot.rank_count))

@@ -57,7 +57,7 @@ class Category(str, Enum):
     DATA_WAIT = "data_wait"
     USER_SPAN = "user_span"  # planned work that is not training, in spans the user named (Hooks.span)
     UNATTRIBUTED = "unattributed"
-    # Job level only (``exporter/engine/job.py``): rank-seconds of ranks the job's world size expects and
+    # Job level only (``exporter/offline/rollup.py``): rank-seconds of ranks the job's world size expects and
     # no pod accounted — a lost node until its replacement runs the rank, a pod scheduled late.
     ABSENT = "absent"
 

@@ -11,7 +11,7 @@ on every rank:
   the metadata gather/write, the agreement on success) as that save's blocking, however short,
   without a record per poll (``nvrx_slo.trainer.saves``),
 * ``checkpoint_end`` once its outcome is known, with ``written``: the monotonic instant the
-  background write itself finished, stamped by the writer process (``_StampedWrite``), not when
+  background write itself finished, stamped by the writer process (``write_stamp``), not when
   the trainer happened to notice, and ``waited_s``: the polls charged to it,
 * ``checkpoint_worker`` when NVRx's persistent writer process is seen alive or dead.
 
@@ -38,7 +38,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from nvrx_slo import CheckpointSave, Hooks
-from nvrx_slo.trainer.reference import cpu_shims, nvrx_async
+from nvrx_slo.trainer.reference import cpu_shims, nvrx_async, write_stamp
 
 log = logging.getLogger("nvrx_slo.checkpoint")
 
@@ -54,34 +54,6 @@ METADATA = ".metadata"  # written last, by DCP's coordinator: its presence marks
 
 def checkpoint_id(step: int) -> str:
     return f"step-{step:06d}"
-
-
-def _stamp_path(path: Path, rank: int) -> Path:
-    return path / f".nvrx-slo-written.{rank}"
-
-
-class _StampedWrite:
-    """Runs NVRx's write function in the writer process, then records when it actually finished.
-
-    Picklable (it crosses to NVRx's spawned worker). CLOCK_MONOTONIC is node-wide, so the stamp
-    compares directly with the trainer's clock.
-    """
-
-    def __init__(self, write: Callable[..., Any], stamp: str, delay_s: float) -> None:
-        self.write = write
-        self.stamp = stamp
-        self.delay_s = delay_s
-
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            time.sleep(self.delay_s)
-            self.write(*args, **kwargs)
-        finally:
-            try:  # an exception here would end NVRx's worker loop: the trainer falls back to "observed"
-                with open(self.stamp, "w") as f:
-                    f.write(repr(time.monotonic()))
-            except OSError:
-                pass
 
 
 def _warm_up(*_: Any) -> None:
@@ -102,16 +74,6 @@ def _warm_results_queue(api: Any) -> None:
     results = api.get_results_queue()
     results.put(MetadataIndex("nvrx-slo warm-up"))
     results.get()
-
-
-def _read_stamp(path: Path, rank: int, default: float) -> float:
-    stamp = _stamp_path(path, rank)
-    try:
-        written = float(stamp.read_text())
-        stamp.unlink()
-        return written
-    except (OSError, ValueError):
-        return default
 
 
 def _payload_bytes(write_buckets: list[Any]) -> int:
@@ -331,7 +293,7 @@ class Checkpointer:
             pending.error = nvrx_async.finalize_save(planned)
             pending.finalized = True
 
-        stamped = _StampedWrite(write, str(_stamp_path(path, rank)), self.slow_storage_s)
+        stamped = write_stamp.StampedWrite(write, str(write_stamp.path(path, rank)), self.slow_storage_s)
         request = api.AsyncRequest(stamped, tuple(args), [finalize], preload_fn=preload)
         index = self._queue.schedule_async_request(request)
         self._pending[index] = pending
@@ -359,7 +321,7 @@ class Checkpointer:
             for index in [i for i, p in self._pending.items() if p.finalized]:
                 pending = self._pending.pop(index)
                 if pending.error is None:
-                    pending.save.done(written=_read_stamp(pending.path, pending.rank, now))
+                    pending.save.done(written=write_stamp.read(pending.path, pending.rank, now))
                 else:
                     pending.save.failed(pending.error)
 
@@ -369,7 +331,7 @@ class Checkpointer:
         keeps running, and the next ``start`` clears what it still owes before the next save."""
         for pending in self._pending.values():
             pending.save.failed(f"abandoned: {reason}")
-            _read_stamp(pending.path, pending.rank, 0.0)  # removes the stamp if the write got that far
+            write_stamp.read(pending.path, pending.rank, 0.0)  # removes the stamp if the write got that far
         self._pending.clear()
         self._stale = self._queue is not None
 

@@ -1,10 +1,9 @@
 """The CPU-only shims of NVRx's async checkpointing, in one place, applied only when CUDA is absent.
 
-NVRx's async checkpointing assumes a GPU in the places below (0.4.1 to 0.7). On a CPU-only host
-(CI, the demo) these shims make the reference checkpointer's code path run with gloo; on a GPU host
-``apply`` does nothing and NVRx runs unmodified. Nothing is patched on disk: two methods are
-replaced in memory. (The one shim a user's own job needs, for ``inprocess.Wrapper``, is part of
-the supported ``inprocess_wrapper`` in ``nvrx_slo.trainer.inprocess_callbacks``.)
+NVRx's async checkpointing and its in-process Wrapper assume a GPU in the places below (0.4.1 to
+0.7). On a CPU-only host (CI, the demo) these shims make the reference job's code path run with
+gloo; on a GPU host each does nothing and NVRx runs unmodified. Nothing is patched on disk: two
+methods are replaced in memory, and one attribute of a built Wrapper.
 
 1. ``AsyncCaller.sync_all_async_calls`` puts its "still writing?" flag on
    ``torch.cuda.current_device()`` before an all-reduce  -> the flag lives on the CPU.
@@ -25,6 +24,10 @@ the supported ``inprocess_wrapper`` in ``nvrx_slo.trainer.inprocess_callbacks``.
 
 5. From 0.6 the persistent writer selects a CUDA device at start-up unless the queue is built in
    ``cpu_shm_mode`` (``queue_kwargs``).
+
+6. From 0.5 ``inprocess.Wrapper`` chains GPU and NVLink (and NIC) checks into its
+   ``restart_health_check`` whenever ``LOCAL_RANK`` is set; without a driver they fail and the rank
+   terminates instead of restarting (``without_gpu_health_checks``).
 """
 
 from __future__ import annotations
@@ -143,3 +146,15 @@ def queue_kwargs(api: SimpleNamespace) -> dict[str, Any]:
         return {"cpu_shm_mode": True}
     return {}
 
+
+def without_gpu_health_checks(wrapper: Any) -> Any:
+    """A built ``inprocess.Wrapper`` that can restart in-process on a host without a GPU.
+
+    No release takes the restart health check as an argument, so it is replaced on the built
+    Wrapper by the user's own check alone (None runs none), only when CUDA is absent. Releases
+    without the attribute are left as they are.
+    """
+    if needed() and hasattr(wrapper, "restart_health_check"):
+        wrapper.restart_health_check = getattr(wrapper, "health_check", None)
+        log.info("nvrx-slo: no CUDA; inprocess.Wrapper restarts without its GPU/NVLink health checks")
+    return wrapper

@@ -31,6 +31,7 @@ from torch.distributed.fsdp import fully_shard
 
 from nvrx_slo import Hooks, inprocess_wrapper
 from nvrx_slo.trainer import nvrx_compat
+from nvrx_slo.trainer.reference import cpu_shims
 from nvrx_slo.trainer.reference.checkpoint import Checkpointer
 from nvrx_slo.trainer.reference.faults import Fault, FaultInjector
 from nvrx_slo.trainer.reference.model import ModelConfig, TinyLM, loss_fn, synthetic_batch
@@ -178,13 +179,13 @@ def _run_inprocess(cfg: JobConfig, hooks: Hooks, ckpt: Checkpointer) -> None:
                          else "in-process restart after another rank's fault")
             return state
 
-    wrapped = inprocess_wrapper(
+    wrapped = cpu_shims.without_gpu_health_checks(inprocess_wrapper(
         hooks,
         finalize=AbandonSaves(),
         store_kwargs={"port": port, "timeout": timeout},
         soft_timeout=datetime.timedelta(seconds=60), hard_timeout=datetime.timedelta(seconds=90),
         heartbeat_timeout=datetime.timedelta(seconds=30), barrier_timeout=datetime.timedelta(seconds=120),
-    )
+    ))
 
     def incarnation(call_wrapper: Any = None) -> None:
         train(cfg, hooks, ckpt, iteration=call_wrapper.iteration)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nvrx_slo import generated
+from nvrx_slo import file_format
 from nvrx_slo.alerts import alertmanager, sli
 from nvrx_slo.alerts.cost import cost_group, efficiency_rules
 from nvrx_slo.alerts.plain import plain_group
@@ -39,7 +39,7 @@ def rule_groups(spec: Spec, plan: Plan, tiers: frozenset[Tier] = frozenset(Tier)
 
 
 def _yaml(document: dict[str, Any], source: str) -> str:
-    return generated.header("nvrx-slo generate alerts", source) + generated.yaml_document(document)
+    return file_format.header("nvrx-slo generate alerts", source) + file_format.yaml_document(document)
 
 
 def render(spec: Spec, plan: Plan, source: str) -> dict[Path, str]:

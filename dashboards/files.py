@@ -19,7 +19,7 @@ from pathlib import Path
 from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
-from nvrx_slo import generated
+from nvrx_slo import file_format
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import Spec
 from nvrx_slo.dashboards import checkpointing, fleet, overview, ranks, recovery
@@ -37,7 +37,7 @@ def dashboards(spec: Spec, plan: Plan) -> list[g.Dashboard]:
 
 
 def to_json(dashboard: g.Dashboard) -> str:
-    return generated.json_document(dashboard.to_json_data(), DashboardEncoder)
+    return file_format.json_document(dashboard.to_json_data(), DashboardEncoder)
 
 
 def to_configmaps(rendered: dict[str, str]) -> str:
@@ -48,12 +48,12 @@ def to_configmaps(rendered: dict[str, str]) -> str:
                "metadata": {"name": f"{uid}-dashboard",
                             "labels": {**DASHBOARD_LABEL, "app.kubernetes.io/part-of": "nvrx-slo"}},
                "data": {f"{uid}.json": text}}
-        size = len(generated.yaml_document(doc).encode())
+        size = len(file_format.yaml_document(doc).encode())
         if size >= CONFIGMAP_LIMIT_BYTES:
             raise ValueError(f"ConfigMap for {uid} is {size} bytes, over {CONFIGMAP_LIMIT_BYTES}: "
                              "split the dashboard or document server-side apply")
         docs.append(doc)
-    return generated.header(COMMAND, "dashboards/") + generated.yaml_documents(docs)
+    return file_format.header(COMMAND, "dashboards/") + file_format.yaml_documents(docs)
 
 
 def render(spec: Spec, plan: Plan) -> dict[Path, str]:

@@ -240,16 +240,14 @@ def job_snapshot(pods: Sequence[Snapshot], lost: Collection[str] = ()) -> Snapsh
     finished = _finished(pods, world)
     cks = [snap.checkpoints for snap in pods if snap.pod not in lost] or [snap.checkpoints for snap in pods]
     blocking, background = Histogram.merged([c.blocking for c in cks]), Histogram.merged([c.background for c in cks])
-    both = blocking.sum + background.sum
-    wall = sum(r.wall_s for r in ranks)
     blocked = sum(r.seconds[Category.CHECKPOINT_BLOCKING] for r in ranks)
     successes = [c for c in cks if c.last_success_wall is not None]
     newest = max(successes, key=lambda c: c.last_success_wall or 0.0) if successes else None
     checkpoints = CheckpointStats(
         saves=min(c.saves for c in cks), failures=max(c.failures for c in cks),
         in_flight=max(c.in_flight for c in cks), bytes_total=sum(c.bytes_total for c in cks),
-        blocking=blocking, background=background, overlap_ratio=background.sum / both if both > 0 else None,
-        blocking_fraction=blocked / wall if wall > 0 else None,
+        blocking=blocking, background=background, overlap_ratio=derived.overlap_ratio(blocking.sum, background.sum),
+        blocking_fraction=derived.blocking_fraction(blocked, sum(r.wall_s for r in ranks)),
         last_success_wall=None if newest is None else newest.last_success_wall,
         last_success_step=None if newest is None else newest.last_success_step,
         age_s=None, interval_s=None, optimal_interval_s=None,

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
-from nvrx_slo.exporter.engine import job
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, RankState, RestartRecord, Snapshot
+from nvrx_slo.exporter.offline import rollup
 from nvrx_slo.exporter.views import slo_report, status_page
 from nvrx_slo.exporter.views.view import View
 from snapshot_fixtures import TARGETS, rank, snapshot
@@ -40,7 +40,7 @@ def test_one_fault_seen_by_every_pod_is_one_restart_at_the_most_disruptive_level
             pod("pod-1", [1], [rec(IJ, 10.0, 12.5, {D: 0.5, TD: 0.1, RV: 2.9, RI: 5.0, RS: 4.0},
                                    cause="fault_injected: crash")]),
             pod("pod-2", [2], [rec(IJ, 10.4, 12.2, {TD: 0.4, RV: 2.0, RI: 5.0, RS: 4.8})])]
-    (merged,) = job.merge_restarts(pods)
+    (merged,) = rollup.merge_restarts(pods)
     r = merged.record
     assert (r.level, r.fault_wall, r.cause, merged.pods) == (IJ, T0 + 10.0, "fault_injected: crash",
                                                              ("pod-1", "pod-0", "pod-2"))
@@ -53,7 +53,7 @@ def test_one_fault_seen_by_every_pod_is_one_restart_at_the_most_disruptive_level
 def test_faults_apart_are_restarts_apart_and_an_open_one_takes_every_later_record():
     pods = [pod("pod-0", [0], [rec(IN, 10.0, 2.0), rec(IJ, 50.0, 5.0), rec(IJ, 80.0, None)]),
             pod("pod-1", [1], [rec(IN, 10.2, 1.9), rec(IJ, 50.1, 4.0), rec(IJ, 200.0, 3.0)])]
-    merged = job.merge_restarts(pods)
+    merged = rollup.merge_restarts(pods)
     assert [(m.record.level, m.record.fault_wall - T0, m.record.duration_s) for m in merged] == [
         (IN, 10.0, pytest.approx(2.1)), (IJ, 50.0, pytest.approx(5.0)), (IJ, 80.0, None)]
     assert merged[-1].pods == ("pod-0", "pod-1")
@@ -62,19 +62,19 @@ def test_faults_apart_are_restarts_apart_and_an_open_one_takes_every_later_recor
 def test_the_job_snapshot_adds_up_its_pods_and_counts_restarts_once():
     pods = [pod("pod-0", [0, 1], [rec(IJ, 10.0, 3.0)], finished=True, world_size=4),
             pod("pod-1", [2, 3], [rec(IJ, 10.1, 4.0)], finished=True, world_size=4)]
-    snap = job.job_snapshot(pods)
+    snap = rollup.job_snapshot(pods)
     assert [r.rank for r in snap.ranks] == [0, 1, 2, 3] and snap.finished
     assert snap.wall_s == sum(p.wall_s for p in pods)
     assert snap.seconds[Category.PRODUCTIVE] == sum(p.seconds[Category.PRODUCTIVE] for p in pods)
     assert snap.efficiency == pytest.approx(sum(p.seconds[Category.PRODUCTIVE] for p in pods) / snap.wall_s)
     assert snap.restarts.counts[IJ] == 1 and snap.restarts.duration[IJ].sum == pytest.approx(4.1)
     assert snap.checkpoints.blocking.count == 2 * pods[0].checkpoints.blocking.count
-    assert not job.job_snapshot([pods[0], dataclasses.replace(pods[1], finished=False)]).finished
+    assert not rollup.job_snapshot([pods[0], dataclasses.replace(pods[1], finished=False)]).finished
 
 
 def test_the_job_report_names_its_pods_and_judges_the_job():
     pods = [pod("pod-0", [0], [rec(IJ, 10.0, 3.0)]), pod("pod-1", [1], [rec(IJ, 10.1, 30.0)])]
-    text = slo_report.render(job.job_snapshot(pods), TARGETS)
+    text = slo_report.render(rollup.job_snapshot(pods), TARGETS)
     assert "2 pods (pod-0, pod-1), 2 rank(s)" in text
     assert "injob     1 restart(s), mean 30.10 s" in text
     assert "FAIL     recovery latency: 0.0%" in text
@@ -82,7 +82,7 @@ def test_the_job_report_names_its_pods_and_judges_the_job():
 
 def test_a_job_of_no_pods_is_an_error():
     with pytest.raises(ValueError, match="at least one pod"):
-        job.job_snapshot([])
+        rollup.job_snapshot([])
 
 
 def test_a_journaled_fault_starts_the_job_restart_not_a_survivors_last_record_before_it():
@@ -91,7 +91,7 @@ def test_a_journaled_fault_starts_the_job_restart_not_a_survivors_last_record_be
     pods = [pod("pod-0", [0], [rec(IN, 47.3, 3.5, {D: 1.3, RS: 2.2}, cause="RuntimeError: gloo timeout",
                                    journaled=False)]),
             pod("pod-1", [1], [rec(IN, 47.6, 3.1, {D: 1.0, RS: 2.1}, cause="fault_injected: exception")])]
-    (merged,) = job.merge_restarts(pods)
+    (merged,) = rollup.merge_restarts(pods)
     r = merged.record
     assert (r.fault_wall, r.cause, r.fault_journaled) == (T0 + 47.6, "fault_injected: exception", True)
     assert r.duration_s == pytest.approx(50.8 - 47.6)  # pod 0 back last, at 47.3 + 3.5
@@ -106,24 +106,24 @@ def test_a_lost_pod_is_absent_until_its_replacement_runs_its_rank_and_the_replac
     pods = [pod("pod-0", [0], [], wall=100.0, finished=True, world_size=2, job_start_wall=T0),
             pod("pod-1", [1], [], wall=30.0, finished=False, world_size=2, job_start_wall=T0),
             pod("pod-1-replacement", [1], [], wall=50.0, finished=True, world_size=2, job_start_wall=T0 + 50)]
-    snap = job.job_snapshot(pods)
+    snap = rollup.job_snapshot(pods)
     assert snap.absent_s == pytest.approx(20.0) and snap.wall_s == pytest.approx(200.0)
     assert snap.efficiency == pytest.approx(0.9 * 180.0 / 200.0)
     assert snap.finished  # rank 1 ended in the replacement
-    assert job.job_snapshot([*pods[:1], dataclasses.replace(pods[1], checkpoints=dataclasses.replace(
+    assert rollup.job_snapshot([*pods[:1], dataclasses.replace(pods[1], checkpoints=dataclasses.replace(
         pods[1].checkpoints, saves=0)), pods[2]], lost={"pod-1"}).checkpoints.saves == 3  # not the lost pod's 0
     text = slo_report.render(snap, TARGETS)
     assert re.search(r"^  absent \(no pod ran the rank\)\s+20\.00 s\s+10\.00%$", text, re.M)
-    assert not job.job_snapshot(pods[:2]).finished  # before the replacement: rank 1 never ended
+    assert not rollup.job_snapshot(pods[:2]).finished  # before the replacement: rank 1 never ended
     # the new rendezvous gave the replacement rank 0 and pod-0's restarted worker rank 1: each
     # pod's lane keeps the rank its accelerator first ran, and the job still ends
     renumbered = [pods[0], pods[1], dataclasses.replace(pods[2], ranks=(rank(0, wall=50.0, productive=45.0),))]
-    assert job.job_snapshot(renumbered).finished
-    assert job.job_snapshot(pods[:1]).absent_s == pytest.approx(100.0)  # a pod not started yet is absent too
+    assert rollup.job_snapshot(renumbered).finished
+    assert rollup.job_snapshot(pods[:1]).absent_s == pytest.approx(100.0)  # a pod not started yet is absent too
 
 
 def test_a_job_whose_world_size_is_unknown_counts_nothing_absent():
-    snap = job.job_snapshot([pod("pod-0", [0], [], world_size=None)])
+    snap = rollup.job_snapshot([pod("pod-0", [0], [], world_size=None)])
     assert snap.absent_s == 0.0 and snap.wall_s == pytest.approx(100.0)
 
 
@@ -135,12 +135,12 @@ def test_a_lost_pods_unsettled_time_is_productive_where_its_saves_keep_it_and_lo
     lost = dataclasses.replace(lost, ranks=(rank(1, wall=30.0, productive=10.0, unprotected=12.0, at_risk=5.0),))
     survivor = pod("pod-0", [0], [], wall=100.0, world_size=2, job_start_wall=T0, finished=True)
     before = lost.ranks[0].seconds
-    (settled,) = [r for r in job.job_snapshot([survivor, lost], lost={"pod-1"}).ranks if r.rank == 1]
+    (settled,) = [r for r in rollup.job_snapshot([survivor, lost], lost={"pod-1"}).ranks if r.rank == 1]
     assert (settled.unprotected_s, settled.at_risk_s) == (0.0, 0.0)
     assert settled.seconds[Category.PRODUCTIVE] == pytest.approx(before[Category.PRODUCTIVE] + 7.0)
     assert settled.seconds[Category.LOST] == pytest.approx(before[Category.LOST] + 5.0)
     assert sum(settled.seconds.values()) == pytest.approx(settled.wall_s)
-    (kept,) = [r for r in job.job_snapshot([survivor, lost]).ranks if r.rank == 1]
+    (kept,) = [r for r in rollup.job_snapshot([survivor, lost]).ranks if r.rank == 1]
     assert (kept.unprotected_s, kept.seconds) == (12.0, before)
 
 
@@ -152,13 +152,13 @@ def test_a_replacement_pod_that_starts_during_the_restart_ends_it_with_its_first
     replacement = pod("pod-1-replacement", [1], [], wall=50.0, world_size=2, job_start_wall=T0 + 18.0)
     replacement = dataclasses.replace(replacement, ranks=(dataclasses.replace(
         replacement.ranks[0], first_step_wall=T0 + 31.5),))
-    (merged,) = job.merge_restarts([survivor, replacement])
+    (merged,) = rollup.merge_restarts([survivor, replacement])
     assert merged.record.duration_s == pytest.approx(21.5) and merged.pods == ("pod-0", "pod-1-replacement")
     assert merged.record.phases[RS] == pytest.approx(2.5)
     assert sum(merged.record.phases.values()) == pytest.approx(21.5)
     # a pod that started before the fault is not a replacement: its own record (or none) speaks for it
     early = dataclasses.replace(replacement, pod="pod-2", job_start_wall=T0)
-    (alone,) = job.merge_restarts([survivor, early])
+    (alone,) = rollup.merge_restarts([survivor, early])
     assert alone.record.duration_s == pytest.approx(20.0)
 
 
@@ -169,11 +169,11 @@ def test_a_pod_the_job_restored_without_is_lost_and_a_pod_that_merely_stopped_is
     restored = dataclasses.replace(survivor, ranks=(dataclasses.replace(
         survivor.ranks[0], last_restore_wall=T0 + 45.0),))
     gone = pod("pod-1", [1], [], wall=30.0, world_size=2, job_start_wall=T0, finished=False)
-    assert job.lost_pods([restored, gone]) == {"pod-1"}
-    assert job.lost_pods([survivor, gone]) == set()  # no restore after it: the job did not go on without it
-    assert job.lost_pods([restored, dataclasses.replace(gone, finished=True)]) == set()
+    assert rollup.lost_pods([restored, gone]) == {"pod-1"}
+    assert rollup.lost_pods([survivor, gone]) == set()  # no restore after it: the job did not go on without it
+    assert rollup.lost_pods([restored, dataclasses.replace(gone, finished=True)]) == set()
     copied_mid_run = dataclasses.replace(gone, ranks=(dataclasses.replace(gone.ranks[0], wall_s=100.0),))
-    assert job.lost_pods([restored, copied_mid_run]) == set()
+    assert rollup.lost_pods([restored, copied_mid_run]) == set()
 
 
 def save(ckpt: str, began: float, ok: bool | None, incarnation: tuple[int, int] = (0, 0),
@@ -201,18 +201,18 @@ def _node_loss() -> list[Snapshot]:
 
 def test_the_pods_shares_of_a_save_between_two_job_restarts_are_one_save_as_good_as_its_worst_share():
     survivor, lost, replacement = _node_loss()
-    merged = job.merge_checkpoints([p.checkpoints.recent for p in (survivor, lost, replacement)],
-                                   [m.record for m in job.merge_restarts([survivor, lost, replacement])])
+    merged = rollup.merge_checkpoints([p.checkpoints.recent for p in (survivor, lost, replacement)],
+                                   [m.record for m in rollup.merge_restarts([survivor, lost, replacement])])
     assert [(c.ckpt, c.ok, c.ranks) for c in merged] == [("step-9", False, 2), ("step-9", True, 2),
                                                           ("step-19", True, 2)]
     assert merged[2].blocking_s == 0.3 and merged[2].began_wall == T0 + 40.0 and merged[2].bytes == 200
     # without the survivor's failed share, the lost pod's share that never ended leaves the save unfinished
-    (alone,) = job.merge_checkpoints([[save("step-9", 9.0, True)], lost.checkpoints.recent], [])
+    (alone,) = rollup.merge_checkpoints([[save("step-9", 9.0, True)], lost.checkpoints.recent], [])
     assert alone.ok is None
 
 
 def test_a_job_with_a_lost_pod_lists_its_saves_names_each_ranks_pod_and_shows_the_lost_rank_lost():
-    snap = job.job_snapshot(_node_loss(), lost={"pod-1"})
+    snap = rollup.job_snapshot(_node_loss(), lost={"pod-1"})
     assert [(c.ckpt, c.ok) for c in snap.checkpoints.recent] == [("step-9", False), ("step-9", True),
                                                                   ("step-19", True)]
     assert snap.node == "node-a, node-b"

@@ -1,11 +1,10 @@
-"""The demo job: the reference job under ft_launcher, with one crash and one exception: on CUDA + NCCL
-with one rank per GPU where GPUs are visible, else on 2 CPU ranks (``demo_device``).
+"""The demo's harness: the reference job under ft_launcher, with one crash and one exception: on CUDA +
+NCCL with one rank per GPU where GPUs are visible, else on 2 CPU ranks (``demo_device``); as several
+pods, one of which its node may lose (``NodeLoss``).
 
 ``run_demo`` is the reusable part (tests start their own sidecar or Prometheus beside a run and
-read ``DemoResult.journal_dir``); ``summarize(read_journal(...))`` says what the journal itself
-records (steps, each checkpoint's blocking and background seconds, each restart and its latency),
-computed apart from the engine, as tests' truth. ``nvrx-slo demo`` (``nvrx_slo/demo.py``) runs it
-with the sidecar beside it.
+read ``DemoResult.journal_dir``). ``nvrx-slo demo`` (``nvrx_slo/demo.py``) runs it with the sidecar
+beside it.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from nvrx_slo.contracts import pod_env, schema
 from nvrx_slo.contracts.schema import EventType
@@ -179,7 +177,16 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], deadline: float) -
 
 
 def _reached(journal_dir: Path, step: int) -> bool:
-    return any(r["type"] == EventType.STEP.value and r["step"] >= step for r in read_journal(journal_dir))
+    """A rank of the pod journaled ``step`` (the node loss's trigger): its files' step records."""
+    for path in journal_dir.glob(f"*{schema.JOURNAL_SUFFIX}"):
+        for line in path.read_bytes().splitlines():
+            try:
+                record = schema.decode(line)
+            except schema.JournalError:
+                continue
+            if record["type"] == EventType.STEP.value and record["step"] >= step:
+                return True
+    return False
 
 
 def launch_args(checkpoint_dir: Path, *, device: DemoDevice, pods: int, steps: int, checkpoint_every: int,
@@ -199,6 +206,31 @@ def launch_args(checkpoint_dir: Path, *, device: DemoDevice, pods: int, steps: i
         # rank above it (ShiftRanks); with none above, each pod's process keeps its rank
         train += ["--fault-rank", str(pods - 1)]
     return [*topology, "--max-restarts", "3", "--monitor-interval", "0.5", *train]
+
+
+def _check(run_dir: Path, checkpoint_dir: Path, pod_journals: Sequence[Path], device: DemoDevice,
+           node_loss: NodeLoss | None) -> None:
+    """Refuse a run that cannot be made (see ``run_demo``)."""
+    pods = len(pod_journals)
+    if checkpoint_dir.exists() or any(d.exists() for d in pod_journals):
+        raise FileExistsError(f"{run_dir} already holds a run; choose a fresh directory")
+    if pods > 1 and device.kind != "cpu":
+        raise ValueError("a demo of several pods runs on CPU: on one host every pod's rank would take GPU 0")
+    if node_loss is not None and not 0 < node_loss.pod < pods:
+        raise ValueError(f"pod {node_loss.pod} cannot be lost: pods 1 to {pods - 1} can (pod 0 hosts the "
+                         "rendezvous store, and the job cannot outlive it)")
+
+
+def _ended(procs: Iterable[subprocess.Popen[bytes]], killed: subprocess.Popen[bytes] | None) -> list[int]:
+    """The launchers' exit codes, each killed (with its tree) if still running, but the one killed on purpose's."""
+    codes = []
+    for proc in procs:
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+        code = proc.wait()
+        if proc is not killed:
+            codes.append(code)
+    return codes
 
 
 def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: int = 50,
@@ -222,13 +254,7 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
     run_dir = Path(run_dir)
     checkpoint_dir, log_path = run_dir / "checkpoints", run_dir / "demo.log"
     pod_journals = journal_dirs(run_dir, pods)
-    if checkpoint_dir.exists() or any(d.exists() for d in pod_journals):
-        raise FileExistsError(f"{run_dir} already holds a run; choose a fresh directory")
-    if pods > 1 and device.kind != "cpu":
-        raise ValueError("a demo of several pods runs on CPU: on one host every pod's rank would take GPU 0")
-    if node_loss is not None and not 0 < node_loss.pod < pods:
-        raise ValueError(f"pod {node_loss.pod} cannot be lost: pods 1 to {pods - 1} can (pod 0 hosts the "
-                         "rendezvous store, and the job cannot outlive it)")
+    _check(run_dir, checkpoint_dir, pod_journals, device, node_loss)
     run_dir.mkdir(parents=True, exist_ok=True)
     port = _free_port() if pods > 1 else None
     cmd = [sys.executable, "-m", "nvrx_slo", "ft-launcher",
@@ -266,84 +292,6 @@ def run_demo(run_dir: Path, *, faults: Sequence[Fault] = DEFAULT_FAULTS, steps: 
                 procs[f"pod-{node_loss.pod}-replacement"] = launch(node_loss.pod, name, lost.replacement_journal)
                 lost = dataclasses.replace(lost, replaced_mono=time.monotonic())
             time.sleep(0.2)
-        codes = []
-        for proc in procs.values():
-            if proc.poll() is None:
-                _kill_tree(proc.pid)
-            code = proc.wait()
-            if proc is not killed:
-                codes.append(code)
+        codes = _ended(procs.values(), killed)
     dirs = pod_journals if lost is None or lost.replaced_mono is None else (*pod_journals, lost.replacement_journal)
     return DemoResult(run_dir, dirs, checkpoint_dir, log_path, next((c for c in codes if c), 0), lost)
-
-
-def read_journal(*journal_dirs: Path) -> list[dict[str, Any]]:
-    """Every valid record of every process, in time order (invalid lines are skipped)."""
-    records = []
-    for path in sorted(p for d in journal_dirs for p in Path(d).glob(f"*{schema.JOURNAL_SUFFIX}")):
-        for line in path.read_bytes().splitlines():
-            try:
-                records.append(schema.decode(line))
-            except schema.JournalError:
-                continue
-    return sorted(records, key=lambda r: r["mono"])
-
-
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """What happened, read back from the journal (job level: the slowest rank decides)."""
-    by_type: dict[str, list[dict[str, Any]]] = {}
-    for r in records:
-        by_type.setdefault(r["type"], []).append(r)
-    steps = by_type.get(EventType.STEP.value, [])
-    checkpoints: dict[str, dict[str, Any]] = {}
-    faults = [r["mono"] for r in by_type.get(EventType.FAULT_INJECTED.value, [])]
-    keys: dict[tuple[int, int, str], str] = {}  # (pid, iter, ckpt) -> the save it is part of
-    for r in records:
-        if r["type"] in schema.CHECKPOINT_EVENTS:
-            # a checkpoint id can recur after a rollback: a save is also keyed by the faults before
-            # its start (ranks in other pods count restarts differently)
-            key = keys.setdefault((r["pid"], r["iter"], r["ckpt"]),
-                                  f"{r['ckpt']} after {sum(1 for f in faults if f < r['mono'])} faults")
-            c = checkpoints.setdefault(key, {"blocking": {}, "background": {}, "ok": None})
-            rank = r["rank"]
-            if r["type"] == EventType.CHECKPOINT_START.value:
-                c.setdefault("start", {})[rank] = r["mono"]
-            elif r["type"] == EventType.CHECKPOINT_SCHEDULED.value:
-                c["scheduled"] = {**c.get("scheduled", {}), rank: r["mono"]}
-                c["blocking"][rank] = r["mono"] - c.get("start", {}).get(rank, r["mono"])
-            elif r["type"] == EventType.CHECKPOINT_FINALIZE.value:
-                c["blocking"][rank] = c["blocking"].get(rank, 0.0) + r["mono"] - r["start"]
-            elif r["type"] == EventType.CHECKPOINT_END.value:
-                c["blocking"][rank] = c["blocking"].get(rank, 0.0) + (r.get("waited_s") or 0.0)
-                c["background"][rank] = r["written"] - c.get("scheduled", {}).get(rank, r["written"])
-                c["ok"] = r["ok"] if c["ok"] is None else (c["ok"] and r["ok"])
-    restarts = []
-    for fault in by_type.get(EventType.FAULT_INJECTED.value, []):
-        # the loops running at the fault (a process and its Wrapper iteration), in every pod
-        running = {(s["pid"], s["iter"]) for s in steps if s["start"] <= fault["mono"]}
-        after = sorted((s for s in steps if s["start"] > fault["mono"] and (s["pid"], s["iter"]) not in running),
-                       key=lambda s: s["start"])
-        firsts: dict[Any, dict[str, Any]] = {}
-        for s in after:  # each rank's first step of the restarted loop; the last of them ends the restart
-            firsts.setdefault(s["rank"], s)
-        resumed = max(firsts.values(), key=lambda s: s["start"]) if firsts else None
-        # in-process if every rank came back in a process that was stepping before the fault
-        pids = {pid for pid, _ in running}
-        level = "in-process" if firsts and all(s["pid"] in pids for s in firsts.values()) else "in-job"
-        restores = [r for r in by_type.get(EventType.RESTORE.value, []) if r["mono"] > fault["mono"]]
-        restarts.append({"kind": fault["kind"], "step": fault["step"], "level": level,
-                         "latency": None if resumed is None else resumed["start"] - fault["mono"],
-                         "resumed_from": restores[0]["step"] if restores else None})
-    runs_per_rank: dict[Any, int] = {}
-    for s in steps:
-        runs_per_rank[s["rank"]] = runs_per_rank.get(s["rank"], 0) + 1
-    return {
-        "steps": len({s["step"] for s in steps}),
-        "step_runs": max(runs_per_rank.values(), default=0),
-        "last_step": max((s["step"] for s in steps), default=None),
-        "checkpoints": [{"id": key.split()[0], "ok": c["ok"],
-                         "blocking_s": max(c["blocking"].values(), default=0.0),
-                         "background_s": max(c["background"].values(), default=0.0)}
-                        for key, c in checkpoints.items()],
-        "restarts": restarts,
-    }

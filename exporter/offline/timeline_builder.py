@@ -49,10 +49,10 @@ from nvrx_slo.exporter.views.timeline import (
     RESTORE,
     STEP,
     UNPROTECTED,
+    Bar,
     CheckpointMarker,
-    Lane,
     RestartBand,
-    Span,
+    Row,
     Timeline,
 )
 
@@ -159,21 +159,15 @@ class TimelineBuilder:
         """Finish: mark each step as the engine decided, merge spans to the pixel, cap lanes and markers."""
         return compose([("", self)], restarts, checkpoints)
 
-    def step_kinds(self, rank: int) -> list[tuple[float, int, str]]:
-        """``(end mono, step, kind)`` of each step of ``rank``, oldest first: what its lane draws."""
-        data = self._ranks[rank]
-        kinds = _kinds(data)
-        return sorted((m, n, k) for m, n, k in zip(data.step_mono, data.step_no, kinds, strict=True) if k is not None)
-
     @staticmethod
-    def _lane(rank: int, data: _RankData, lo: float, resolution: float, pod: str) -> Lane:
+    def _lane(rank: int, data: _RankData, lo: float, resolution: float, pod: str) -> Row:
         kinds = _kinds(data)
         raw = ((kind, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i])
                for i in _order(data.step_end) if (kind := kinds[i]) is not None)
         spans = _merge_steps(raw, resolution)
         others = sorted(data.spans, key=lambda s: s[1])
         spans += _merge_others([(k, s - lo, e - lo, label) for k, s, e, label in others], resolution)
-        return Lane(rank=rank, spans=tuple(spans), pod=pod)
+        return Row(rank=rank, bars=tuple(spans), pod=pod)
 
 
 def compose(pods: Sequence[tuple[str, TimelineBuilder]], restarts: Sequence[RestartBand] = (),
@@ -181,7 +175,7 @@ def compose(pods: Sequence[tuple[str, TimelineBuilder]], restarts: Sequence[Rest
     """One timeline over ``(pod, builder)`` pairs on one time axis (a job's pods, each with its own
     engine; one pod named "" for a pod's own report). A rank run by two pods (a lost node's and its
     replacement's) gets a lane per pod, in the order given. ``restarts`` and ``checkpoints``: the
-    job's, each pod's shares already merged (``exporter/engine/job.py``), one marker each."""
+    job's, each pod's shares already merged (``exporter/offline/rollup.py``), one marker each."""
     lo = min([b._lo for _, b in pods] + [r.start_wall for r in restarts])
     hi = max([b._hi for _, b in pods] + [r.end_wall for r in restarts])
     if lo > hi:  # nothing at all
@@ -238,9 +232,9 @@ def _marker(record: CheckpointRecord, lo: float) -> CheckpointMarker | None:
                             incarnation=record.incarnation)
 
 
-def _merge_steps(raw: Iterable[tuple[str, float, float, int]], resolution: float) -> list[Span]:
+def _merge_steps(raw: Iterable[tuple[str, float, float, int]], resolution: float) -> list[Bar]:
     """Runs of consecutive steps of one kind, split where a gap is wider than ``resolution``."""
-    out: list[Span] = []
+    out: list[Bar] = []
     run: list[Any] | None = None  # [kind, start, end, count, first_step, last_step]
     for kind, start, end, step in raw:
         if run is not None and run[0] == kind and start - run[2] <= resolution:
@@ -256,32 +250,32 @@ def _merge_steps(raw: Iterable[tuple[str, float, float, int]], resolution: float
     return out
 
 
-def _step_span(run: list[Any]) -> Span:
+def _step_span(run: list[Any]) -> Bar:
     kind, start, end, count, first, last = run
     what = {LOST: "lost ", UNPROTECTED: "unprotected "}.get(kind, "")
     steps = f"step {first}" if count == 1 else f"{count} {what}steps {first}–{last}"
     if count == 1 and what:
         steps = f"{what}step {first}"
-    return Span(kind, start, end, count, f"{steps}, {end - start:.3f} s")
+    return Bar(kind, start, end, count, f"{steps}, {end - start:.3f} s")
 
 
-def _merge_others(raw: list[tuple[str, float, float, str]], resolution: float) -> list[Span]:
+def _merge_others(raw: list[tuple[str, float, float, str]], resolution: float) -> list[Bar]:
     """Merge same-kind spans closer than ``resolution`` (keeping the first label and a count)."""
-    out: list[Span] = []
-    open_: dict[str, Span] = {}
+    out: list[Bar] = []
+    open_: dict[str, Bar] = {}
     for kind, start, end, label in raw:
         cur = open_.get(kind)
         if cur is not None and start - cur.end <= resolution:
-            open_[kind] = Span(kind, cur.start, max(cur.end, end), cur.count + 1, cur.label)
+            open_[kind] = Bar(kind, cur.start, max(cur.end, end), cur.count + 1, cur.label)
             continue
         if cur is not None:
             out.append(_counted(cur))
-        open_[kind] = Span(kind, start, end, 1, label)
+        open_[kind] = Bar(kind, start, end, 1, label)
     out.extend(_counted(s) for s in open_.values())
     return out
 
 
-def _counted(span: Span) -> Span:
+def _counted(span: Bar) -> Bar:
     if span.count == 1:
         return span
-    return Span(span.kind, span.start, span.end, span.count, f"{span.count} merged, first: {span.label}")
+    return Bar(span.kind, span.start, span.end, span.count, f"{span.count} merged, first: {span.label}")
