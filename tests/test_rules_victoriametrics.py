@@ -158,7 +158,9 @@ def test_badput_by_category_and_by_cause_costs_what_prometheus_records(vm: Fleet
         held = _one(url, f"sum(last_over_time({counters}[1h]))")
         print(f"\naccelerator-seconds by {label}: {got}; VictoriaMetrics: counters {held:.2f} and {more:.2f} rank-s, "
               f"{gone} {unaccounted:.2f} rank-s, {per_rank:g} accelerators per rank")
-        assert sum(got["reference"].values()) > work, got  # the node loss and the restarts cost something
+        # the restarts cost something; the node loss may not on Prometheus: its 10 s absence can fall
+        # between two 15 s evaluations, and by cause the restarts alone are under one evaluation of work
+        assert sum(got["reference"].values()) > 0, got
         victoria = got["one"]
         accounted = sum(v for k, v in victoria.items() if k != gone)
         assert accounted == pytest.approx(per_rank * (held + more), abs=0.01), (of, accounted, held + more)
