@@ -17,6 +17,7 @@ from typing import Any
 from nvrx_slo.alerts import duration
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.spec import Slo, Spec
+from nvrx_slo.alerts.tiles import Agg, Tiled
 from nvrx_slo.contracts import catalogue
 
 JOB_LABELS: tuple[str, ...] = catalogue.IDENTITY_LABELS[:2]  # ("namespace", "job_name")
@@ -87,23 +88,47 @@ def over_period(signal: Signal, plan: Plan) -> str:
 EVALUATIONS = "global:nvrx_slo_evaluations:one"
 
 
-def evaluations(slo: str, window: int, plan: Plan) -> str:
+def counter(slo: str) -> Tiled:
+    """``slo``'s evaluation counter, counted over windows longer than the tile (``alerts/tiles.py``)."""
+    return Tiled(f'{EVALUATIONS}{{{SLO_LABEL}="{slo}"}}', Agg.COUNT)
+
+
+def ranks(slo: str, plan: Plan) -> Tiled:
+    """A time SLI's rank count (its total record) as a window's most: what its ratios divide by, and
+    the efficiency SLI's error budget in accelerator-hours."""
+    return Tiled(f'{sli_total_record(plan.base)}{{{SLO_LABEL}="{slo}"}}', Agg.MAX)
+
+
+def evaluations(slo: str, window: int, plan: Plan, *, own: bool = False, span: int | None = None) -> str:
     """The evaluations of ``slo``'s group in ``window`` s, as a scalar: the samples the window holds,
     and never fewer than a full window's (rules younger than the window: the rest counts as 0). The
     most any Prometheus counted: a global ruler holds one counter per Prometheus that records the
-    rates (each with its external labels), and ``scalar()`` of more than one is NaN."""
-    counted = f'count_over_time({EVALUATIONS}{{{SLO_LABEL}="{slo}"}}[{duration.format(window)}])'
-    return f"scalar(clamp_min(max({counted}), {plan.evaluations(window)}))"
-# Ranks the job's pods ran a shortest window ago, which the absent ranks subtract and require.
-RAN_RANKS = f"{_LEVEL}:nvrx_pod_ranks:sum"
+    rates (each with its external labels), and ``scalar()`` of more than one is NaN.
+
+    ``span``: the window is one longer than the tile, and the counter is counted over these seconds
+    from its tiles (``counter``), as the samples the window divides are summed.
+
+    ``own``: the window sums what its own group records, this evaluation included. Prometheus runs
+    a group's rules in order, so this evaluation's samples are there; vmalert writes what it
+    records asynchronously, so the newest sample it reads is an evaluation or two old and a full
+    window holds that many fewer. The floor is then a full window's evaluations as of the newest
+    counter sample read: Prometheus's floor where that sample is this evaluation's."""
+    selector = f'{EVALUATIONS}{{{SLO_LABEL}="{slo}"}}'
+    counted = (counter(slo).window(span, plan) if span is not None
+               else f"count_over_time({selector}[{duration.format(window)}])")
+    floor = f"{plan.evaluations(window)}"
+    if own:
+        newest = f"scalar(max(timestamp({selector})) or vector(time()))"
+        floor += f" - (time() - {newest}) / {plan.evaluation_interval}"
+    return f"scalar(clamp_min(max({counted}), {floor}))"
+
+
 # Ranks of the job that no pod runs now (a lost node, a pod not scheduled yet), at each evaluation.
 ABSENT_RANKS = f"{_LEVEL}:nvrx_absent_ranks:clamp_min"
-# Each scrape target's badput rank-seconds by category, its ranks' counters summed: the one rule that
-# reads them, so each is read once per evaluation (rule cost is per series read); and all of them.
+# Each scrape target's badput rank-seconds by category, its ranks' counters summed: the base the next
+# evaluation's increments subtract (each increment is its counters now less this record then).
 TARGET_CATEGORY = f"{_LEVEL}_pod_category:nvrx_badput_seconds_total:sum"
-TARGET_BADPUT = f"{_LEVEL}_pod:nvrx_badput_seconds_total:sum"
-# The job's badput rank-seconds since the evaluation before: each target's sum less its value
-# then (a series new to a target counts from 0), so the increments add up exactly, however bursty.
+# The job's badput rank-seconds since the evaluation before: its targets' increments summed.
 BADPUT_INCREASE = f"{_LEVEL}:nvrx_badput_seconds:increase"
 # Rank-seconds of a pod's last ``nvrx_work_at_risk_seconds``, once, at the evaluation that sees its
 # series gone for the shortest window (a sidecar dies with its pod's node): badput for the job.
@@ -242,13 +267,9 @@ class PriceSource(str, Enum):
     SPEC = "spec"  # the SLO spec's cost section: the pod's accelerator model, else its default
 
 
-# The spec's price of one accelerator-hour: by model (label ``accelerator``), and the default.
-SPEC_PRICE = "nvrx_slo:accelerator_price:hourly"
-SPEC_DEFAULT_PRICE = "nvrx_slo:accelerator_price_default:hourly"
-# Each scrape target's accelerators per rank (label ``accelerator``: the model), and what one of its
-# rank-hours costs (label ``price_source``); the job's most of each (what its absent ranks cost).
+# Each scrape target's accelerators per rank (label ``accelerator``: the model); the job's most
+# accelerators per rank and rank-hour price (label ``price_source``): what its absent ranks cost.
 TARGET_ACCELERATORS = f"{_LEVEL}_pod:nvrx_rank_accelerators:last"
-TARGET_RANK_PRICE = f"{_LEVEL}_pod:nvrx_rank_price:hourly"
 JOB_ACCELERATORS = f"{_LEVEL}:nvrx_rank_accelerators:max"
 JOB_RANK_PRICE = f"{_LEVEL}:nvrx_rank_price:hourly"
 # Each target's fault seconds by cause (newest samples).

@@ -64,6 +64,12 @@ class Plan:
         averages the job-level rates recorded over it."""
         return self.windows[0]
 
+    @property
+    def tile(self) -> int:
+        """The first page pair's long window: every window up to it reads its records directly, every
+        longer one sums whole tiles of it (``alerts/tiles.py``)."""
+        return self.burn_windows[0].long
+
     def evaluations(self, window: int) -> int:
         """The evaluations a full ``window`` holds."""
         return window // self.evaluation_interval

@@ -41,8 +41,10 @@ from nvrx_slo.alerts.conventions import (
     SEVERITY_LABEL,
     SLO_LABEL,
     burn_rate_record,
+    counter,
     error_ratio_record,
     evaluations,
+    ranks,
     sli_bad_record,
     sli_total_record,
     stamp_links,
@@ -51,6 +53,7 @@ from nvrx_slo.alerts.plan import BurnWindow, Plan, Severity
 from nvrx_slo.alerts.sli import Sli
 from nvrx_slo.alerts.spec import Objective, Spec
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
+from nvrx_slo.alerts.tiles import Agg, Tiled
 
 Rule = dict[str, Any]
 
@@ -78,28 +81,43 @@ def job_rates(sli: Sli, plan: Plan) -> list[Rule]:
     ]
 
 
+def _tiled(sli: Sli, plan: Plan) -> tuple[Tiled, ...]:
+    """What the SLI's windows longer than the tile read from tiles: its bad rate summed; its rank
+    count (time SLIs: the most) and evaluations counted, or its total rate summed."""
+    mine = f'{{{SLO_LABEL}="{sli.slo.value}"}}'
+    bad = Tiled(sli_bad_record(plan.base) + mine, Agg.SUM)
+    if sli.time_based:
+        return bad, ranks(sli.slo.value, plan), counter(sli.slo.value)
+    return bad, Tiled(sli_total_record(plan.base) + mine, Agg.SUM)
+
+
 def window_rules(sli: Sli, objective: Objective, plan: Plan) -> list[Rule]:
     """Error ratios over every window, burn rates and the budget left, from the job-level rates
-    alone (``tiers.Tier.GLOBAL``)."""
+    alone (``tiers.Tier.GLOBAL``). A window up to the tile reads the rates directly; a longer one,
+    from the tiles (``alerts/tiles.py``), over one evaluation more than the window, as a range
+    does on Prometheus 2 (``[a, b]``): the same samples, and the same ratios."""
     *spans, period = plan.windows
-    base = spans[0]
+    base, e = spans[0], plan.evaluation_interval
     mine = f'{{{SLO_LABEL}="{sli.slo.value}"}}'
     bad, total = sli_bad_record(base) + mine, sli_total_record(base) + mine
-    rules = []
+    tiled = _tiled(sli, plan)
+    rules = [rule for t in tiled for rule in t.rules(plan)]
+
+    def over(t: Tiled, w: int) -> str:
+        return f"{t.agg.value}_over_time({t.selector}[{duration.format(w)}])" if w <= plan.tile \
+            else t.window(w + e, plan)
+
     if sli.time_based:  # bad rank-seconds over (the most ranks the window saw × the whole window)
-        def ranks(w: int) -> str:
-            return f"max_over_time({total}[{duration.format(w)}])"
-
         def integral(w: int) -> str:  # the mean over the window's evaluations, none before the job: 0
-            return (f"(sum_over_time({bad}[{duration.format(w)}])"
-                    f" / {evaluations(sli.slo.value, w, plan)})")
+            span = None if w <= plan.tile else w + e
+            return f"({over(tiled[0], w)} / {evaluations(sli.slo.value, w, plan, span=span)})"
 
-        rules.append(_record(error_ratio_record(base), _ratio(bad, ranks(base)), sli))
-        rules += [_record(error_ratio_record(w), _ratio(integral(w), ranks(w)), sli) for w in (*spans[1:], period)]
+        rules.append(_record(error_ratio_record(base), _ratio(bad, over(tiled[1], base)), sli))
+        rules += [_record(error_ratio_record(w), _ratio(integral(w), over(tiled[1], w)), sli)
+                  for w in (*spans[1:], period)]
     else:  # bad events over events
         rules.append(_record(error_ratio_record(base), _ratio(bad, total), sli))
-        rules += [_record(error_ratio_record(w), _ratio(f"sum_over_time({bad}[{duration.format(w)}])",
-                                                        f"sum_over_time({total}[{duration.format(w)}])"), sli)
+        rules += [_record(error_ratio_record(w), _ratio(over(tiled[0], w), over(tiled[1], w)), sli)
                   for w in (*spans[1:], period)]
     rules += [_record(burn_rate_record(w), f"{error_ratio_record(w)}{mine} / {objective.budget:g}",
                       sli) for w in (*spans, period)]

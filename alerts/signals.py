@@ -19,21 +19,25 @@ from __future__ import annotations
 from typing import Any
 
 from nvrx_slo.alerts import duration
-from nvrx_slo.alerts.conventions import SLO_LABEL, Signal, over_period, signal_rate, sli_total_record
+from nvrx_slo.alerts.conventions import SLO_LABEL, Signal, over_period, ranks, signal_rate
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.sli import busiest_pod_rate, job_rate
 from nvrx_slo.alerts.spec import Slo
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
+from nvrx_slo.alerts.tiles import Agg, Tiled
 from nvrx_slo.contracts import catalogue as cat
 
 Rule = dict[str, Any]
+# The signals recorded as the job's rates over the shortest window; the others are over the period.
+RATES = (Signal.BLOCKING, Signal.BACKGROUND, Signal.RANK_SAVES, Signal.RESTARTS, Signal.RESTART_SECONDS)
 
 
 def records(plan: Plan) -> list[tuple[Tier, Rule]]:
     """The rules, in evaluation order (each reads the ones before it at this evaluation): the rates
-    read the pods' series (``Tier.LOCAL``), the period's signals only those rates (``Tier.GLOBAL``)."""
-    w, p, every = duration.format(plan.base), duration.format(plan.period), plan.evaluation_interval
-    world = f'{sli_total_record(plan.base)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'  # the job's rank count
+    read the pods' series (``Tier.LOCAL``), the period's signals only those rates (``Tier.GLOBAL``),
+    from their tiles (``alerts/tiles.py``)."""
+    w, every = duration.format(plan.base), plan.evaluation_interval
+    span = plan.period + every  # as a range of the period holds, on Prometheus 2 ([a, b]): alerts/rules.py
 
     def rate(signal: Signal) -> str:
         return signal_rate(signal, plan)
@@ -41,10 +45,14 @@ def records(plan: Plan) -> list[tuple[Tier, Rule]]:
     def over(signal: Signal) -> str:
         return over_period(signal, plan)
 
-    def total(signal: Signal) -> str:
-        return f"sum_over_time({rate(signal)}[{p}])"
+    summed = {signal: Tiled(rate(signal), Agg.SUM) for signal in RATES}
+    counted = Tiled(rate(Signal.BLOCKING), Agg.COUNT)  # evaluations: × interval = seconds
 
-    elapsed = f"count_over_time({rate(Signal.BLOCKING)}[{p}])"  # evaluations: × interval = seconds
+    def total(signal: Signal) -> str:
+        return summed[signal].window(span, plan)
+
+    elapsed = counted.window(span, plan)
+    world = ranks(Slo.EFFICIENCY.value, plan).window(span, plan)  # the job's most ranks: the efficiency group's tiles
     restart_seconds = f"{cat.RESTART_DURATION.name}_sum"
     rates = [
         (rate(Signal.BLOCKING), job_rate(f"{cat.CKPT_BLOCKING.name}_sum", w)),
@@ -61,7 +69,7 @@ def records(plan: Plan) -> list[tuple[Tier, Rule]]:
         (over(Signal.OVERLAP), f"{background}\n/\n(({blocking} + {background}) > 0)"),
         (cost, f"{blocking}\n/\n({saves} > 0)"),
         (interval, f"{elapsed} * {every}\n/\n"
-                   f"({saves} * {every} / ignoring ({SLO_LABEL}) max_over_time({world}[{p}]) > 0)"),
+                   f"({saves} * {every} / ignoring ({SLO_LABEL}) {world} > 0)"),
         (mtbf, f"{elapsed}\n/\n({restarts} > 0)"),
         (restart_cost, f"{total(Signal.RESTART_SECONDS)}\n/\n({restarts} > 0)"),
         (over(Signal.OPTIMAL), f"sqrt(2 * {cost} * {mtbf})"),
@@ -70,8 +78,9 @@ def records(plan: Plan) -> list[tuple[Tier, Rule]]:
                                  f" / {mtbf}\n        or 0 * {interval}))\n"
                                  f"  / (1 + {cost} / {interval}),\n  0, 1)"),
     ]
+    tiles = [rule for tiled in (*summed.values(), counted) for rule in tiled.rules(plan)]
     return [*tiered(Tier.LOCAL, ({"record": name, "expr": expr} for name, expr in rates)),
-            *tiered(Tier.GLOBAL, ({"record": name, "expr": expr} for name, expr in signals))]
+            *tiered(Tier.GLOBAL, [*tiles, *({"record": name, "expr": expr} for name, expr in signals)])]
 
 
 def signals_group(plan: Plan) -> Group:

@@ -27,9 +27,7 @@ from nvrx_slo.alerts.conventions import (
     BY_JOB,
     BY_POD,
     ON_JOB,
-    RAN_RANKS,
     SLO_LABEL,
-    TARGET_BADPUT,
     TARGET_CATEGORY,
     VANISHED_AT_RISK,
     evaluations,
@@ -100,6 +98,11 @@ def _time_sli(slo: Slo, title: str, goal: str, categories: tuple[cat.Category, .
     return Sli(slo, True, lambda w: _or_zero(job_rate(time, w), _total(slo, plan)), total, title, goal)
 
 
+def vanished_at_risk(hold: int, interval: int) -> str:
+    """``_vanished`` of each pod's work at risk: what the efficiency SLI and the cost rules count."""
+    return _vanished(cat.WORK_AT_RISK.name, hold, interval)
+
+
 def _vanished(metric: str, hold: int, interval: int) -> str:
     """Each pod's last ``metric`` at the one evaluation whose interval saw its series go ``hold``
     seconds ago, with no sample since. Prometheus marks a target's series stale when a scrape
@@ -117,18 +120,33 @@ def _target_categories(selector: str, interval: int) -> str:
     deploy defaults (two 15 s scrapes, 1 m evaluations), and an instant selector stops at the
     staleness marker its sidecar's exit leaves, losing the job's last settlement; a range selector
     skips the marker. Two intervals, not one: a sample stamped just before an evaluation may be
-    stored just after it. By category, so the cost rules (alerts/cost.py) read the counters no
-    second time."""
+    stored just after it. By category: the cost rules (alerts/cost.py) price each category."""
     return f"sum without ({cat.RANK_LABEL}) (last_over_time({selector}[{duration.format(2 * interval)}]))"
 
 
-def _increase(record: str, interval: int) -> str:
-    """The job's sum of each target's increase of ``record`` since the evaluation ``interval`` ago:
-    its value then (up to 5m back, across a failed scrape) is its base. A target's sum, not each
-    counter: the counters are read once, by ``record``; a series new to a target counts from 0, and
-    a failed scrape loses nothing (the base is the last evaluation that read the target)."""
+def _increase(record: str, now: str, interval: int) -> str:
+    """Each target's increase, by category, since the evaluation ``interval`` ago: its sum ``now``
+    (``record``'s expression) less ``record`` then (up to 5m back, across a failed scrape), its
+    base. A target's sums, not each counter: the sidecar exports every category of every rank from
+    0, and a failed scrape loses nothing (the base is the last evaluation that read the target).
+    ``now`` is the expression, never ``record`` read back, and every rule that needs an increment
+    computes it so: vmalert writes what it records asynchronously, so a rule reading a record of its
+    own evaluation reads the one before, or nothing (read-after-write, docs/scaling.md); the
+    increments then lose or repeat a burst. Prometheus reads the same value either way."""
     then = f"last_over_time({record}[5m] offset {duration.format(interval)})"
-    return f"sum {BY_JOB} (clamp_min({record} - {then}, 0))"
+    return f"clamp_min({now} - ignoring ({SLO_LABEL}) {then}, 0)"
+
+
+def target_category_increase(plan: Plan) -> str:
+    """Each scrape target's badput rank-seconds by category since the evaluation before, from its
+    counters now and its ``TARGET_CATEGORY`` then (``_increase``): the efficiency SLI sums it, and
+    the cost rules (alerts/cost.py) price it per target."""
+    e = plan.evaluation_interval
+    return _increase(TARGET_CATEGORY, _target_categories(_badput(), e), e)
+
+
+def _badput() -> str:
+    return _matching(cat.TIME.name, "category", "|".join(c.value for c in cat.BADPUT_CATEGORIES))
 
 
 def _ran_ranks(hold: int) -> str:
@@ -139,7 +157,7 @@ def _ran_ranks(hold: int) -> str:
     origin (``nvrx_job_start_timestamp_seconds``), whose time its own counters hold, so no second
     is both absent and its ranks' init; with the most ranks it was seen running since, not its
     newest count (a pod that has finished since says it runs none). Before the job's first scrape
-    its world is the one its pods say now, once its first pod had started (``_absent_ranks``)."""
+    its world is the one its pods say now, once its first pod had started (``absent_ranks``)."""
     ago = duration.format(hold)
     on_pod = f"on ({', '.join(cat.IDENTITY_LABELS)})"
     ran = {"scraped": f"{cat.POD_RANKS.name} offset {ago}"
@@ -150,14 +168,15 @@ def _ran_ranks(hold: int) -> str:
     return _added(ran)
 
 
-def _absent_ranks(hold: int) -> str:
-    """The job's world size ``hold`` seconds ago less the ranks its pods ran then (``RAN_RANKS``);
-    none if they ran none: every pod had finished (or none was known), so no rank is missing."""
+def absent_ranks(hold: int) -> str:
+    """The job's world size ``hold`` seconds ago less the ranks its pods ran then (``_ran_ranks``,
+    read once: ``> 0`` both keeps the jobs that ran some and is what is subtracted); none if they ran
+    none: every pod had finished (or none was known), so no rank is missing. The cost rules price it."""
     ago = duration.format(hold)
     begun = f"min {BY_JOB} ({cat.JOB_START_TIMESTAMP.name}) <= time() - {hold}"
     world = (f"(max {BY_JOB} ({cat.JOB_WORLD_SIZE.name} offset {ago})"
              f" or (max {BY_JOB} ({cat.JOB_WORLD_SIZE.name}) and {ON_JOB} ({begun})))")
-    return f"clamp_min({world} - {ON_JOB} {RAN_RANKS}, 0) and {ON_JOB} ({RAN_RANKS} > 0)"
+    return f"clamp_min({world} - {ON_JOB} ({_ran_ranks(hold)} > 0), 0)"
 
 
 def _efficiency(plan: Plan) -> Sli:
@@ -165,7 +184,7 @@ def _efficiency(plan: Plan) -> Sli:
 
     A lost pod exports nothing, so its ranks' time would be in no series at all: every pod exports
     the job's world size and its own rank count, and the group records the difference at each
-    evaluation, as it stood the shortest window ago (``_absent_ranks``). Time before the job
+    evaluation, as it stood the shortest window ago (``absent_ranks``). Time before the job
     existed stays healthy, as the young-job rule wants; the rank count the time SLI divides by is
     the world size (a job without it falls back to its wall rate).
 
@@ -176,17 +195,15 @@ def _efficiency(plan: Plan) -> Sli:
     the shortest window (``_vanished``). The shortest window sums each record's samples as ranks
     for one interval, over the evaluations a full window holds.
     """
-    badput = _matching(cat.TIME.name, "category", "|".join(c.value for c in cat.BADPUT_CATEGORIES))
     world = f"max {BY_JOB} ({cat.JOB_WORLD_SIZE.name})"
     hold, e = plan.base, plan.evaluation_interval
-    records = ((RAN_RANKS, _ran_ranks(hold)), (ABSENT_RANKS, _absent_ranks(hold)),
-               (VANISHED_AT_RISK, _vanished(cat.WORK_AT_RISK.name, hold, e)),
-               (TARGET_CATEGORY, _target_categories(badput, e)),
-               (TARGET_BADPUT, f"sum without (category) ({TARGET_CATEGORY})"),
-               (BADPUT_INCREASE, _increase(TARGET_BADPUT, e)))
+    records = ((ABSENT_RANKS, absent_ranks(hold)),
+               (VANISHED_AT_RISK, vanished_at_risk(hold, e)),
+               (TARGET_CATEGORY, _target_categories(_badput(), e)),
+               (BADPUT_INCREASE, f"sum {BY_JOB} ({target_category_increase(plan)})"))
 
     def bad(w: str) -> str:
-        every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), plan)
+        every = evaluations(Slo.EFFICIENCY.value, duration.parse(w), plan, own=True)
 
         def ranks(record: str) -> str:  # its samples as ranks for one evaluation each
             return f"sum {BY_JOB} (sum_over_time({record}[{w}])) / {every}"

