@@ -114,7 +114,7 @@ class EngineState:
 
 class IngestFailed(Exception):
     """Accounting ``records[start:end]`` raised (``Engine.ingest_many``; the cause is chained): one
-    record, or a run of plain steps. The records before them were accounted, those after were not."""
+    record, or a run of plain records. The records before them were accounted, those after were not."""
 
     def __init__(self, start: int, end: int) -> None:
         super().__init__(f"accounting records {start}..{end - 1} raised")
@@ -200,9 +200,9 @@ class Engine:
         return True
 
     def ingest_many(self, records: Sequence[Event], not_after: float = float("inf")) -> list[Event]:
-        """``ingest`` each record in order; returns those accepted. Runs of plain steps (``runs``:
-        the bulk of a journal) are accounted a run at a time, exactly as one by one. If accounting
-        raises (an engine bug), ``IngestFailed`` says which records it was accounting; those
+        """``ingest`` each record in order; returns those accepted. Runs of plain steps and saves'
+        parts (``runs``: the bulk of a journal) are accounted a run at a time, exactly as one by one.
+        If accounting raises (an engine bug), ``IngestFailed`` says which records it was accounting; those
         before them were accounted, those after were not."""
         accepted: list[Event] = []
         i, n = 0, len(records)
@@ -211,7 +211,7 @@ class Engine:
             end = found.end
             try:
                 if end > i:
-                    runs.account(self._s, found, end - i, self._fold_checkpoints)
+                    runs.account(self._s, records, i, found, self._fold_checkpoints)
                     accepted += records[i:end]
                 else:
                     end = i + 1
@@ -256,8 +256,8 @@ class Engine:
             lane = s.lanes[rank] = Lane(Ledger(rank, verdicts=[] if kept else None, waits=[] if kept else None))
         newest_pid = lane.newest_pid
         lane.count(record, mono)
-        if lane.newest_pid != newest_pid and s.checkpoints.open:
-            s.checkpoints.due = s.newest  # a process died: its unfinished saves may fold
+        if lane.newest_pid != newest_pid:
+            s.checkpoints.rearm(s.newest)
         return lane
 
     def _launcher(self, record: Event, mono: float) -> None:
