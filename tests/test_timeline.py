@@ -216,3 +216,21 @@ def test_journal_strings_are_escaped_everywhere():
     titles = [t.text for t in svg.iter(f"{SVG_NS}title")]
     assert any(evil in (t or "") for t in titles)
     assert html.escape(evil) in svg_text
+
+
+@pytest.mark.parametrize("story", ["healthy", "crash_with_rollback", "inprocess_restart", "pod_restart",
+                                   "survivor_of_another_pods_fault"])
+def test_records_added_together_are_placed_as_one_by_one(story):
+    """``add_many`` (the replay's: a process's steps together) builds exactly what ``add`` builds."""
+    import stories
+
+    pod = getattr(stories, story)()
+    records = sorted((as_event(r) for r in pod.records), key=lambda e: (e.mono, e.pid, e.seq))
+    records += [step(n, 1e4 + n, rank=5, pid=900 + n % 2) for n in range(6)]  # two processes, interleaved
+    one, many = TimelineBuilder(), TimelineBuilder()
+    for r in records:
+        one.add(r)
+    for lo, hi in itertools.pairwise([0, 5, 6, len(records) // 2, len(records)]):
+        many.add_many(records[lo:hi])
+    assert vars(many) == vars(one)
+    assert len(one._ranks) > 1 and sum(len(d.step_no) for d in one._ranks.values()) > 6
