@@ -234,3 +234,25 @@ def test_records_added_together_are_placed_as_one_by_one(story):
         many.add_many(records[lo:hi])
     assert vars(many) == vars(one)
     assert len(one._ranks) > 1 and sum(len(d.step_no) for d in one._ranks.values()) > 6
+
+
+def test_a_lane_in_time_order_is_drawn_as_step_by_step(tmp_path):
+    """A lane whose steps all are drawn and end in time order (the usual lane) is merged in C-level
+    passes: exactly the runs the step-by-step merge makes of it."""
+    from bench import synthetic_journal
+    from nvrx_slo.exporter.offline import timeline_builder as tb
+    from nvrx_slo.exporter.offline.replay import Replay
+
+    synthetic_journal.write(tmp_path, 2, 425, restart_at=230)  # lost steps, steps after the last save
+    builder = TimelineBuilder()
+    with Replay(tmp_path, builder=builder) as replay:
+        replay.read_all()
+    replay.view()
+    for data in builder._ranks.values():
+        kinds = tb._kinds(data)
+        assert {tb.STEP, tb.LOST, tb.UNPROTECTED} <= set(kinds)
+        lo = min(data.step_start)
+        for resolution in (0.0, 0.6, 30.0):
+            raw = ((k, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i]) for i, k in enumerate(kinds))
+            merged = tb._merged_in_order(data, kinds, lo, resolution)
+            assert merged == tb._merge_steps(raw, resolution) and len(merged) > 1

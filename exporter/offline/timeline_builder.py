@@ -21,7 +21,7 @@ from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, gt, le, ne, or_, sub
 from typing import Any, cast
 
 from nvrx_slo.contracts.schema import (
@@ -201,9 +201,11 @@ class TimelineBuilder:
     @staticmethod
     def _lane(rank: int, data: _RankData, lo: float, resolution: float, pod: str) -> Row:
         kinds = _kinds(data)
-        raw = ((kind, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i])
-               for i in _order(data.step_end) if (kind := kinds[i]) is not None)
-        spans = _merge_steps(raw, resolution)
+        spans = _merged_in_order(data, kinds, lo, resolution)
+        if spans is None:
+            raw = ((kind, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i])
+                   for i in _order(data.step_end) if (kind := kinds[i]) is not None)
+            spans = _merge_steps(raw, resolution)
         others = sorted(data.spans, key=lambda s: s[1])
         spans += _merge_others([(k, s - lo, e - lo, label) for k, s, e, label in others], resolution)
         return Row(rank=rank, bars=tuple(spans), pod=pod)
@@ -253,10 +255,27 @@ def _kinds(data: _RankData) -> list[str | None]:
     return kinds
 
 
+def _merged_in_order(data: _RankData, kinds: list[str | None], lo: float, resolution: float) -> list[Bar] | None:
+    """``_merge_steps`` of a lane whose steps all are drawn and end in time order (the usual case), in
+    C-level passes: a run ends where the kind changes or the gap to the step before is wider than
+    ``resolution``, as there; None where that is not so."""
+    if None in kinds or not isinstance(_order(data.step_end), range):
+        return None
+    starts, ends = data.step_start, data.step_end
+    gaps = map(sub, map(sub, itertools.islice(starts, 1, None), itertools.repeat(lo)),
+               map(sub, ends, itertools.repeat(lo)))  # as the merge sees them: each relative to ``lo``
+    changes = map(ne, itertools.islice(kinds, 1, None), kinds)
+    cuts = itertools.compress(itertools.count(1), map(or_, changes, map(gt, gaps, itertools.repeat(resolution))))
+    bounds = [0, *cuts, len(kinds)] if kinds else []
+    no = data.step_no
+    return [_step_span([kinds[a], starts[a] - lo, ends[b - 1] - lo, b - a, no[a], no[b - 1]])
+            for a, b in itertools.pairwise(bounds)]
+
+
 def _order(values: array) -> Sequence[int]:
     """The indices of ``values`` in increasing order of value: a ``range`` when they already are (a
     rank's records arrive in time order), so a lane of a million steps costs no list of indices."""
-    if all(a <= b for a, b in itertools.pairwise(values)):
+    if all(map(le, values, itertools.islice(values, 1, None))):
         return range(len(values))
     return sorted(range(len(values)), key=values.__getitem__)
 
