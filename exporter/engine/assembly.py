@@ -58,14 +58,13 @@ def interval(ck: CheckpointsView) -> float | None:
 
 def checkpoint_stats(ck: CheckpointsView, ranks: Sequence[RankSnapshot], now_mono: float,
                      mtbf: float | None) -> CheckpointStats:
-    both = ck.blocking.sum + ck.background.sum
     wall = sum(r.wall_s for r in ranks)
     blocked = sum(r.seconds[SETTLED_CATEGORIES[BLOCKING]] for r in ranks)
     return CheckpointStats(
         saves=ck.saves, failures=ck.failures, in_flight=ck.in_flight, bytes_total=ck.bytes_total,
         blocking=ck.blocking.frozen(), background=ck.background.frozen(),
-        overlap_ratio=ck.background.sum / both if both > 0 else None,
-        blocking_fraction=blocked / wall if wall > 0 else None,
+        overlap_ratio=derived.overlap_ratio(ck.blocking.sum, ck.background.sum),
+        blocking_fraction=derived.blocking_fraction(blocked, wall),
         last_success_wall=ck.last_wall, last_success_step=ck.last_step,
         age_s=None if ck.last_written is None else max(0.0, now_mono - ck.last_written),
         interval_s=interval(ck), optimal_interval_s=derived.young_daly_interval(blocking_cost(ck), mtbf),

@@ -72,7 +72,7 @@ class RankState(str, Enum):
     TRAINING = "training"  # between steps (or in one)
     RESTART = "restart"  # a fault was seen; the restarted loop has not stepped yet
     ENDED = "ended"  # the loop is over: process_end, or the Wrapper's completion
-    LOST = "lost"  # job level only (``exporter/engine/job.py``): the pod running it went, its processes too
+    LOST = "lost"  # job level only (``exporter/offline/rollup.py``): the pod running it went, its processes too
 
 
 @dataclass(frozen=True)
