@@ -17,17 +17,17 @@ from nvrx_slo.exporter.engine.snapshot import CheckpointStats, RankSnapshot
 
 
 def rank(led: Ledger, preview: Ledger, lane: Lane, origin: float, end: float, finished: bool,
-         skew: float | None) -> RankSnapshot:
+         skew: float | None, held: float) -> RankSnapshot:
     """One rank from ``origin`` to ``end``: its settled seconds, and the rest provisional (unprotected)
     unless the job finished. ``preview``: its ledger with its reorder buffer applied (what the
-    saves read so far keep)."""
+    saves read so far keep); ``held``: its seconds the open restarts have yet to decide."""
     seconds = [0.0] * len(SETTLED_CATEGORIES)
     unprotected = end - origin  # nothing applied yet: all provisional
     if led.first is not None:
         seconds = led.seconds[:]
         seconds[INIT] += led.first - origin
         tail = max(0.0, end - led.t)
-        unprotected = led.pool.sum
+        unprotected = led.undecided() + held
         if finished:
             seconds[BLOCKING if led.blocking is not None else GAP[led.state]] += tail
         else:
