@@ -171,14 +171,20 @@ def test_one_process_saving_an_id_again_after_inprocess_restarts_makes_two_saves
     assert (ck.failures, ck.in_flight) == (0, 0)
 
 
-def _shifted_from_rank_2_to_1() -> tuple[Pod, Proc, Proc]:
-    """One pod (rank 2) of a four-pod job whose process the Wrapper shifted to rank 1 at 2.5 s."""
+def _one_pod_of_four(rank: int) -> tuple[Pod, Proc, Proc]:
+    """One pod (``rank``) of a four-pod job under our launcher: its first step, to 2.0 s."""
     pod = Pod()
     launcher = pod.launcher(0.0)
     launcher.ev("launcher_worker_start", 0.1)
-    p = pod.proc(2)
+    p = pod.proc(rank)
     p.start(1.0, world_size=4, local_world_size=1)
     p.step(1, 1.5, 2.0)
+    return pod, launcher, p
+
+
+def _shifted_from_rank_2_to_1() -> tuple[Pod, Proc, Proc]:
+    """One pod (rank 2) of a four-pod job whose process the Wrapper shifted to rank 1 at 2.5 s."""
+    pod, launcher, p = _one_pod_of_four(2)
     p.rank, p.iter = 1, 1
     p.ev("inprocess_initialize", 2.5)
     return pod, launcher, p
@@ -195,6 +201,22 @@ def test_a_pod_finishes_when_a_torn_down_process_had_journaled_as_another_rank()
     q.start(5.0, world_size=4, local_world_size=1)
     q.step(1, 6.0, 6.5)
     q.end(7.0)
+    launcher.ev("launcher_exit", 7.5, code=0)
+    assert run(pod, 10.0).finished
+
+
+def test_a_pod_finishes_from_its_launchers_last_round_of_workers_only():
+    """A four-pod job: this pod's first round ran rank 3, torn down without an end when the job
+    restarted; its next round ran rank 2 to its end. The pod finished: the rank of a round before
+    the launcher's last start is not one it still waits for."""
+    pod, launcher, p = _one_pod_of_four(3)
+    launcher.ev("launcher_worker_exit", 3.0, worker_pid=p.pid)
+    launcher.ev("launcher_worker_start", 4.0)
+    q = pod.proc(2, restart=1)
+    q.start(5.0, world_size=4, local_world_size=1)
+    q.step(1, 6.0, 6.5)
+    q.end(7.0)
+    assert not run(pod, 7.2).finished  # the launcher runs
     launcher.ev("launcher_exit", 7.5, code=0)
     assert run(pod, 10.0).finished
 

@@ -295,7 +295,7 @@ class Engine:
     def _ending(self) -> Ending | None:
         """How the job ended (None: it runs), settled first (see the module docstring)."""
         s = self._s
-        ending = s.launcher.ending(s.lanes, s.restarts.launcher)
+        ending = s.launcher.ending(s.lanes, s.restarts.workers_started())
         if ending is not None and s.lanes:
             self.settle()
             self._credit(s.restarts.release())

@@ -235,6 +235,12 @@ class Restarts:
         started = self._first_launcher(EventType.LAUNCHER_START, since, at)
         return signal if started is None else None
 
+    def workers_started(self) -> float:
+        """The instant the pod's launcher last started workers (-inf: it never did): its last round
+        begins there."""
+        return next((at for at, kind in reversed(self.launcher) if kind is EventType.LAUNCHER_WORKER_START),
+                    float("-inf"))
+
     def relaunch(self, since: float, until: float) -> float | None:
         started = None
         for mono, kind in self.launcher[bisect_left(self.launcher, (since, "\uffff")):]:
