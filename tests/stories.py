@@ -151,10 +151,11 @@ def pod_restart() -> Pod:
     return pod
 
 
-def killed_from_outside(raised: bool = False) -> Pod:
+def killed_from_outside(raised: bool = False, marked: bool = False) -> Pod:
     """Steps 1-3 of 1 s from 2.0 on two ranks, no save; rank 0's loop stops 0.6 s into step 4 at 5.6 —
     killed from outside (the launcher journals its worker's exit) or, with ``raised``, an exception
-    leaving the step (``step_failed``). ft_launcher detects it at 6.0 and stops rank 1, whose exit
+    leaving the step (``step_failed``); with ``marked``, the loop journaled ``fault_injected`` (the
+    kill or the exception it was about to cause) at 5.55. ft_launcher detects it at 6.0 and stops rank 1, whose exit
     (6.3) is teardown, not a fault; new processes restore nothing (fresh start), step from 8.0 / 8.1
     and exit at 9.5."""
     pod = Pod()
@@ -163,6 +164,8 @@ def killed_from_outside(raised: bool = False) -> Pod:
     for p in old:
         p.start(1.0)
     _steps(old, 1, 3, 2.0)  # -> 5.0
+    if marked:
+        old[0].ev("fault_injected", 5.55, kind="exception" if raised else "crash", step=4)
     if raised:
         old[0].ev("step_failed", 5.6, step=4, start=5.0, error="RuntimeError: boom")
     launcher.ev("launcher_worker_exit", 5.6 if not raised else 5.65, worker_pid=old[0].pid)

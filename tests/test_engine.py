@@ -9,7 +9,7 @@ import pytest
 
 import stories
 from journal_builder import Pod, Proc
-from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, FaultCause, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import RankState, Snapshot
 from nvrx_slo.exporter.events import as_event
@@ -73,12 +73,12 @@ def test_accounting(sentence, build, now, seconds, unprotected):
 RESTARTS = [
     ("an ft_launcher restart is counted once for the pod, from the injected fault to the last rank's first "
      "step, phases from the launcher's events", stories.crash_with_rollback, RestartLevel.INJOB,
-     "fault_injected: crash", 3.0,
+     "injected crash", 3.0,
      {RestartPhase.DETECT: 0.4, RestartPhase.TEARDOWN: 0.3, RestartPhase.RENDEZVOUS: 0.5,
       RestartPhase.REINIT: 0.7, RestartPhase.RESTORE: 1.1}),
     ("an in-process restart is counted once, phases from the Wrapper callbacks (earliest abort, "
      "latest finalize, rank assignment and initialize)", stories.inprocess_restart, RestartLevel.INPROCESS,
-     "fault_injected: exception", 2.8,
+     "injected exception", 2.8,
      {RestartPhase.DETECT: 1.0, RestartPhase.TEARDOWN: 0.4, RestartPhase.RENDEZVOUS: 0.5,
       RestartPhase.REINIT: 0.25, RestartPhase.RESTORE: 0.65}),
     ("a pod restart without a journaled fault runs from the last event of the dead pod; phases it cannot "
@@ -488,6 +488,22 @@ def test_a_fault_nobody_injected_is_dated_where_the_loop_stopped_and_its_partial
     assert rank1.seconds[RS] == pytest.approx(8.1 - 5.0 - 0.1)  # from its last record, less the restore
     assert (record.cause or "").startswith("RuntimeError: boom" if raised else "worker process exited")
     check_invariant(snap)
+
+
+@pytest.mark.parametrize("raised, marked, why, cause", [
+    (False, False, FaultCause.UNKNOWN, "worker process exited"),  # its exit status was not journaled
+    (False, True, FaultCause.UNKNOWN, "injected crash"),
+    (True, False, FaultCause.EXCEPTION, "RuntimeError: boom"),
+    (True, True, FaultCause.EXCEPTION, "RuntimeError: boom"),
+], ids=["a worker's exit", "an injected crash", "an exception", "an injected exception"])
+def test_a_fault_has_one_cause_the_real_faults_and_a_kill_reads_as_what_was_injected(raised, marked, why, cause):
+    """A ``fault_injected`` mark dates the fault it announces, but does not outrank it: the
+    exception's own words are the cause; a killed process says nothing of itself, so the mark says
+    what was injected. The kind (``why``) is the real fault's either way."""
+    snap = run(stories.killed_from_outside(raised, marked), 20.0, window=0.0)
+    (record,) = snap.restarts.recent
+    assert (record.fault, record.cause) == (why, cause)
+    assert record.fault_wall - 1.7e9 == pytest.approx(5.55 if marked else 5.6, abs=1e-3)
 
 
 def test_a_pod_of_a_many_pod_job_finishes_with_its_own_ranks():

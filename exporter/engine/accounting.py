@@ -251,7 +251,7 @@ class Ledger:
             if ev.worker_pid == self.pid and self.first is not None:
                 stop = sink.stopped_by(ev.mono)  # the launcher was stopped: so were its workers, whatever it sent them
                 why = causes.of_exit(ev.signal, ev.exit_code) if stop is None else causes.of_exit(stop, None)
-                self._died(ev.mono, ev.wall, "worker process exited", why)
+                self._died(ev.mono, ev.wall, None, why)
             return
         self._incarnation(ev, sink)
         if isinstance(ev, Step):
@@ -311,7 +311,7 @@ class Ledger:
             self._decide(ev.step, True, sink)
         elif isinstance(ev, FaultInjected):
             self._advance(mono)
-            self.fault, self.fault_wall, self.cause = mono, ev.wall, f"fault_injected: {ev.kind}"
+            self.fault, self.fault_wall, self.cause = mono, ev.wall, f"injected {ev.kind}"
         elif isinstance(ev, StepFailed):
             self._advance(ev.start)
             self._died(mono, ev.wall, ev.error, FaultCause.EXCEPTION)
@@ -338,14 +338,17 @@ class Ledger:
                 sink.mark(self.rank, self.fact, phase, mono)
                 self.fact_reinit = self.fact_reinit or phase is RestartPhase.REINIT
 
-    def _died(self, mono: float, wall: float, cause: str, why: FaultCause) -> None:
+    def _died(self, mono: float, wall: float, cause: str | None, why: FaultCause) -> None:
         """The loop stopped at ``mono`` (an exception left a step, the process was killed): the
         unfinished step until then waits for the restart it joins (``unfinished``; a save in
         progress is blocking), and the fault is dated there, unless the loop had already stopped
         (a restart under way, an earlier fault, a clean end). A fault the loop marked itself
-        (``fault_injected``) takes its cause from here."""
+        (``fault_injected``) takes its cause from here, and its text too where the fault has words
+        of its own (``cause``: an exception's; a killed process has none, so the mark says what it was)."""
         if self.state not in (RankState.TRAINING, RankState.INIT):
             return
+        if self.fault is not None and self.why is None and cause is not None:
+            self.cause = cause
         self.why = self.why or why
         if self.fault is not None or mono <= self.t:
             return
@@ -354,7 +357,7 @@ class Ledger:
         else:
             self.seconds[BLOCKING] += mono - self.t
         self.t = mono
-        self.fault, self.fault_wall, self.cause = mono, wall, cause
+        self.fault, self.fault_wall, self.cause = mono, wall, cause or "worker process exited"
 
     def _steps(self, records: Sequence[Event], i: int, sink: RestartSink) -> int:
         """Apply the steps of its process from ``records[i]`` on, in order, up to the first other
