@@ -4,9 +4,10 @@ the last save at the last step, launched by ``python``, ``torchrun`` or ``srun``
     python readme_loop.py OUT [--steps N] [--fault raise|kill --fault-rank R --fault-step S]
 
 Its own ground truth, never through nvrx-slo, goes to ``OUT/truth/<pid>.jsonl``: each step's
-start and end and each save's start and end (``time.monotonic``), and, before a planted fault,
-its instant. A restarted incarnation (``TORCHELASTIC_RESTART_COUNT`` > 0) restores the newest
-checkpoint whose ``.metadata`` DCP wrote and never faults.
+start and end and each save's start and end (``time.monotonic``), before a planted fault its
+instant, and when an exception leaves the loop (a peer's collective failing too) the instant it
+did. A restarted incarnation (``TORCHELASTIC_RESTART_COUNT`` > 0) restores the newest checkpoint
+whose ``.metadata`` DCP wrote and never faults.
 """
 
 from __future__ import annotations
@@ -68,35 +69,39 @@ def main() -> None:
             model.load_state_dict(state["model"])
             restored.step = latest
     note("restored", step=restored.step)
-    for step in range(restored.next_step, args.steps):
-        with slo.step(step) as s:
-            began = time.monotonic()
-            note("step_start", step=step, mono=began)
-            with s.data():
-                batch = torch.randn(32, 64)
-            with s.compute():
-                loss = model(batch).pow(2).mean()
-                loss.backward()
-                if distributed:
-                    for p in model.parameters():
-                        dist.all_reduce(p.grad)
-                if args.step_s:
-                    time.sleep(args.step_s)
-                if args.fault and restart == 0 and rank == args.fault_rank and step == args.fault_step:
-                    note("fault", kind=args.fault)
-                    if args.fault == "kill":
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    raise RuntimeError(f"planted at step {step}")
-            with s.optimizer():
-                opt.step()
-                opt.zero_grad()
-            ended = time.monotonic()
-        note("step_end", step=step, start=began, mono=ended)
-        if (step + 1) % SAVE_EVERY == 0 or step == args.steps - 1:
-            note("save_start", step=step)
-            with slo.checkpoint(step):
-                dcp.save({"model": model.state_dict()}, checkpoint_id=str(ckpt / f"step-{step:06d}"))
-            note("save_end", step=step)
+    try:
+        for step in range(restored.next_step, args.steps):
+            with slo.step(step) as s:
+                began = time.monotonic()
+                note("step_start", step=step, mono=began)
+                with s.data():
+                    batch = torch.randn(32, 64)
+                with s.compute():
+                    loss = model(batch).pow(2).mean()
+                    loss.backward()
+                    if distributed:
+                        for p in model.parameters():
+                            dist.all_reduce(p.grad)
+                    if args.step_s:
+                        time.sleep(args.step_s)
+                    if args.fault and restart == 0 and rank == args.fault_rank and step == args.fault_step:
+                        note("fault", kind=args.fault)
+                        if args.fault == "kill":
+                            os.kill(os.getpid(), signal.SIGKILL)
+                        raise RuntimeError(f"planted at step {step}")
+                with s.optimizer():
+                    opt.step()
+                    opt.zero_grad()
+                ended = time.monotonic()
+            note("step_end", step=step, start=began, mono=ended)
+            if (step + 1) % SAVE_EVERY == 0 or step == args.steps - 1:
+                note("save_start", step=step)
+                with slo.checkpoint(step):
+                    dcp.save({"model": model.state_dict()}, checkpoint_id=str(ckpt / f"step-{step:06d}"))
+                note("save_end", step=step)
+    except Exception:
+        note("failed")  # when this rank's loop saw its step fail (a killed peer's: its collective failing)
+        raise
     slo.close()
     note("end")
     if distributed:

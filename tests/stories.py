@@ -151,10 +151,11 @@ def pod_restart() -> Pod:
     return pod
 
 
-def killed_from_outside(raised: bool = False) -> Pod:
+def killed_from_outside(raised: bool = False, marked: bool = False) -> Pod:
     """Steps 1-3 of 1 s from 2.0 on two ranks, no save; rank 0's loop stops 0.6 s into step 4 at 5.6 —
     killed from outside (the launcher journals its worker's exit) or, with ``raised``, an exception
-    leaving the step (``step_failed``). ft_launcher detects it at 6.0 and stops rank 1, whose exit
+    leaving the step (``step_failed``); with ``marked``, the loop journaled ``fault_injected`` (the
+    kill or the exception it was about to cause) at 5.55. ft_launcher detects it at 6.0 and stops rank 1, whose exit
     (6.3) is teardown, not a fault; new processes restore nothing (fresh start), step from 8.0 / 8.1
     and exit at 9.5."""
     pod = Pod()
@@ -163,6 +164,8 @@ def killed_from_outside(raised: bool = False) -> Pod:
     for p in old:
         p.start(1.0)
     _steps(old, 1, 3, 2.0)  # -> 5.0
+    if marked:
+        old[0].ev("fault_injected", 5.55, kind="exception" if raised else "crash", step=4)
     if raised:
         old[0].ev("step_failed", 5.6, step=4, start=5.0, error="RuntimeError: boom")
     launcher.ev("launcher_worker_exit", 5.6 if not raised else 5.65, worker_pid=old[0].pid)
@@ -205,6 +208,38 @@ def survivor_of_another_pods_fault() -> Pod:
     new.step(1, 8.0, 9.0)
     new.end(9.5)
     launcher.ev("launcher_exit", 10.0, code=0)
+    return pod
+
+
+def peer_waits_in_a_collective() -> Pod:
+    """Plain torchrun (no launcher of ours journals), two ranks, steps of 1 s from 2.0 and a sync save
+    of step 3 over [5.0, 5.1]. Rank 1 raises 0.5 s into step 4 (5.6), after the step's collectives,
+    and its interpreter exits at 7.0; rank 0 finishes step 4 at 6.1 and waits in step 5's collective
+    until it fails at 7.3, when its peer's sockets close, and exits at 7.4. torchrun starts the round
+    again (restart 1): the processes start at 8.0, restore step 3 over [8.2, 8.5], step 4 from 9.0,
+    save it and end at 10.5. The loop's own clock: each rank did 0.5 s of work after the save before
+    the fault (5.1 → 5.6), and the rest it did until the restart is the restart's."""
+    pod = Pod()
+    old = [pod.proc(r) for r in range(2)]
+    for p in old:
+        p.ev("process_start", 1.0, world_size=2, local_world_size=2, max_restarts=1)
+    _steps(old, 1, 3, 2.0)  # -> 5.0
+    for p in old:
+        p.save(3, 5.0, 5.1, written=5.1, observed=5.1, mode="sync")
+        p.save_end()
+    old[1].ev("step_failed", 5.6, step=4, start=5.1, error="RuntimeError: planted at step 4")
+    old[0].step(4, 5.1, 6.1)
+    old[1].ev("process_end", 7.0, error="RuntimeError: planted at step 4")
+    old[0].ev("step_failed", 7.3, step=5, start=6.1, error="DistBackendError: connection closed by peer")
+    old[0].ev("process_end", 7.4, error="DistBackendError: connection closed by peer")
+    new = [pod.proc(r, restart=1) for r in range(2)]
+    for p in new:
+        p.ev("process_start", 8.0, world_size=2, local_world_size=2, max_restarts=1)
+        p.restore(3, 8.2, 8.5)
+        p.step(4, 9.0, 10.0)
+        p.save(4, 10.0, 10.1, written=10.1, observed=10.1, mode="sync")
+        p.save_end()
+        p.end(10.5)
     return pod
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import stories
 from journal_builder import Pod, Proc
-from nvrx_slo.contracts.catalogue import Category, RestartLevel, RestartPhase
+from nvrx_slo.contracts.catalogue import Category, FaultCause, RestartLevel, RestartPhase
 from nvrx_slo.exporter.engine.engine import Engine
 from nvrx_slo.exporter.engine.snapshot import RankState, Snapshot
 from nvrx_slo.exporter.events import as_event
@@ -73,12 +73,12 @@ def test_accounting(sentence, build, now, seconds, unprotected):
 RESTARTS = [
     ("an ft_launcher restart is counted once for the pod, from the injected fault to the last rank's first "
      "step, phases from the launcher's events", stories.crash_with_rollback, RestartLevel.INJOB,
-     "fault_injected: crash", 3.0,
+     "injected crash", 3.0,
      {RestartPhase.DETECT: 0.4, RestartPhase.TEARDOWN: 0.3, RestartPhase.RENDEZVOUS: 0.5,
       RestartPhase.REINIT: 0.7, RestartPhase.RESTORE: 1.1}),
     ("an in-process restart is counted once, phases from the Wrapper callbacks (earliest abort, "
      "latest finalize, rank assignment and initialize)", stories.inprocess_restart, RestartLevel.INPROCESS,
-     "fault_injected: exception", 2.8,
+     "injected exception", 2.8,
      {RestartPhase.DETECT: 1.0, RestartPhase.TEARDOWN: 0.4, RestartPhase.RENDEZVOUS: 0.5,
       RestartPhase.REINIT: 0.25, RestartPhase.RESTORE: 0.65}),
     ("a pod restart without a journaled fault runs from the last event of the dead pod; phases it cannot "
@@ -171,14 +171,20 @@ def test_one_process_saving_an_id_again_after_inprocess_restarts_makes_two_saves
     assert (ck.failures, ck.in_flight) == (0, 0)
 
 
-def _shifted_from_rank_2_to_1() -> tuple[Pod, Proc, Proc]:
-    """One pod (rank 2) of a four-pod job whose process the Wrapper shifted to rank 1 at 2.5 s."""
+def _one_pod_of_four(rank: int) -> tuple[Pod, Proc, Proc]:
+    """One pod (``rank``) of a four-pod job under our launcher: its first step, to 2.0 s."""
     pod = Pod()
     launcher = pod.launcher(0.0)
     launcher.ev("launcher_worker_start", 0.1)
-    p = pod.proc(2)
+    p = pod.proc(rank)
     p.start(1.0, world_size=4, local_world_size=1)
     p.step(1, 1.5, 2.0)
+    return pod, launcher, p
+
+
+def _shifted_from_rank_2_to_1() -> tuple[Pod, Proc, Proc]:
+    """One pod (rank 2) of a four-pod job whose process the Wrapper shifted to rank 1 at 2.5 s."""
+    pod, launcher, p = _one_pod_of_four(2)
     p.rank, p.iter = 1, 1
     p.ev("inprocess_initialize", 2.5)
     return pod, launcher, p
@@ -195,6 +201,22 @@ def test_a_pod_finishes_when_a_torn_down_process_had_journaled_as_another_rank()
     q.start(5.0, world_size=4, local_world_size=1)
     q.step(1, 6.0, 6.5)
     q.end(7.0)
+    launcher.ev("launcher_exit", 7.5, code=0)
+    assert run(pod, 10.0).finished
+
+
+def test_a_pod_finishes_from_its_launchers_last_round_of_workers_only():
+    """A four-pod job: this pod's first round ran rank 3, torn down without an end when the job
+    restarted; its next round ran rank 2 to its end. The pod finished: the rank of a round before
+    the launcher's last start is not one it still waits for."""
+    pod, launcher, p = _one_pod_of_four(3)
+    launcher.ev("launcher_worker_exit", 3.0, worker_pid=p.pid)
+    launcher.ev("launcher_worker_start", 4.0)
+    q = pod.proc(2, restart=1)
+    q.start(5.0, world_size=4, local_world_size=1)
+    q.step(1, 6.0, 6.5)
+    q.end(7.0)
+    assert not run(pod, 7.2).finished  # the launcher runs
     launcher.ev("launcher_exit", 7.5, code=0)
     assert run(pod, 10.0).finished
 
@@ -466,6 +488,22 @@ def test_a_fault_nobody_injected_is_dated_where_the_loop_stopped_and_its_partial
     assert rank1.seconds[RS] == pytest.approx(8.1 - 5.0 - 0.1)  # from its last record, less the restore
     assert (record.cause or "").startswith("RuntimeError: boom" if raised else "worker process exited")
     check_invariant(snap)
+
+
+@pytest.mark.parametrize("raised, marked, why, cause", [
+    (False, False, FaultCause.UNKNOWN, "worker process exited"),  # its exit status was not journaled
+    (False, True, FaultCause.UNKNOWN, "injected crash"),
+    (True, False, FaultCause.EXCEPTION, "RuntimeError: boom"),
+    (True, True, FaultCause.EXCEPTION, "RuntimeError: boom"),
+], ids=["a worker's exit", "an injected crash", "an exception", "an injected exception"])
+def test_a_fault_has_one_cause_the_real_faults_and_a_kill_reads_as_what_was_injected(raised, marked, why, cause):
+    """A ``fault_injected`` mark dates the fault it announces, but does not outrank it: the
+    exception's own words are the cause; a killed process says nothing of itself, so the mark says
+    what was injected. The kind (``why``) is the real fault's either way."""
+    snap = run(stories.killed_from_outside(raised, marked), 20.0, window=0.0)
+    (record,) = snap.restarts.recent
+    assert (record.fault, record.cause) == (why, cause)
+    assert record.fault_wall - 1.7e9 == pytest.approx(5.55 if marked else 5.6, abs=1e-3)
 
 
 def test_a_pod_of_a_many_pod_job_finishes_with_its_own_ranks():

@@ -1,5 +1,6 @@
-"""Property tests: random pod journals (steps, saves that land or fail, crashes with rollback,
-in-process and pod restarts, stalls, a clean finish or none) fed to the engine in many orders."""
+"""Property tests: random pod journals (steps, saves that land or fail, crashes with rollback, an
+exception in one rank with its peers failing after it, in-process and pod restarts, stalls, a clean
+finish or none) fed to the engine in many orders."""
 
 from __future__ import annotations
 
@@ -53,6 +54,17 @@ def journals(draw: Any) -> Pod:
             step = restore_from or 0
         t += 0.4
 
+    def fail_with_peers_after(at: float) -> None:
+        """An exception leaves rank 0's next step; its peers finish that step or not, then their
+        collectives fail a little later (the fault's wake: restart time, not lost work)."""
+        procs[0].ev("step_failed", at + 0.05, step=step + 1, start=at, error="RuntimeError: boom")
+        for p in procs[1:]:
+            begun = at
+            if rng.random() < 0.5:
+                p.step(step + 1, at, at + 0.08)
+                begun = at + 0.08
+            p.ev("step_failed", at + 0.1 + jitter(), step=step + 2, start=begun, error="DistBackendError: peer gone")
+
     start_processes(None, restore=False)
     for action in draw(st.lists(st.sampled_from(ACTIONS), max_size=8)):
         if action == "steps":
@@ -77,6 +89,8 @@ def journals(draw: Any) -> Pod:
         elif action == "crash":
             if rng.random() < 0.5:
                 procs[0].ev("fault_injected", t + 0.05, kind="crash", step=step + 1)
+            if rng.random() < 0.5:
+                fail_with_peers_after(t)
             t += 0.3
             if launcher is not None:
                 launcher.ev("launcher_failure_detected", t)
@@ -86,6 +100,8 @@ def journals(draw: Any) -> Pod:
             restart += 1
             start_processes(durable, restore=True)
         elif action == "inprocess":
+            if rng.random() < 0.5:
+                fail_with_peers_after(t)
             t += 0.2
             for p in procs:
                 p.ev("inprocess_abort", t + jitter())

@@ -216,3 +216,43 @@ def test_journal_strings_are_escaped_everywhere():
     titles = [t.text for t in svg.iter(f"{SVG_NS}title")]
     assert any(evil in (t or "") for t in titles)
     assert html.escape(evil) in svg_text
+
+
+@pytest.mark.parametrize("story", ["healthy", "crash_with_rollback", "inprocess_restart", "pod_restart",
+                                   "survivor_of_another_pods_fault"])
+def test_records_added_together_are_placed_as_one_by_one(story):
+    """``add_many`` (the replay's: a process's steps together) builds exactly what ``add`` builds."""
+    import stories
+
+    pod = getattr(stories, story)()
+    records = sorted((as_event(r) for r in pod.records), key=lambda e: (e.mono, e.pid, e.seq))
+    records += [step(n, 1e4 + n, rank=5, pid=900 + n % 2) for n in range(6)]  # two processes, interleaved
+    one, many = TimelineBuilder(), TimelineBuilder()
+    for r in records:
+        one.add(r)
+    for lo, hi in itertools.pairwise([0, 5, 6, len(records) // 2, len(records)]):
+        many.add_many(records[lo:hi])
+    assert vars(many) == vars(one)
+    assert len(one._ranks) > 1 and sum(len(d.step_no) for d in one._ranks.values()) > 6
+
+
+def test_a_lane_in_time_order_is_drawn_as_step_by_step(tmp_path):
+    """A lane whose steps all are drawn and end in time order (the usual lane) is merged in C-level
+    passes: exactly the runs the step-by-step merge makes of it."""
+    from bench import synthetic_journal
+    from nvrx_slo.exporter.offline import timeline_builder as tb
+    from nvrx_slo.exporter.offline.replay import Replay
+
+    synthetic_journal.write(tmp_path, 2, 425, restart_at=230)  # lost steps, steps after the last save
+    builder = TimelineBuilder()
+    with Replay(tmp_path, builder=builder) as replay:
+        replay.read_all()
+    replay.view()
+    for data in builder._ranks.values():
+        kinds = tb._kinds(data)
+        assert {tb.STEP, tb.LOST, tb.UNPROTECTED} <= set(kinds)
+        lo = min(data.step_start)
+        for resolution in (0.0, 0.6, 30.0):
+            raw = ((k, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i]) for i, k in enumerate(kinds))
+            merged = tb._merged_in_order(data, kinds, lo, resolution)
+            assert merged == tb._merge_steps(raw, resolution) and len(merged) > 1

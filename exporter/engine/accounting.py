@@ -1,37 +1,28 @@
 """One rank's time accounting: its events, applied in monotonic order, partition its clock.
 
 A ``Ledger`` has accounted the rank's time up to ``t``. Each event moves ``t`` forward: the gap
-since ``t`` goes to the category the loop's *state* implies (init before the first step,
-checkpoint_blocking while a save blocks, restart after a fault, unattributed otherwise), then a
-span event (step, restore, finalize) takes its own stretch; a record's ``blocked_s`` (the loop's
-waits on saves since the previous record) is booked as checkpoint blocking from the stretch
-before it (a step's, from its span too). Point events that other threads
-write in the middle of a step (worker liveness, checkpoint_end, warnings) never move ``t``, so
-they cannot cut a step in two. Spans that overlap time already accounted are clipped: each
-second is counted once.
+since ``t`` goes to the category the loop's *state* implies (init, checkpoint_blocking, restart,
+unattributed, shutdown), then a span (step, restore, finalize) takes its own stretch; a record's
+``blocked_s`` (the loop's waits on saves since the previous record) is booked as checkpoint
+blocking from the stretch before it (a step's, from its span too). Point events other threads
+write mid-step (worker liveness, checkpoint_end, warnings) never move ``t``; spans overlapping
+time already accounted are clipped: each second is counted once.
 
-Work (a step minus its ``data_s``) is not settled when the step ends: it waits in the *pool*
-(provisional, reported as unprotected) until the first later decisive event: a checkpoint_end ok
-at a step ≥ its own, or a restore from a step ≥ its own, makes it productive; a restore from an
-older step (or a fresh start) makes it lost. Productive is final: a later fallback restore does
-not take it back. A ledger made with ``verdicts=[]`` and ``waits=[]`` also lists each decision and
-each stretch it booked from ``blocked_s``, so that views (the report's timeline) draw what was
-decided here instead of deciding again.
+Work (a step minus its ``data_s``) waits in the *pool* (unprotected) until the first later
+decisive event: a checkpoint_end ok or a restore at a step ≥ its own makes it productive (final);
+a restore from an older step (or a fresh start) makes it lost. A ledger made with ``verdicts=[]``
+and ``waits=[]`` also lists each decision and each stretch booked from ``blocked_s``, so that
+views (the report's timeline) draw what was decided here instead of deciding again.
 
 Restarts: a new pid for the rank is an in-job restart (``restart`` count went up) or a pod
 restart (it did not: a new launcher counts from 0 again); Wrapper callbacks or a higher ``iter``
-in the same pid are an in-process restart. The fault instant is the dead incarnation's
-FAULT_INJECTED if it wrote one after its last step, else its last event. The rank stays in
-state RESTART until the first step of the restarted loop starts. Each restart is reported to a
-``RestartSink`` under a key all ranks share, so the pod counts it once.
-
-Causes (``causes``): the ``lost`` and ``restart`` seconds a fault cost carry its cause. The rank's
-unfinished step, booked at its own fault (an exception, its process's exit), is charged to the
-cause it journaled at once (``lost_by``); what the rank books while a restart is open (the restart
-gap, the work its restore rolls back) is charged to that restart, whose cause is decided once every
-rank has joined it (its faulting rank's; ``Restarts``): ``fact_lost``/``fact_restart`` until the
-rank's part of it ends, then handed to the sink. Lost work with neither (a restore outside a
-restart) is charged to ``unknown``.
+in the same pid are an in-process restart. The rank stays in state RESTART until the first step
+of the restarted loop starts; each restart goes to a ``RestartSink`` under a key all ranks share.
+What a rank would book lost in a fault's wake (its ``unfinished`` step, the work its restore rolls
+back) the restart holds until its fault instant is known, then hands back split (``decided``):
+lost before the instant, restart after (docs/accounting.md, "The fault's wake"). Causes: the lost
+part of an unfinished step is its own fault's; the rest a restart decides or the rank books in it
+(``fact_restart``) is the restart's; lost work with neither is ``unknown`` (``lost_by``).
 """
 
 from __future__ import annotations
@@ -70,7 +61,7 @@ from nvrx_slo.contracts.schema import (
 from nvrx_slo.exporter.engine import causes
 from nvrx_slo.exporter.engine.causes import CAUSES
 from nvrx_slo.exporter.engine.pool import POOL_MAX, Pool
-from nvrx_slo.exporter.engine.restarts import RestartSink
+from nvrx_slo.exporter.engine.restarts import Held, RestartSink
 from nvrx_slo.exporter.engine.snapshot import RankState
 from nvrx_slo.exporter.events import Event, begin
 
@@ -116,8 +107,8 @@ class Ledger:
     fact: str | None = None  # key of the open restart
     fact_inprocess: bool = False
     fact_reinit: bool = False  # the open in-process restart has re-initialised
-    fact_lost: float = 0.0  # seconds booked lost and restart while the open restart lasts: charged to it
-    fact_restart: float = 0.0
+    fact_restart: float = 0.0  # seconds booked restart while the open restart lasts: charged to it
+    unfinished: Held | None = None  # the step its fault left, until a restart takes it (see the module docstring)
     seconds: Annotated[list[float], msgspec.Meta(min_length=len(SETTLED_CATEGORIES),
                                                  max_length=len(SETTLED_CATEGORIES))] = \
         field(default_factory=lambda: [0.0] * len(SETTLED_CATEGORIES))
@@ -130,7 +121,7 @@ class Ledger:
     # saves), in booking order, kept with the verdicts for the same views. None: not kept.
     waits: list[tuple[float, float]] | None = None
     user: dict[str, float] = field(default_factory=dict)  # user_span seconds by name (USER_NAMES, OTHER_NAME)
-    # lost seconds charged to a cause here, not to a restart (by ``causes.INDEX``): each rank's unfinished step
+    # lost seconds charged to a cause here, not by a restart (by ``causes.INDEX``): work no restart took
     lost_by: Annotated[list[float], msgspec.Meta(min_length=len(CAUSES), max_length=len(CAUSES))] = \
         field(default_factory=causes.zeros)
 
@@ -146,7 +137,21 @@ class Ledger:
     def close(self, end: float) -> None:
         """The job is over at ``end``: account the rank's time up to it (the loop's state says as what)."""
         if self.first is not None:
+            self._lose_unfinished()
             self._advance(end)
+
+    def undecided(self) -> float:
+        """Seconds it accounted but has not decided (part of its unprotected time): its work since the
+        last save, and its unfinished step until a restart takes it."""
+        return self.pool.sum + (0.0 if self.unfinished is None else self.unfinished.seconds)
+
+    def decided(self, lost: float, restart: float, failed: tuple[float, ...]) -> None:
+        """A restart split what this rank held (``Restarts.fold``): ``lost`` and ``restart`` seconds,
+        and where its unfinished steps that lost work ended."""
+        self.seconds[LOST] += lost
+        self.seconds[RESTART] += restart
+        if self.verdicts is not None:
+            self.verdicts += [(end, end, False) for end in failed]
 
     def _span(self, start: float, end: float, idx: int) -> float:
         """Book [start, end] to ``idx`` (what the ledger had not accounted yet); returns the seconds booked."""
@@ -167,20 +172,35 @@ class Ledger:
         self._span(self.t, begin, BLOCKING)
 
     # --- durability --------------------------------------------------------------------------
-    def _decide(self, keep_upto: int | None, drop_rest: bool) -> None:
-        """Steps ≤ ``keep_upto`` become productive; the rest become lost if ``drop_rest``."""
+    def _decide(self, keep_upto: int | None, drop_rest: bool, sink: RestartSink) -> None:
+        """Steps ≤ ``keep_upto`` become productive; the rest become lost if ``drop_rest`` (held by
+        the open restart, which decides what of them was its own)."""
         kept, lost, verdicts = self.pool.take(keep_upto, drop_rest)
         seconds = self.seconds
         # reduce(add, ws, x) adds each in turn, as `x += w` entry by entry does: the same sums to the bit
         seconds[PRODUCTIVE] = reduce(add, kept, seconds[PRODUCTIVE])
         if lost:
-            seconds[LOST] = reduce(add, lost, seconds[LOST])
-            if self.fact is not None:
-                self.fact_lost = reduce(add, lost, self.fact_lost)
-            else:
-                self.lost_by[_UNKNOWN] = reduce(add, lost, self.lost_by[_UNKNOWN])
+            ends = [last for _, last, productive in verdicts if not productive]
+            self._hold([Held(end, work, None) for end, work in zip(ends, lost, strict=True)], sink)
         if self.verdicts is not None:
             self.verdicts += verdicts
+
+    def _hold(self, held: list[Held], sink: RestartSink | None) -> None:
+        """Lost work, for the open restart to split at its fault instant; lost at once when no
+        restart takes it (charged to its own fault's cause, else ``unknown``)."""
+        if sink is not None and self.fact is not None and sink.hold(self.rank, self.fact, held):
+            return
+        for end, seconds, cause in held:
+            self.seconds[LOST] += seconds
+            self.lost_by[_UNKNOWN if cause is None else causes.INDEX[cause]] += seconds
+            if cause is not None and self.verdicts is not None:
+                self.verdicts.append((end, end, False))
+
+    def _lose_unfinished(self) -> None:
+        """No restart took the rank's unfinished step (the loop went on, or the job is over): lost."""
+        if self.unfinished is not None:
+            self._hold([self.unfinished], None)
+            self.unfinished = None
 
     # --- restarts ----------------------------------------------------------------------------
     def _begin(self, key: str, level: RestartLevel, sink: RestartSink, inprocess: bool) -> None:
@@ -192,11 +212,14 @@ class Ledger:
         sink.began(self.rank, key, level, fault, fault_wall, injected, self.cause, self.why)
         self.fact, self.fact_inprocess, self.fact_reinit = key, inprocess, False
         self.state, self.blocking, self.fault, self.cause, self.why = RankState.RESTART, None, None, None, None
+        if self.unfinished is not None:
+            self._hold([self.unfinished], sink)
+            self.unfinished = None
 
     def _end_fact(self, end: float, sink: RestartSink) -> None:
         assert self.fact is not None
-        sink.ended(self.rank, self.fact, end, self.fact_lost, self.fact_restart)
-        self.fact, self.fact_lost, self.fact_restart = None, 0.0, 0.0
+        sink.ended(self.rank, self.fact, end, self.fact_restart)
+        self.fact, self.fact_restart = None, 0.0
 
     def _new_process(self, ev: Event, sink: RestartSink) -> None:
         if ev.restart > self.restart:
@@ -228,7 +251,7 @@ class Ledger:
             if ev.worker_pid == self.pid and self.first is not None:
                 stop = sink.stopped_by(ev.mono)  # the launcher was stopped: so were its workers, whatever it sent them
                 why = causes.of_exit(ev.signal, ev.exit_code) if stop is None else causes.of_exit(stop, None)
-                self._died(ev.mono, ev.wall, "worker process exited", why)
+                self._died(ev.mono, ev.wall, None, why)
             return
         self._incarnation(ev, sink)
         if isinstance(ev, Step):
@@ -239,7 +262,7 @@ class Ledger:
             self._blocked(begin(ev), ev.blocked_s)
         self._event(ev, sink)
         if isinstance(ev, CheckpointEnd) and ev.ok:
-            self._decide(ev.step, drop_rest=False)
+            self._decide(ev.step, False, sink)
         self.last_wall = ev.wall
 
     def apply_many(self, records: Sequence[Event], sink: RestartSink) -> None:
@@ -285,10 +308,10 @@ class Ledger:
             self.user[name] = self.user.get(name, 0.0) + self._span(ev.start, mono, USER)
         elif isinstance(ev, Restore):
             self._span(ev.start, mono, RESTORE)
-            self._decide(ev.step, drop_rest=True)
+            self._decide(ev.step, True, sink)
         elif isinstance(ev, FaultInjected):
             self._advance(mono)
-            self.fault, self.fault_wall, self.cause = mono, ev.wall, f"fault_injected: {ev.kind}"
+            self.fault, self.fault_wall, self.cause = mono, ev.wall, f"injected {ev.kind}"
         elif isinstance(ev, StepFailed):
             self._advance(ev.start)
             self._died(mono, ev.wall, ev.error, FaultCause.EXCEPTION)
@@ -298,10 +321,13 @@ class Ledger:
                 sink.mark(self.rank, self.fact, RestartPhase.REINIT, mono)
         elif isinstance(ev, (ProcessEnd, InprocessCompletion)):
             # the loop is over: from its last step or save to the process's (and the job's) end is
-            # shutdown (writer stop, completion barrier, process-group teardown)
-            if self.state is RankState.TRAINING:
-                self.state = RankState.ENDED
-            self._advance(mono)
+            # shutdown (writer stop, completion barrier, process-group teardown). A loop that faulted
+            # did not end: from its fault on, its time is the restart's that follows (if none does,
+            # shutdown to the job's end)
+            if self.fault is None:
+                if self.state is RankState.TRAINING:
+                    self.state = RankState.ENDED
+                self._advance(mono)
             if isinstance(ev, ProcessEnd):
                 self.state = RankState.ENDED
         elif (phase := _MARKS.get(ev.type)) is not None:
@@ -312,23 +338,26 @@ class Ledger:
                 sink.mark(self.rank, self.fact, phase, mono)
                 self.fact_reinit = self.fact_reinit or phase is RestartPhase.REINIT
 
-    def _died(self, mono: float, wall: float, cause: str, why: FaultCause) -> None:
+    def _died(self, mono: float, wall: float, cause: str | None, why: FaultCause) -> None:
         """The loop stopped at ``mono`` (an exception left a step, the process was killed): the
-        unfinished step or save until then is lost (charged to ``why``) or blocking, and the fault
-        is dated there, unless the loop had already stopped (a restart under way, an earlier fault,
-        a clean end). A fault the loop marked itself (``fault_injected``) takes its cause from here."""
+        unfinished step until then waits for the restart it joins (``unfinished``; a save in
+        progress is blocking), and the fault is dated there, unless the loop had already stopped
+        (a restart under way, an earlier fault, a clean end). A fault the loop marked itself
+        (``fault_injected``) takes its cause from here, and its text too where the fault has words
+        of its own (``cause``: an exception's; a killed process has none, so the mark says what it was)."""
         if self.state not in (RankState.TRAINING, RankState.INIT):
             return
+        if self.fault is not None and self.why is None and cause is not None:
+            self.cause = cause
         self.why = self.why or why
         if self.fault is not None or mono <= self.t:
             return
         if self.blocking is None:
-            self.lost_by[causes.INDEX[why]] += mono - self.t
-        self.seconds[BLOCKING if self.blocking is not None else LOST] += mono - self.t
-        if self.blocking is None and self.verdicts is not None:
-            self.verdicts.append((mono, mono, False))  # the unfinished step, for views that draw steps
+            self.unfinished = Held(mono, mono - self.t, why)
+        else:
+            self.seconds[BLOCKING] += mono - self.t
         self.t = mono
-        self.fault, self.fault_wall, self.cause = mono, wall, cause
+        self.fault, self.fault_wall, self.cause = mono, wall, cause or "worker process exited"
 
     def _steps(self, records: Sequence[Event], i: int, sink: RestartSink) -> int:
         """Apply the steps of its process from ``records[i]`` on, in order, up to the first other
@@ -336,7 +365,7 @@ class Ledger:
         trains, with no waits on saves to book, is applied here with the ledger's time and pool in
         locals; any other goes through ``_step``."""
         pid, it, n = self.pid, self.iter, len(records)
-        plain = self.state is RankState.TRAINING and self.blocking is None and self.fact is None
+        plain = self.state is RankState.TRAINING and self.blocking is None and self.fact is None and self.fault is None
         t, pool, seconds = self.t, self.pool, self.seconds
         pool_sum, idle, data_s = pool.sum, seconds[UNATTRIBUTED], seconds[DATA]
         steps, work_s, firsts, lasts = pool.steps, pool.work, pool.first, pool.last
@@ -398,6 +427,8 @@ class Ledger:
             t = self.t = start
         if self.fact is not None:
             self._end_fact(t, sink)
+        if self.unfinished is not None:  # the loop went on after its fault without a restart
+            self._lose_unfinished()
         self.state, self.blocking, self.fault, self.cause, self.why = RankState.TRAINING, None, None, None, None
         span = mono - t
         if span > 0:

@@ -17,17 +17,17 @@ from nvrx_slo.exporter.engine.snapshot import CheckpointStats, RankSnapshot
 
 
 def rank(led: Ledger, preview: Ledger, lane: Lane, origin: float, end: float, finished: bool,
-         skew: float | None) -> RankSnapshot:
+         skew: float | None, held: float) -> RankSnapshot:
     """One rank from ``origin`` to ``end``: its settled seconds, and the rest provisional (unprotected)
     unless the job finished. ``preview``: its ledger with its reorder buffer applied (what the
-    saves read so far keep)."""
+    saves read so far keep); ``held``: its seconds the open restarts have yet to decide."""
     seconds = [0.0] * len(SETTLED_CATEGORIES)
     unprotected = end - origin  # nothing applied yet: all provisional
     if led.first is not None:
         seconds = led.seconds[:]
         seconds[INIT] += led.first - origin
         tail = max(0.0, end - led.t)
-        unprotected = led.pool.sum
+        unprotected = led.undecided() + held
         if finished:
             seconds[BLOCKING if led.blocking is not None else GAP[led.state]] += tail
         else:
@@ -58,14 +58,13 @@ def interval(ck: CheckpointsView) -> float | None:
 
 def checkpoint_stats(ck: CheckpointsView, ranks: Sequence[RankSnapshot], now_mono: float,
                      mtbf: float | None) -> CheckpointStats:
-    both = ck.blocking.sum + ck.background.sum
     wall = sum(r.wall_s for r in ranks)
     blocked = sum(r.seconds[SETTLED_CATEGORIES[BLOCKING]] for r in ranks)
     return CheckpointStats(
         saves=ck.saves, failures=ck.failures, in_flight=ck.in_flight, bytes_total=ck.bytes_total,
         blocking=ck.blocking.frozen(), background=ck.background.frozen(),
-        overlap_ratio=ck.background.sum / both if both > 0 else None,
-        blocking_fraction=blocked / wall if wall > 0 else None,
+        overlap_ratio=derived.overlap_ratio(ck.blocking.sum, ck.background.sum),
+        blocking_fraction=derived.blocking_fraction(blocked, wall),
         last_success_wall=ck.last_wall, last_success_step=ck.last_step,
         age_s=None if ck.last_written is None else max(0.0, now_mono - ck.last_written),
         interval_s=interval(ck), optimal_interval_s=derived.young_daly_interval(blocking_cost(ck), mtbf),

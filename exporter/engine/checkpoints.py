@@ -52,17 +52,36 @@ class Part:
     def of(cls, rec: Event, rank: int) -> Part:
         """The part one checkpoint_* record of rank ``rank`` makes on its own."""
         part = cls(rank, rec.pid, rec.mono)
-        if isinstance(rec, CheckpointStart):
-            part.start, part.start_wall, part.step, part.mode = rec.mono, rec.wall, rec.step, rec.mode
-        elif isinstance(rec, CheckpointScheduled):
-            part.scheduled, part.bytes = rec.mono, rec.bytes
-        elif isinstance(rec, CheckpointFinalize):
-            part.finalize_s = max(0.0, rec.mono - rec.start)
-        elif isinstance(rec, CheckpointEnd):
-            part.ok, part.step, part.end, part.written = rec.ok, rec.step, rec.mono, rec.written
-            part.finalize_s = rec.waited_s or 0.0
-            part.written_wall = rec.wall - (rec.mono - rec.written)
+        part.take(rec)
         return part
+
+    def take(self, rec: Event) -> None:
+        """Merge in one more record of this part's process and save: what ``merged`` makes of this
+        part and ``Part.of(rec)``, without making either (once per record of a save)."""
+        mono = rec.mono
+        if mono > self.last:
+            self.last = mono
+        if isinstance(rec, CheckpointStart):
+            if self.start is None or mono < self.start:
+                self.start, self.start_wall = mono, rec.wall
+            if self.step is None or rec.step > self.step:
+                self.step = rec.step
+            self.mode = self.mode or rec.mode
+        elif isinstance(rec, CheckpointScheduled):
+            if self.scheduled is None or mono > self.scheduled:
+                self.scheduled = mono
+            if rec.bytes > self.bytes:
+                self.bytes = rec.bytes
+        elif isinstance(rec, CheckpointFinalize):
+            self.finalize_s += max(0.0, mono - rec.start)
+        elif isinstance(rec, CheckpointEnd):
+            ok = rec.ok
+            self.ok = ok if self.ok is None else self.ok and ok
+            if self.step is None or rec.step > self.step:
+                self.step = rec.step
+            if self.end is None or mono > self.end:
+                self.end, self.written, self.written_wall = mono, rec.written, rec.wall - (mono - rec.written)
+            self.finalize_s += rec.waited_s or 0.0
 
     def merged(self, b: Part) -> Part:
         """This part and another of the same process's save as one (a new part): earliest start,
@@ -165,10 +184,15 @@ class Checkpoints:
         save ``ckpt`` and rank ``rank``. Returns whether it gave its start to a part read without
         one: that part leaves the earlier save ``_grouped`` had joined it to, which may be over now
         (``fold`` again)."""
-        saves = self.open.setdefault(ckpt, [])
-        save = next((s for s in saves if s.restart == rec.restart and s.iter == rec.iter), None)
-        if save is None:
-            save = Save(rec.restart, rec.iter, ckpt)
+        saves = self.open.get(ckpt)
+        if saves is None:
+            saves = self.open[ckpt] = []
+        restart, it = rec.restart, rec.iter
+        for save in saves:
+            if save.restart == restart and save.iter == it:
+                break
+        else:
+            save = Save(restart, it, ckpt)
             saves.append(save)
             if sum(map(len, self.open.values())) > MAX_OPEN:
                 oldest = min((s for ss in self.open.values() for s in ss),
@@ -176,12 +200,28 @@ class Checkpoints:
                                             s.ckpt))
                 self._remove(oldest)
                 self._close(oldest, oldest.parts, {})
-        # Parts combine commutatively (``Part.merged``), so arrival order cannot matter.
-        part = Part.of(rec, rank)
-        old = save.parts.get(rec.pid)
-        save.parts[rec.pid] = part if old is None else old.merged(part)
-        self.due = min(self.due, save.parts[rec.pid].last + self.window)
-        return old is not None and old.start is None and part.start is not None
+        # Parts combine commutatively (``Part.take``), so arrival order cannot matter.
+        part = save.parts.get(rec.pid)
+        if part is None:
+            part = save.parts[rec.pid] = Part.of(rec, rank)
+            gave = False
+        else:
+            gave = part.start is None and isinstance(rec, CheckpointStart)
+            part.take(rec)
+        if part.last + self.window < self.due:
+            self.due = part.last + self.window
+        return gave
+
+    def startless(self, ckpt: str, pid: int) -> bool:
+        """Whether an open save ``ckpt`` holds a part of process ``pid`` read without its start (which
+        a start of it would give one: ``add`` returns True)."""
+        return any(part.start is None for save in self.open.get(ckpt, ()) if (part := save.parts.get(pid)) is not None)
+
+    def rearm(self, at: float) -> None:
+        """A rank's process changed (it died, or another took its lane): a save it left unfinished
+        may be over: the saves fold before the next record is taken (``at``: the pod's newest instant)."""
+        if self.open:
+            self.due = at
 
     def _remove(self, save: Save) -> None:
         saves = self.open[save.ckpt]
@@ -194,16 +234,13 @@ class Checkpoints:
         the process started at or before the part's iteration (the same restart), in whatever order
         the records came. Nearly always every part has its start, and the stored saves are the saves read."""
         stored = [save for saves in self.open.values() for save in saves]
+        if all(part.start is not None for save in stored for part in save.parts.values()):
+            return [_Group(save, save.parts, [(save, pid) for pid in save.parts]) for save in stored]
         started: dict[tuple[int, str, int], list[Save]] = {}  # (restart, ckpt, pid) -> the saves it started
-        startless = False
         for save in stored:
             for pid, part in save.parts.items():
-                if part.start is None:
-                    startless = True
-                else:
+                if part.start is not None:
                     started.setdefault((save.restart, save.ckpt, pid), []).append(save)
-        if not startless:
-            return [_Group(save, save.parts, [(save, pid) for pid in save.parts]) for save in stored]
         groups: dict[int, _Group] = {}  # by id() of the save read
         for save in stored:
             for pid, part in save.parts.items():
@@ -221,22 +258,36 @@ class Checkpoints:
 
     @staticmethod
     def record(save: Save, parts: dict[int, Part], live: dict[int, int]) -> CheckpointRecord:
-        ends = [p for p in parts.values() if p.end is not None]
-        failed = any(p.ok is False for p in ends)
-        pending = any(p.end is None and live.get(p.rank) == p.pid for p in parts.values())
-        blocking = [b for b in (p.blocking() for p in parts.values()) if b is not None]
-        background = [b for b in (p.background() for p in parts.values()) if b is not None]
-        walls = [p.written_wall for p in ends if p.ok and p.written_wall is not None]
-        steps = [p.step for p in parts.values() if p.step is not None]
-        modes = [p.mode for p in parts.values() if p.mode]
-        began = [p.start_wall for p in parts.values() if p.start_wall is not None]
+        """The save as its parts say: the slowest rank's times, the bytes of all (one pass: once per save)."""
+        ended = failed = pending = False
+        began = blocking = background = wall = None
+        step: int | None = None
+        mode, size, ranks = "", 0, 0
+        for p in parts.values():
+            if p.end is None:
+                pending = pending or live.get(p.rank) == p.pid
+            else:
+                ended = True
+                failed = failed or p.ok is False
+                if p.ok and p.written_wall is not None and (wall is None or p.written_wall > wall):
+                    wall = p.written_wall
+            b, g = p.blocking(), p.background()
+            if b is not None and (blocking is None or b > blocking):
+                blocking = b
+            if g is not None and (background is None or g > background):
+                background = g
+            if p.step is not None and (step is None or p.step > step):
+                step = p.step
+            mode = mode or p.mode
+            if p.start_wall is not None and (began is None or p.start_wall < began):
+                began = p.start_wall
+            size += p.bytes
+            ranks += p.start is not None
         return CheckpointRecord(
-            ckpt=save.ckpt, incarnation=(save.restart, save.iter), began_wall=min(began) if began else None,
-            step=max(steps) if steps else -1, mode=modes[0] if modes else "",
-            blocking_s=max(blocking) if blocking else None, background_s=max(background) if background else None,
-            ok=False if failed else (None if pending or not ends else True),
-            bytes=sum(p.bytes for p in parts.values()), written_wall=max(walls) if walls else None,
-            ranks=sum(1 for p in parts.values() if p.start is not None))
+            ckpt=save.ckpt, incarnation=(save.restart, save.iter), began_wall=began,
+            step=-1 if step is None else step, mode=mode, blocking_s=blocking, background_s=background,
+            ok=False if failed else (None if pending or not ended else True), bytes=size, written_wall=wall,
+            ranks=ranks)
 
     def fold(self, newest: float, live: dict[int, int], pid_at: Callable[[int, float], int | None]) -> None:
         """Move saves into the history once nothing can join them any more: every part is done,
@@ -279,6 +330,7 @@ class Checkpoints:
 
     def _close(self, save: Save, parts: dict[int, Part], live: dict[int, int]) -> None:
         record = self.record(save, parts, live)
+        written = None
         for part in parts.values():
             b = part.blocking()
             if b is not None:
@@ -286,18 +338,25 @@ class Checkpoints:
             g = part.background()
             if g is not None:
                 self.background.observe(g)
+            if part.ok and part.written is not None and (written is None or part.written > written):
+                written = part.written
         if record.ok is False:
             self.failures += 1
         if record.ok is True:
-            written = max(p.written for p in parts.values() if p.ok and p.written is not None)
+            assert written is not None  # a durable save has a rank whose write ended ok
             self.saves += 1
             self.bytes_total += record.bytes
             self.first_written = written if self.first_written is None else min(self.first_written, written)
             if self.last_written is None or written > self.last_written:
                 self.last_written, self.last_wall, self.last_step = written, record.written_wall, record.step
-        insort(self.recent, (_began(parts.values()), record), key=_order)
-        if self.keep is not None:
-            del self.recent[:-self.keep]
+        folded = (_began(parts.values()), record)
+        recent = self.recent
+        if recent and _order(folded) < _order(recent[-1]):
+            insort(recent, folded, key=_order)
+        else:  # saves fold in the order they began, nearly always: where ``insort`` would put it
+            recent.append(folded)
+        if self.keep is not None and len(recent) > self.keep:
+            del recent[:-self.keep]
 
     def view(self, live: dict[int, int]) -> CheckpointsView:
         """The aggregates as of now: folded history plus open saves."""

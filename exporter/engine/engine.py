@@ -76,14 +76,14 @@ from nvrx_slo.exporter.engine.checkpoints import Checkpoints
 from nvrx_slo.exporter.engine.lanes import Counts, Lane, new_lane
 from nvrx_slo.exporter.engine.launcher import Ending, Launcher
 from nvrx_slo.exporter.engine.life import ENDS, Process, lived, plausible
-from nvrx_slo.exporter.engine.restarts import Restarts
+from nvrx_slo.exporter.engine.restarts import Credit, Restarts
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, RestartRecord, Snapshot
 from nvrx_slo.exporter.events import BEFORE_ALL, STRUCTS, Event
 
 __all__ = ["Engine", "IngestFailed", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 14
+STATE_VERSION = 15
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 # the records that can make a rank's work productive, by struct class (a set of classes is read fastest)
 _DECIDING = frozenset(STRUCTS[kind] for kind in (EventType.CHECKPOINT_END, EventType.RESTORE))
@@ -114,7 +114,7 @@ class EngineState:
 
 class IngestFailed(Exception):
     """Accounting ``records[start:end]`` raised (``Engine.ingest_many``; the cause is chained): one
-    record, or a run of plain steps. The records before them were accounted, those after were not."""
+    record, or a run of plain records. The records before them were accounted, those after were not."""
 
     def __init__(self, start: int, end: int) -> None:
         super().__init__(f"accounting records {start}..{end - 1} raised")
@@ -200,9 +200,9 @@ class Engine:
         return True
 
     def ingest_many(self, records: Sequence[Event], not_after: float = float("inf")) -> list[Event]:
-        """``ingest`` each record in order; returns those accepted. Runs of plain steps (``runs``:
-        the bulk of a journal) are accounted a run at a time, exactly as one by one. If accounting
-        raises (an engine bug), ``IngestFailed`` says which records it was accounting; those
+        """``ingest`` each record in order; returns those accepted. Runs of plain steps and saves'
+        parts (``runs``: the bulk of a journal) are accounted a run at a time, exactly as one by one.
+        If accounting raises (an engine bug), ``IngestFailed`` says which records it was accounting; those
         before them were accounted, those after were not."""
         accepted: list[Event] = []
         i, n = 0, len(records)
@@ -211,7 +211,7 @@ class Engine:
             end = found.end
             try:
                 if end > i:
-                    runs.account(self._s, found, end - i, self._fold_checkpoints)
+                    runs.account(self._s, records, i, found, self._fold_checkpoints)
                     accepted += records[i:end]
                 else:
                     end = i + 1
@@ -256,8 +256,8 @@ class Engine:
             lane = s.lanes[rank] = Lane(Ledger(rank, verdicts=[] if kept else None, waits=[] if kept else None))
         newest_pid = lane.newest_pid
         lane.count(record, mono)
-        if lane.newest_pid != newest_pid and s.checkpoints.open:
-            s.checkpoints.due = s.newest  # a process died: its unfinished saves may fold
+        if lane.newest_pid != newest_pid:
+            s.checkpoints.rearm(s.newest)
         return lane
 
     def _launcher(self, record: Event, mono: float) -> None:
@@ -277,8 +277,13 @@ class Engine:
         s = self._s
         lanes = s.lanes
         applied = {r: float("-inf") if ln.applied is None else ln.applied.mono for r, ln in lanes.items()}
-        s.restarts.fold(s.newest, s.window, applied, {r: ln.first() for r, ln in lanes.items()})
+        self._credit(s.restarts.fold(s.newest, s.window, applied, {r: ln.first() for r, ln in lanes.items()}))
         s.next_fold = s.newest + FOLD_EVERY_S
+
+    def _credit(self, credits: list[Credit]) -> None:
+        """What folded restarts decided of their ranks' held seconds, to the ranks' ledgers."""
+        for rank, lost, restart, failed in credits:
+            self._s.lanes[rank].ledger.decided(lost, restart, failed)
 
     def _fold_checkpoints(self) -> None:
         lanes = self._s.lanes
@@ -290,9 +295,10 @@ class Engine:
     def _ending(self) -> Ending | None:
         """How the job ended (None: it runs), settled first (see the module docstring)."""
         s = self._s
-        ending = s.launcher.ending(s.lanes, s.restarts.launcher)
+        ending = s.launcher.ending(s.lanes, s.restarts.workers_started())
         if ending is not None and s.lanes:
             self.settle()
+            self._credit(s.restarts.release())
             end = max(s.newest, s.shown)
             for lane in s.lanes.values():
                 lane.ledger.close(end)
@@ -305,7 +311,7 @@ class Engine:
         s = self._s
         for lane in s.lanes.values():
             lane.settle(s.restarts)
-        s.restarts.settle()
+        self._credit(s.restarts.settle())
         s.checkpoints.settle(self._live())
 
     # --- snapshot ------------------------------------------------------------------------------
@@ -325,8 +331,8 @@ class Engine:
         if s.lanes:
             s.shown = end
         skew = derived.skew_ratios({r: mean for r, lane in s.lanes.items() if (mean := lane.recent_mean()) is not None})
-        ranks = tuple(assembly.rank(ledgers[r], previews[r], s.lanes[r], origin, end, finished, skew.get(r))
-                      for r in ledgers)
+        ranks = tuple(assembly.rank(ledgers[r], previews[r], s.lanes[r], origin, end, finished, skew.get(r),
+                                    restarts.held(r)) for r in ledgers)
         mtbf = derived.mtbf(end - origin, restarts.faults())
         ck = s.checkpoints.view(self._live())
         job, pod, node = s.identity
@@ -401,8 +407,7 @@ class Engine:
 def _caused(restarts: Restarts, ledgers: Iterable[Ledger], finished: bool) -> dict[tuple[Category, FaultCause], float]:
     """The lost and restart seconds by cause: each rank's own (its unfinished steps) and the restarts'."""
     ledgers = list(ledgers)
-    lost, restart = restarts.caused(finished, [(led.fact, led.fact_lost, led.fact_restart) for led in ledgers
-                                               if led.fact is not None])
+    lost, restart = restarts.caused(finished, [(led.fact, led.fact_restart) for led in ledgers if led.fact is not None])
     for led in ledgers:
         lost = [a + b for a, b in zip(lost, led.lost_by, strict=True)]
     out = {}

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from nvrx_slo.contracts.schema import EventType, LauncherExit, LauncherStart
 from nvrx_slo.exporter.engine.lanes import Lane
-from nvrx_slo.exporter.engine.restarts import LauncherMark
 from nvrx_slo.exporter.events import Event
 
 
@@ -53,7 +52,7 @@ class Launcher:
         running = self.start is not None and not self.exited()
         return max(len(lanes), (self.ranks or 0) if running else 0)
 
-    def ending(self, lanes: Mapping[int, Lane], marks: list[LauncherMark]) -> Ending | None:
+    def ending(self, lanes: Mapping[int, Lane], workers_started: float) -> Ending | None:
         """How the pod's job ended, None while it runs. Over when no process of it can run again:
 
         * under a launcher of ours, once it exited after its last start: failed if it exited with
@@ -75,10 +74,10 @@ class Launcher:
                 return None
             if self.code != 0:
                 return Ending(f"launcher exited with code {self.code}")
-            # Ranks of the launcher's last round of workers only (``marks``: its records, oldest first):
+            # Ranks of the launcher's last round of workers only (``workers_started``: when it began):
             # an earlier round's process may have journaled as another rank before it was torn down
             # (an in-process restart that shifted ranks)
-            began = next((at for at, kind in reversed(marks) if kind is EventType.LAUNCHER_WORKER_START), began)
+            began = workers_started
         ran = {rank: lane for rank, lane in lanes.items() if lane.newest >= began}
         if not ran or len(ran) < max(lane.local_world_size for lane in ran.values()) or any(
                 lane.newest_kind is not EventType.PROCESS_END for lane in ran.values()):

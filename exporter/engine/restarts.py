@@ -1,9 +1,18 @@
 """Pod-level restarts: every rank's view of one restart, merged into one record and counted once.
 
 Ranks report a restart under a shared key (see ``accounting``). The record's fault instant is
-the earliest FAULT_INJECTED any rank journaled, else the earliest rank's last event before it
+the earliest fault any rank journaled (a step that raised, a worker's exit; the reference job's
+``fault_injected`` where nothing else dated it), else the earliest rank's last event before it
 died; it ends when the *last* rank starts its first step again (a job in lock step trains only
 when every rank does), so ``duration`` = max(rank ends) − fault.
+
+What a rank spent after that instant is the restart's (its detection), not lost work: a peer
+blocked in a collective until it failed, or a step it finished after the fault and the restore
+rolled back. Which of a rank's seconds those are waits for the instant, and so for every rank
+that joins: each rank hands the restart the seconds it would have booked lost in its wake (its
+unfinished step, the work its restore rolled back: ``Held``), they stay unprotected, and when
+the restart folds (``fold``, ``settle``; ``release`` once the job is over) they are split at the
+instant — lost before it, restart after — and handed back to the ranks' ledgers (``Credit``).
 
 Phases are consecutive stretches between journaled instants, in this order:
 
@@ -28,7 +37,8 @@ instant, whose own fault was journaled with one; else what the Wrapper's callbac
 timeout is a hang); else who restarted it: a launcher that started workers again for another
 pod's fault (``peer_fault``), or one that found its workers unhealthy with none of them gone or
 raising (``hang``); else ``unknown``. The lost and restart seconds every rank booked in it are
-charged to that cause when it folds (``lost_by``/``restart_by``): by then every rank has joined.
+charged to that cause when it folds (``lost_by``/``restart_by``): by then every rank has joined;
+a rank's unfinished step, up to the fault instant, to the cause its own fault journaled.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import dataclasses
 from bisect import bisect_left, insort
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from nvrx_slo.contracts.catalogue import FaultCause, RestartLevel, RestartPhase
 from nvrx_slo.contracts.schema import EventType
@@ -69,8 +79,12 @@ class RestartSink(Protocol):
 
     def cause(self, rank: int, key: str, cause: str) -> None: ...
 
-    def ended(self, rank: int, key: str, end: float, lost: float, restart: float) -> None:
-        """The rank's part of the restart is over at ``end``; it booked ``lost`` and ``restart`` seconds in it."""
+    def hold(self, rank: int, key: str, held: list[Held]) -> bool:
+        """Seconds the rank would book lost in the restart's wake, for the restart to split at its
+        fault instant; False when it cannot (it is not open, or the rank did not join it)."""
+
+    def ended(self, rank: int, key: str, end: float, restart: float) -> None:
+        """The rank's part of the restart is over at ``end``; it booked ``restart`` seconds in it."""
 
     def relaunch(self, since: float, until: float) -> float | None:
         """The instant the pod's own launcher last started workers in (``since``, ``until``], if it
@@ -78,6 +92,25 @@ class RestartSink(Protocol):
 
     def stopped_by(self, at: float) -> int | None:
         """The signal the pod's launcher was told to stop by before ``at`` (None: it was not)."""
+
+
+class Held(NamedTuple):
+    """Seconds of work a rank did up to ``end`` (mono) that a restart rolls back: lost up to the
+    restart's fault instant, the restart's after it."""
+
+    end: float
+    seconds: float
+    cause: FaultCause | None  # the rank's own fault's (its unfinished step); None: its restore rolled it back
+
+
+class Credit(NamedTuple):
+    """What a restart decided of one rank's held seconds, for its ledger: ``lost`` and ``restart``
+    seconds, and where its unfinished steps that lost work ended (mono; for the views that draw steps)."""
+
+    rank: int
+    lost: float
+    restart: float
+    failed: tuple[float, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +133,22 @@ class OpenRestart:
     causes: dict[int, str] = field(default_factory=dict)
     whys: dict[int, FaultCause] = field(default_factory=dict)  # per rank: the cause its own fault journaled
     hints: dict[int, FaultCause] = field(default_factory=dict)  # per rank: what the Wrapper's callbacks said
-    lost: float = 0.0  # rank-seconds the ranks booked in it, handed over as each rank's part ends
-    restart: float = 0.0
+    held: dict[int, list[Held]] = field(default_factory=dict)  # per rank: until the fault instant decides them
+    lost: float = 0.0  # rank-seconds of work its restores rolled back, up to the fault instant
+    restart: float = 0.0  # rank-seconds restarting: each rank's part as it ends, and what held turned out to be
 
     def copy(self) -> OpenRestart:
         return OpenRestart(self.level, dict(self.faults), dict(self.ends), dict(self.marks), dict(self.causes),
-                           dict(self.whys), dict(self.hints), self.lost, self.restart)
+                           dict(self.whys), dict(self.hints), {r: held[:] for r, held in self.held.items()},
+                           self.lost, self.restart)
 
     def done(self) -> bool:
         return len(self.ends) == len(self.faults)
+
+    def order(self) -> list[int]:
+        """Its ranks, the one whose fault is the restart's first: a journaled fault instant (a step
+        that raised, a worker's exit, an injected fault) is the true one; a last event only bounds it."""
+        return sorted(self.faults, key=lambda r: (not self.faults[r].journaled, self.faults[r].mono, r))
 
 
 @dataclass(slots=True)
@@ -160,11 +200,17 @@ class Restarts:
             if rec.hints.get(rank) is not FaultCause.HANG:  # a timeout says more than the exception it raised
                 rec.hints[rank] = causes.of_interruption(cause)
 
-    def ended(self, rank: int, key: str, end: float, lost: float, restart: float) -> None:
+    def hold(self, rank: int, key: str, held: list[Held]) -> bool:
+        rec = self.open.get(key)
+        if rec is None or rank not in rec.faults:
+            return False
+        rec.held.setdefault(rank, []).extend(held)
+        return True
+
+    def ended(self, rank: int, key: str, end: float, restart: float) -> None:
         rec = self.open.get(key)
         if rec is not None and rank in rec.faults:
             if rank not in rec.ends:
-                rec.lost += lost
                 rec.restart += restart
             rec.ends[rank] = end
             self.ended_since_fold = True
@@ -188,6 +234,12 @@ class Restarts:
         since, signal = self.stops[i - 1]
         started = self._first_launcher(EventType.LAUNCHER_START, since, at)
         return signal if started is None else None
+
+    def workers_started(self) -> float:
+        """The instant the pod's launcher last started workers (-inf: it never did): its last round
+        begins there."""
+        return next((at for at, kind in reversed(self.launcher) if kind is EventType.LAUNCHER_WORKER_START),
+                    float("-inf"))
 
     def relaunch(self, since: float, until: float) -> float | None:
         started = None
@@ -218,9 +270,7 @@ class Restarts:
         return None
 
     def record(self, rec: OpenRestart) -> RestartRecord:
-        # a journaled fault instant (injected, a step that raised, a worker's exit) is the true one;
-        # a rank's last event only bounds it from below
-        order = sorted(rec.faults, key=lambda r: (not rec.faults[r].journaled, rec.faults[r].mono, r))
+        order = rec.order()
         first = rec.faults[order[0]]
         fault = first.mono
         end = max(rec.ends.values()) if rec.done() else None
@@ -266,8 +316,9 @@ class Restarts:
         for phase, seconds in record.phases.items():
             phases[record.level][phase].observe(seconds)
 
-    def fold(self, newest: float, window: float, applied: dict[int, float], first: dict[int, float]) -> None:
-        """Move finished restarts into the histograms once nothing can join them any more.
+    def fold(self, newest: float, window: float, applied: dict[int, float], first: dict[int, float]) -> list[Credit]:
+        """Move finished restarts into the histograms once nothing can join them any more; returns
+        what they decided of their ranks' held seconds.
 
         That is: every rank that reported it has ended it, the newest record in the pod is
         ``window`` past its end, and every other rank that was up before the end has applied
@@ -275,6 +326,7 @@ class Restarts:
         newest applied and the oldest seen monotonic instant).
         """
         self.ended_since_fold = False
+        credits: list[Credit] = []
         for key, rec in list(self.open.items()):
             if not rec.done():
                 continue
@@ -282,16 +334,53 @@ class Restarts:
             if end + window > newest or any(rank not in rec.faults and first[rank] < end and applied[rank] < end
                                             for rank in applied):
                 continue
-            self._fold(key, rec)
+            credits += self._fold(key, rec)
+        return credits
 
-    def settle(self) -> None:
+    def settle(self) -> list[Credit]:
         """Fold every restart all its ranks ended: nothing more will join them (``Engine.settle``)."""
+        credits: list[Credit] = []
         for key, rec in list(self.open.items()):
             if rec.done():
-                self._fold(key, rec)
+                credits += self._fold(key, rec)
+        return credits
 
-    def _fold(self, key: str, rec: OpenRestart) -> None:
+    def release(self) -> list[Credit]:
+        """The job is over: no rank joins the restarts still open, so their fault instants stand;
+        split what they hold (``Engine`` at the job's end, after ``settle``)."""
+        return [credit for rec in self.open.values() for credit in self._split(rec)]
+
+    def held(self, rank: int) -> float:
+        """The rank's seconds the open restarts hold undecided (part of its unprotected time)."""
+        return sum(h.seconds for rec in self.open.values() for h in rec.held.get(rank, ()))
+
+    def _split(self, rec: OpenRestart) -> list[Credit]:
+        """Decide what ``rec``'s ranks held, at its fault instant: lost before it (the unfinished
+        steps' to their own faults' causes, at once), restart after it."""
+        if not rec.held:
+            return []
+        fault = rec.faults[rec.order()[0]].mono
+        credits = []
+        for rank, held in rec.held.items():
+            lost = restart = 0.0
+            failed = []
+            for end, seconds, cause in held:
+                after = min(seconds, max(0.0, end - fault))
+                if cause is None:
+                    rec.lost += seconds - after
+                elif seconds > after:
+                    self.lost_by[causes.INDEX[cause]] += seconds - after
+                    failed.append(end)
+                lost += seconds - after
+                restart += after
+            rec.restart += restart
+            credits.append(Credit(rank, lost, restart, tuple(failed)))
+        rec.held = {}
+        return credits
+
+    def _fold(self, key: str, rec: OpenRestart) -> list[Credit]:
         del self.open[key]
+        credits = self._split(rec)
         record = self.record(rec)
         self.counts[rec.level] += 1
         self.lost_by[causes.INDEX[record.fault]] += record.lost_s
@@ -301,6 +390,7 @@ class Restarts:
         if self.keep is not None and len(self.recent) > self.keep:
             del self.recent[0]
         self.folded.add(key)
+        return credits
 
     def copy(self) -> Restarts:
         """A copy whose open restarts can take more events; the folded history is shared, read-only."""
@@ -315,20 +405,18 @@ class Restarts:
                             {(level, k): b.frozen() for level, by in self.phases.items() for k, b in by.items()},
                             mtbf_s, tuple(recent[-RECENT:]), launcher_remaining)
 
-    def caused(self, finished: bool, pending: list[tuple[str, float, float]]) -> tuple[list[float], list[float]]:
+    def caused(self, finished: bool, pending: list[tuple[str, float]]) -> tuple[list[float], list[float]]:
         """The lost and restart rank-seconds charged to each cause (``causes.INDEX``): the folded
         restarts', and once the job finished every open one's too, with ``pending``: the (restart,
-        lost, restart seconds) ranks booked in restarts their part of which never ended."""
+        restart seconds) ranks booked in restarts their part of which never ended."""
         lost, restart = self.lost_by[:], self.restart_by[:]
         if finished:
             whys = {key: self.record(rec) for key, rec in self.open.items()}
             for record in whys.values():
                 lost[causes.INDEX[record.fault]] += record.lost_s
                 restart[causes.INDEX[record.fault]] += record.restart_s
-            for key, lost_s, restart_s in pending:
-                i = causes.INDEX[whys[key].fault if key in whys else FaultCause.UNKNOWN]
-                lost[i] += lost_s
-                restart[i] += restart_s
+            for key, restart_s in pending:
+                restart[causes.INDEX[whys[key].fault if key in whys else FaultCause.UNKNOWN]] += restart_s
         return lost, restart
 
     def records(self) -> list[RestartRecord]:

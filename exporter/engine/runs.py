@@ -1,56 +1,69 @@
-"""Runs of plain steps: the bulk of a journal, accounted a run at a time (``Engine.ingest_many``).
+"""Runs of plain records: the bulk of a journal, accounted a run at a time (``Engine.ingest_many``).
 
-Nearly every record a pod journals is a step of some rank's current process, read in order. One by
-one, each pays the engine's whole per-record path (plausibility, dedupe, the process's life, the
-lane's counts, the reorder buffer, the ledger), most of which cannot change between two such
-steps. A *plain* step is one ``Engine.ingest`` accepts with no effect beyond its process's seq
-floor, its lane and the pod's newest instant and accepted count:
+Nearly every record a pod journals is a step or a save's part of some rank's current process, read
+in order. One by one, each pays the engine's whole per-record path (plausibility, dedupe, the
+process's life, the lane's counts, the reorder buffer, the ledger), most of which cannot change
+between two such records. A *plain* record is one ``Engine.ingest`` accepts with no effect beyond
+its process's seq floor, its lane, the pod's newest instant and accepted count, and (a save's part)
+the save it belongs to:
 
-* a step of a started, live process whose seqs arrive in order (the next one, none ahead), of the
-  lane whose newest process it is, later than the lane's newest record and than the step before it;
+* a step, or a save's ``checkpoint_start``/``_scheduled``/``_finalize``/``_end``, of a started, live
+  process whose seqs arrive in order (the next one, none ahead), of the lane whose newest process
+  it is, later than the lane's newest record (a save's part: no earlier than the record before it
+  in the run; a step: later);
 * plausible (``events.self_consistent``; not in the caller's future; beginning neither before the
   pod's origin, which would move it, nor more than the window before its process's start);
-* before the instant the pod's open saves can fold (``Checkpoints.due``) while no restart is open;
-* on a lane whose ledger applies its records without a word to the restarts: no restart of its
-  own open, every record it holds, and the run's steps, of the process it applies now and of no
-  later Wrapper iteration, none a Wrapper fault.
+* a save's start only where no part of its process of a save of its id was read without a start
+  (open, or earlier in the run): it would give that part its start, after which the saves fold
+  again (``Checkpoints.add``);
+* while no restart is open, on a lane whose ledger applies its records without a word to the
+  restarts: no restart of its own open, every record it holds, and the run's, of the process it
+  applies now and of no later Wrapper iteration, none a Wrapper fault.
 
-Between such steps nothing reads what another lane holds, so each lane's steps of a run are counted
-and taken together (``Lane.take_run``), exactly as one by one: ``tests/test_engine_runs.py`` checks
-that every state and snapshot agree with ``ingest`` record by record.
+Between such records nothing reads what another lane holds, and the saves read of the lanes only
+which process each runs (unchanged in a run). So the parts are added to the saves in order, the
+saves folded before each record that brings the pod's newest instant to ``Checkpoints.due`` (found
+by bisection: the newest instant before each record is a running maximum), and each lane's records
+taken together (``Lane.take_run`` for its steps, a part as ``Engine.ingest`` takes it), exactly as one by one:
+``tests/test_engine_runs.py`` checks that every state and snapshot agree with ``ingest`` record by record.
 """
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from operator import attrgetter
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
-from nvrx_slo.contracts.schema import Step
+from nvrx_slo.contracts.schema import CheckpointPart, CheckpointStart, EventType, Step
 from nvrx_slo.exporter.engine.accounting import INPROCESS_FAULT
 from nvrx_slo.exporter.engine.lanes import Lane
 from nvrx_slo.exporter.engine.life import Process
-from nvrx_slo.exporter.events import EPS, MAX_SPAN_S, STRUCTS, Event
+from nvrx_slo.exporter.events import EPS, MAX_SPAN_S, STRUCTS, Event, begin, self_consistent
 
 if TYPE_CHECKING:
     from nvrx_slo.exporter.engine.engine import EngineState
 
 _FAULTS = frozenset(cls for cls in STRUCTS.values() if issubclass(cls, INPROCESS_FAULT))
-PID, ITER = attrgetter("pid"), attrgetter("iter")
+_STEP = cast("type[Step]", STRUCTS[EventType.STEP])  # its struct: ``type(ev) is`` it is the fastest test
+PID, ITER, MONO = attrgetter("pid"), attrgetter("iter"), attrgetter("mono")
 
 
 @dataclass(slots=True)
 class Run:
-    """One process's steps in a run, and what its next step must be to join it."""
+    """One process's records in a run, and what its next record must be to join it."""
 
     process: Process
     lane: Lane
-    seq: int  # its next step's seq
-    mono: float  # the newest step's mono: the next is later
-    floor: float  # no step begins before this: the pod's origin, its process's start less the window
+    seq: int  # its next record's seq
+    mono: float  # the newest record's mono: the next step is later, the next part no earlier
+    floor: float  # no record begins before this: the pod's origin, its process's start less the window
     iter: int  # nor comes from a later Wrapper iteration than its ledger applies
-    steps: list[Step] = field(default_factory=list)
+    records: list[Event] = field(default_factory=list)
+    parts: list[int] = field(default_factory=list)  # the indices in ``records`` of the saves' parts
 
 
 def _open(s: EngineState, ev: Event) -> Run | None:
@@ -68,62 +81,97 @@ def _open(s: EngineState, ev: Event) -> Run | None:
             or not _FAULTS.isdisjoint(map(type, pending))):
         return None
     assert s.origin is not None and process.first is not None  # the process has an accepted record
-    # the launcher's word that a worker exited is applied to its lane without being counted in it
+    # the launcher's word that a worker exited is applied to its lane without being counted in it;
+    # a run's first record is later than both, even a save's part (an equal mono may sort before)
     newest = lane.newest if lane.applied is None else max(lane.newest, lane.applied.mono)
-    return Run(process, lane, process.seqs.floor, newest, max(s.origin, process.first - s.window), ledger.iter)
+    return Run(process, lane, process.seqs.floor, math.nextafter(newest, math.inf),
+               max(s.origin, process.first - s.window), ledger.iter)
 
 
 class Found(NamedTuple):
-    """What ``scan`` found: the run ends before ``records[end]``; its steps by process; and whether
-    its last step reaches the instant the open saves may fold (``Checkpoints.due``), which
-    ``Engine.ingest`` would fold them at before taking that step."""
+    """What ``scan`` found: the run ends before ``records[end]``; its records by process; and its
+    saves' parts in order, each with its index in ``records``, its save's id and its lane's rank."""
 
     end: int
     runs: list[Run]
-    folds: bool
+    parts: list[tuple[int, Event, str, int]]
 
 
 def scan(s: EngineState, records: Sequence[Event], i: int, not_after: float) -> Found:
-    """The run of plain steps from ``records[i]`` (none: ``end == i``)."""
-    due = s.checkpoints.due
-    if not isinstance(records[i], Step) or s.restarts.open or s.newest >= due:
-        return Found(i, [], False)
-    runs: dict[int, Run | None] = {}  # by pid; None: its steps cannot run now
+    """The run of plain records from ``records[i]`` (none: ``end == i``)."""
+    if s.restarts.open:
+        return Found(i, [], [])
+    runs: dict[int, Run | None] = {}  # by pid; None: its records cannot run now
+    parts: list[tuple[int, Event, str, int]] = []
+    saves: set[tuple[str, int | None]] = set()  # (save id, pid) of the run's parts
     pid, run, j, n = None, None, i, len(records)
     while j < n:
         ev = records[j]
-        if not isinstance(ev, Step):
-            break
         if ev.pid != pid:
             pid = ev.pid
             if pid not in runs:
                 runs[pid] = _open(s, ev)
             run = runs[pid]
-        mono, start = ev.mono, ev.start
-        span = mono - start + EPS  # events.self_consistent's rule for a step, inlined: this runs per step
-        if (run is None or ev.seq != run.seq or mono <= run.mono or mono > not_after
-                or start < run.floor or ev.iter > run.iter or start > mono + EPS or mono - start > MAX_SPAN_S
-                or not (0.0 <= ev.data_s <= span and 0.0 <= ev.compute_s <= span and 0.0 <= ev.optimizer_s <= span)
-                or (ev.blocked_s or 0.0) < 0.0):
+        if run is None or ev.seq != run.seq or ev.iter > run.iter:
+            break
+        mono = ev.mono
+        if type(ev) is _STEP:
+            start = ev.start
+            span = mono - start + EPS  # events.self_consistent's rule for a step, inlined: this runs per step
+            if (mono <= run.mono or mono > not_after or start < run.floor or start > mono + EPS
+                    or mono - start > MAX_SPAN_S
+                    or not (0.0 <= ev.data_s <= span and 0.0 <= ev.compute_s <= span
+                            and 0.0 <= ev.optimizer_s <= span) or (ev.blocked_s or 0.0) < 0.0):
+                break
+        elif isinstance(ev, CheckpointPart):
+            if (mono < run.mono or mono > not_after or begin(ev) < run.floor or not self_consistent(ev, begin(ev))
+                    or isinstance(ev, CheckpointStart) and ((ev.ckpt, pid) in saves
+                                                            or s.checkpoints.startless(ev.ckpt, pid))):
+                break
+            saves.add((ev.ckpt, pid))
+            run.parts.append(len(run.records))
+            parts.append((j, ev, ev.ckpt, run.lane.ledger.rank))
+        else:
             break
         run.seq, run.mono = run.seq + 1, mono
-        run.steps.append(ev)
+        run.records.append(ev)
         j += 1
-        if mono >= due:  # the saves fold before it is taken, and may move ``due``: the run ends with it
-            return Found(j, [run for run in runs.values() if run is not None and run.steps], True)
-    return Found(j, [run for run in runs.values() if run is not None and run.steps], False)
+    return Found(j, [run for run in runs.values() if run is not None and run.records], parts)
 
 
-def account(s: EngineState, found: Found, n: int, fold: Callable[[], None]) -> None:
-    """Account a run of ``n`` plain steps (``scan``); ``fold``: the engine's fold of the open saves.
-    Its steps leave every lane's process and the saves as they were, so the saves fold as they
-    would before its last step: at the pod's newest instant then, its last step's."""
+def account(s: EngineState, records: Sequence[Event], i: int, found: Found, fold: Callable[[], None]) -> None:
+    """Account the run ``scan`` found at ``records[i]``; ``fold``: the engine's fold of the open saves.
+    Its records leave every lane's process as it was, so the saves take its parts and fold as one
+    by one: each part in turn, and a fold before the record that brings the pod's newest instant to
+    ``Checkpoints.due``, at that instant."""
+    end, checkpoints = found.end, s.checkpoints
+    newest = list(accumulate(map(MONO, records[i:end]), max, initial=s.newest))  # [k + 1]: with records[i + k]
+    at = 1  # the folds before records[i + at - 1] on are still to do
+
+    def folds(upto: int) -> None:  # the folds before each record up to records[i + upto - 1]
+        nonlocal at
+        while (k := bisect_left(newest, checkpoints.due, at, upto + 1)) <= upto:
+            s.newest = newest[k]
+            fold()
+            at = k + 1
+        at = upto + 1
+
+    for j, part, ckpt, rank in found.parts:
+        folds(j - i + 1)
+        checkpoints.add(part, ckpt, rank)  # it gives no start to a part read without one: ``scan``
+    folds(end - i)
+    s.newest = newest[-1]
+    s.counts.accepted += end - i
+    window, sink, counts = s.window, s.restarts, s.counts
     for run in found.runs:
         run.process.seqs.floor = run.seq
-        if run.mono > s.newest:
-            s.newest = run.mono
-    s.counts.accepted += n
-    if found.folds:
-        fold()
-    for run in found.runs:
-        run.lane.take_run(run.steps, s.window, s.restarts)
+        lane, taken = run.lane, 0
+        for k in run.parts:
+            if k > taken:
+                lane.take_run(cast("list[Step]", run.records[taken:k]), window, sink)
+            record = run.records[k]
+            lane.count(record, record.mono)
+            lane.take(record, window, sink, counts)
+            taken = k + 1
+        if taken < len(run.records):
+            lane.take_run(cast("list[Step]", run.records[taken:] if taken else run.records), window, sink)

@@ -72,7 +72,7 @@ class RankState(str, Enum):
     TRAINING = "training"  # between steps (or in one)
     RESTART = "restart"  # a fault was seen; the restarted loop has not stepped yet
     ENDED = "ended"  # the loop is over: process_end, or the Wrapper's completion
-    LOST = "lost"  # job level only (``exporter/engine/job.py``): the pod running it went, its processes too
+    LOST = "lost"  # job level only (``exporter/offline/rollup.py``): the pod running it went, its processes too
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,10 @@ class RestartRecord:
     ranks: int
     fault_journaled: bool  # the fault's instant was journaled (else a rank's last record before it: a bound)
     fault: FaultCause = FaultCause.UNKNOWN  # why (``cause`` is what was journaled of it, as text)
-    lost_s: float = 0.0  # rank-seconds its ranks booked lost in it (the work their restores rolled back) ...
-    restart_s: float = 0.0  # ... and restarting: its cost, charged to ``fault`` (its unfinished steps are not in it)
+    lost_s: float = 0.0  # rank-seconds of work its ranks' restores rolled back, up to its fault instant ...
+    # ... and restarting, with what its ranks did after that instant: its cost, charged to ``fault``
+    # (the lost part of its ranks' unfinished steps is their own faults', not in it)
+    restart_s: float = 0.0
 
 
 @dataclass(frozen=True)

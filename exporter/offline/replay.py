@@ -62,8 +62,7 @@ class Replay:
         if self.newest is None or newest.mono > self.newest[0]:
             self.newest = (newest.mono, newest.wall)
         if self.builder is not None:
-            for record in accepted:
-                self.builder.add(record)
+            self.builder.add_many(accepted)
             self.builder.decide(self.engine.take_decisions())
 
     def view(self, at: tuple[float, float] | None = None) -> View:

@@ -21,7 +21,8 @@ from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from operator import attrgetter, gt, le, ne, or_, sub
+from typing import Any, cast
 
 from nvrx_slo.contracts.schema import (
     CheckpointEnd,
@@ -55,6 +56,9 @@ from nvrx_slo.exporter.views.timeline import (
     Row,
     Timeline,
 )
+
+_PROCESS_KIND = attrgetter("pod", "pid", "type")
+_MONO, _START, _STEP_NO, _RANK = attrgetter("mono"), attrgetter("start"), attrgetter("step"), attrgetter("rank")
 
 
 @dataclass
@@ -139,6 +143,39 @@ class TimelineBuilder:
                 data.spans.append((BACKGROUND, start, written,
                                    f"{ckpt}: {state} in {written - start:.3f} s background"))
 
+    def add_many(self, records: Iterable[Event]) -> None:
+        """``add`` each record in order: a process's consecutive steps (most of a journal) together,
+        placed as ``add`` places each one."""
+        for (pod, pid, kind), group in itertools.groupby(records, _PROCESS_KIND):
+            if kind is not EventType.STEP:
+                for rec in group:
+                    self.add(rec)
+                continue
+            steps = cast("list[Step]", list(group))
+            if ((pod, pid) in self._started or (pod, pid) not in self._offsets or pid not in self._lane_of.of_pid
+                    or None in map(_RANK, steps)):
+                self.add(steps[0])  # the process's first step, or its first work: what only ``add`` knows
+                del steps[0]
+            if steps and None not in map(_RANK, steps):
+                self._steps(self._offsets[(pod, pid)], self._ranks[self._lane_of.of_pid[pid]], steps)
+            else:
+                for rec in steps:
+                    self.add(rec)
+
+    def _steps(self, off: float, data: _RankData, steps: list[Step]) -> None:
+        """``add`` each of a process's steps, with its clock's offset and its lane's data."""
+        data.offset = off
+        monos = list(map(_MONO, steps))
+        ends = list(map(off.__add__, monos))  # rec.mono + off, as ``add`` sums it
+        starts = list(map(off.__add__, map(_START, steps)))
+        data.step_start.extend(starts)
+        data.step_end.extend(ends)
+        data.step_mono.extend(monos)
+        data.step_no.extend(map(_STEP_NO, steps))
+        data.step_partial.frombytes(bytes(len(steps)))  # none of them a step an exception left
+        self._lo = min(self._lo, min(ends), min(starts))
+        self._hi = max(self._hi, max(ends))
+
     def decide(self, decisions: Mapping[int, Decisions]) -> None:
         """The engine's decisions (``Engine.take_decisions``), by rank, in the order it made them:
         its step verdicts, and the waits on saves it booked as blocking (drawn as it booked them)."""
@@ -146,9 +183,11 @@ class TimelineBuilder:
             if not (verdicts or waits):
                 continue
             data = self._ranks[rank]
-            data.verdict_first.extend(first for first, _, _ in verdicts)
-            data.verdict_last.extend(last for _, last, _ in verdicts)
-            data.verdict_productive.extend(productive for _, _, productive in verdicts)
+            if verdicts:
+                firsts, lasts, productive = zip(*verdicts, strict=True)
+                data.verdict_first.extend(firsts)
+                data.verdict_last.extend(lasts)
+                data.verdict_productive.extend(productive)
             for start, end in waits:
                 if end > data.waits_end:  # not one the reorder window's settling handed out already
                     data.waits_end = end
@@ -162,9 +201,11 @@ class TimelineBuilder:
     @staticmethod
     def _lane(rank: int, data: _RankData, lo: float, resolution: float, pod: str) -> Row:
         kinds = _kinds(data)
-        raw = ((kind, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i])
-               for i in _order(data.step_end) if (kind := kinds[i]) is not None)
-        spans = _merge_steps(raw, resolution)
+        spans = _merged_in_order(data, kinds, lo, resolution)
+        if spans is None:
+            raw = ((kind, data.step_start[i] - lo, data.step_end[i] - lo, data.step_no[i])
+                   for i in _order(data.step_end) if (kind := kinds[i]) is not None)
+            spans = _merge_steps(raw, resolution)
         others = sorted(data.spans, key=lambda s: s[1])
         spans += _merge_others([(k, s - lo, e - lo, label) for k, s, e, label in others], resolution)
         return Row(rank=rank, bars=tuple(spans), pod=pod)
@@ -214,10 +255,27 @@ def _kinds(data: _RankData) -> list[str | None]:
     return kinds
 
 
+def _merged_in_order(data: _RankData, kinds: list[str | None], lo: float, resolution: float) -> list[Bar] | None:
+    """``_merge_steps`` of a lane whose steps all are drawn and end in time order (the usual case), in
+    C-level passes: a run ends where the kind changes or the gap to the step before is wider than
+    ``resolution``, as there; None where that is not so."""
+    if None in kinds or not isinstance(_order(data.step_end), range):
+        return None
+    starts, ends = data.step_start, data.step_end
+    gaps = map(sub, map(sub, itertools.islice(starts, 1, None), itertools.repeat(lo)),
+               map(sub, ends, itertools.repeat(lo)))  # as the merge sees them: each relative to ``lo``
+    changes = map(ne, itertools.islice(kinds, 1, None), kinds)
+    cuts = itertools.compress(itertools.count(1), map(or_, changes, map(gt, gaps, itertools.repeat(resolution))))
+    bounds = [0, *cuts, len(kinds)] if kinds else []
+    no = data.step_no
+    return [_step_span([kinds[a], starts[a] - lo, ends[b - 1] - lo, b - a, no[a], no[b - 1]])
+            for a, b in itertools.pairwise(bounds)]
+
+
 def _order(values: array) -> Sequence[int]:
     """The indices of ``values`` in increasing order of value: a ``range`` when they already are (a
     rank's records arrive in time order), so a lane of a million steps costs no list of indices."""
-    if all(a <= b for a, b in itertools.pairwise(values)):
+    if all(map(le, values, itertools.islice(values, 1, None))):
         return range(len(values))
     return sorted(range(len(values)), key=values.__getitem__)
 
