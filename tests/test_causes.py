@@ -149,3 +149,25 @@ def test_the_signals_and_codes_map_onto_the_vocabulary():
     assert causes.of_exit(None, 0) is FaultCause.UNKNOWN
     assert causes.of_interruption("rank 0: EXCEPTION; rank 1: HARD_TIMEOUT") is FaultCause.HANG
     assert causes.of_interruption("InjectedFault: injected exception at step 45") is FaultCause.EXCEPTION
+
+
+def test_a_rank_read_after_its_restart_folded_pays_its_restart_seconds_to_that_restarts_cause():
+    """Rank 0's records are read only after rank 1's and the launcher's (its file read late), the
+    launcher's exit last: the in-job restart folds with rank 1 alone, as nothing read said rank 0
+    would join, so rank 0 joins none. Its restart seconds are still the kill's; its rolled-back
+    step 1, which no restart split at the fault instant, is lost to ``unknown``."""
+    pod = _job(_exit(signal=int(signal.SIGKILL)))
+    late = [r for r in pod.records if r["rank"] == 0]
+    last = [r for r in pod.records if r["type"] == "launcher_exit"]
+    engine = Engine(reorder_window_s=0.0)  # each rank's records in order: none is held back
+    for record in [r for r in pod.records if r not in late + last] + late + last:
+        engine.ingest(as_event(record))
+    snap = engine.snapshot(10.0, 10.0 + pod.wall_offset)
+    assert snap.finished and snap.late == 0
+    (restart,) = snap.restarts.recent
+    assert (restart.ranks, restart.fault) == (1, FaultCause.KILLED)
+    restart_s = (5.0 - 3.0 - 0.3) + (5.0 - 2.5 - 0.3)  # as in order: rank 1 from its exit, rank 0 its last record
+    assert snap.seconds[Category.RESTART] == pytest.approx(restart_s)
+    assert snap.caused[Category.RESTART, FaultCause.KILLED] == pytest.approx(restart_s)
+    assert snap.caused[Category.LOST, FaultCause.UNKNOWN] == pytest.approx(0.5)
+    assert sum(snap.caused.values()) == pytest.approx(snap.seconds[Category.LOST] + snap.seconds[Category.RESTART])

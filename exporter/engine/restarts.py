@@ -37,8 +37,11 @@ instant, whose own fault was journaled with one; else what the Wrapper's callbac
 timeout is a hang); else who restarted it: a launcher that started workers again for another
 pod's fault (``peer_fault``), or one that found its workers unhealthy with none of them gone or
 raising (``hang``); else ``unknown``. The lost and restart seconds every rank booked in it are
-charged to that cause when it folds (``lost_by``/``restart_by``): by then every rank has joined;
-a rank's unfinished step, up to the fault instant, to the cause its own fault journaled.
+charged to that cause when it folds (``lost_by``/``restart_by``): by then every rank read has
+joined; a rank's unfinished step, up to the fault instant, to the cause its own fault journaled. A
+rank whose records are read only after the restart folded joins none: the restart seconds it books
+in it are charged to the folded restart's cause as its part ends (what its restore rolled back is
+lost at once, ``unknown``: no restart split it).
 """
 
 from __future__ import annotations
@@ -158,7 +161,9 @@ class Restarts:
 
     keep: int | None = RECENT
     open: dict[str, OpenRestart] = field(default_factory=dict)
-    folded: set[str] = field(default_factory=set)
+    # folded restarts' causes by key: a rank whose records are read after its restart folded (it
+    # joins none) books its restart seconds in it to that cause
+    folded: dict[str, FaultCause] = field(default_factory=dict)
     counts: dict[RestartLevel, int] = field(default_factory=lambda: dict.fromkeys(RestartLevel, 0))
     duration: dict[RestartLevel, RestartBuckets] = field(
         default_factory=lambda: {level: RestartBuckets() for level in RestartLevel})
@@ -214,6 +219,8 @@ class Restarts:
                 rec.restart += restart
             rec.ends[rank] = end
             self.ended_since_fold = True
+        elif key in self.folded:
+            self.restart_by[causes.INDEX[self.folded[key]]] += restart
 
     def launcher_event(self, kind: EventType, mono: float) -> None:
         insort(self.launcher, (mono, kind))
@@ -389,12 +396,14 @@ class Restarts:
         self.recent.append(record)
         if self.keep is not None and len(self.recent) > self.keep:
             del self.recent[0]
-        self.folded.add(key)
+        self.folded[key] = record.fault
         return credits
 
     def copy(self) -> Restarts:
-        """A copy whose open restarts can take more events; the folded history is shared, read-only."""
-        return dataclasses.replace(self, open={k: rec.copy() for k, rec in self.open.items()})
+        """A copy whose open restarts can take more events, and whose ranks can end folded ones; the
+        rest of the folded history is shared, read-only."""
+        return dataclasses.replace(self, open={k: rec.copy() for k, rec in self.open.items()},
+                                   restart_by=self.restart_by[:])
 
     def stats(self, mtbf_s: float | None, launcher_remaining: int | None) -> RestartStats:
         counts = dict(self.counts)
@@ -416,7 +425,8 @@ class Restarts:
                 lost[causes.INDEX[record.fault]] += record.lost_s
                 restart[causes.INDEX[record.fault]] += record.restart_s
             for key, restart_s in pending:
-                restart[causes.INDEX[whys[key].fault if key in whys else FaultCause.UNKNOWN]] += restart_s
+                cause = whys[key].fault if key in whys else self.folded.get(key, FaultCause.UNKNOWN)
+                restart[causes.INDEX[cause]] += restart_s
         return lost, restart
 
     def records(self) -> list[RestartRecord]:
