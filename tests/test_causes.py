@@ -149,3 +149,29 @@ def test_the_signals_and_codes_map_onto_the_vocabulary():
     assert causes.of_exit(None, 0) is FaultCause.UNKNOWN
     assert causes.of_interruption("rank 0: EXCEPTION; rank 1: HARD_TIMEOUT") is FaultCause.HANG
     assert causes.of_interruption("InjectedFault: injected exception at step 45") is FaultCause.EXCEPTION
+
+
+def test_a_rank_read_after_its_restart_folded_is_charged_as_if_read_in_order():
+    """Rank 0's records are read only after rank 1's and the launcher's (its file read late), the
+    launcher's exit last: the in-job restart folds with rank 1 alone, as nothing read said rank 0
+    would join, so rank 0 joins none. Its restart seconds and the step its restore rolled back are
+    still the kill's, split at the restart's fault instant: the same seconds and causes as read in order."""
+    pod = _job(_exit(signal=int(signal.SIGKILL)))
+    late = [r for r in pod.records if r["rank"] == 0]
+    last = [r for r in pod.records if r["type"] == "launcher_exit"]
+    snaps = []
+    for records in (pod.records, [r for r in pod.records if r not in late + last] + late + last):
+        engine = Engine(reorder_window_s=0.0)  # each rank's records in order: none is held back
+        for record in records:
+            engine.ingest(as_event(record))
+        snaps.append(engine.snapshot(10.0, 10.0 + pod.wall_offset))
+    in_order, read_late = snaps
+    assert read_late.finished and read_late.late == 0
+    assert [r.ranks for r in in_order.restarts.recent] == [2] and [r.ranks for r in read_late.restarts.recent] == [1]
+    restart = (5.0 - 3.0 - 0.3) + (5.0 - 2.5 - 0.3)  # rank 1 from its exit, rank 0 from its last record
+    lost = 0.5 + 2 * 0.5  # rank 1's unfinished step, both ranks' rolled-back step 1
+    for snap in snaps:
+        assert snap.caused == pytest.approx({(Category.RESTART, FaultCause.KILLED): restart,
+                                             (Category.LOST, FaultCause.KILLED): lost})
+        assert snap.seconds[Category.RESTART] == pytest.approx(restart)
+        assert snap.seconds[Category.LOST] == pytest.approx(lost)

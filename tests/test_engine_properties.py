@@ -255,6 +255,21 @@ def test_counters_never_go_down_when_each_ranks_records_arrive_in_order(pod, see
 
 
 @SETTINGS
+@given(pod=journals(), late=st.integers(0, 2), window=st.sampled_from((0.0, 0.5, 2.0)), every=st.integers(1, 7))
+def test_a_rank_read_after_all_the_others_leaves_no_second_without_a_cause(pod, late, window, every):
+    """One rank's file read last (the launcher's exit after it): its restarts may fold before it
+    joins them, and every lost and restart second of it still has a cause once the job finished."""
+    records = sorted(pod.records, key=lambda r: r["mono"])
+    exits = [r for r in records if r["type"] == "launcher_exit"]
+    tail = [r for r in records if r["rank"] == late]
+    snaps = snapshots_while_feeding([r for r in records if r not in tail and r not in exits] + tail + exits,
+                                    window, every)
+    for snap in snaps:
+        check_invariant(snap)
+    check_monotone(snaps)
+
+
+@SETTINGS
 @given(pod=journals(), seed=st.integers(0, 2**16))
 def test_any_order_and_duplicates_give_the_final_snapshot_of_in_order_arrival_when_the_window_covers_it(pod, seed):
     rng = random.Random(seed)

@@ -186,10 +186,14 @@ class Ledger:
             self.verdicts += verdicts
 
     def _hold(self, held: list[Held], sink: RestartSink | None) -> None:
-        """Lost work, for the open restart to split at its fault instant; lost at once when no
-        restart takes it (charged to its own fault's cause, else ``unknown``)."""
-        if sink is not None and self.fact is not None and sink.hold(self.rank, self.fact, held):
-            return
+        """Lost work, for the open restart to split at its fault instant (a folded one splits it at
+        once); lost at once when no restart takes it (charged to its own fault's cause, else ``unknown``)."""
+        if sink is not None and self.fact is not None:
+            if sink.hold(self.rank, self.fact, held):
+                return
+            if (credit := sink.split_late(self.rank, self.fact, held)) is not None:
+                self.decided(credit.lost, credit.restart, credit.failed)
+                return
         for end, seconds, cause in held:
             self.seconds[LOST] += seconds
             self.lost_by[_UNKNOWN if cause is None else causes.INDEX[cause]] += seconds

@@ -83,7 +83,7 @@ from nvrx_slo.exporter.events import BEFORE_ALL, STRUCTS, Event
 __all__ = ["Engine", "IngestFailed", "Snapshot", "REORDER_WINDOW_S"]
 
 REORDER_WINDOW_S = 10.0
-STATE_VERSION = 15
+STATE_VERSION = 16
 FOLD_EVERY_S = 1.0  # finished restarts move into the histograms when one ends, and this often (journal time)
 # the records that can make a rank's work productive, by struct class (a set of classes is read fastest)
 _DECIDING = frozenset(STRUCTS[kind] for kind in (EventType.CHECKPOINT_END, EventType.RESTORE))

@@ -37,8 +37,12 @@ instant, whose own fault was journaled with one; else what the Wrapper's callbac
 timeout is a hang); else who restarted it: a launcher that started workers again for another
 pod's fault (``peer_fault``), or one that found its workers unhealthy with none of them gone or
 raising (``hang``); else ``unknown``. The lost and restart seconds every rank booked in it are
-charged to that cause when it folds (``lost_by``/``restart_by``): by then every rank has joined;
-a rank's unfinished step, up to the fault instant, to the cause its own fault journaled.
+charged to that cause when it folds (``lost_by``/``restart_by``): by then every rank read has
+joined; a rank's unfinished step, up to the fault instant, to the cause its own fault journaled. A
+rank whose records are read only after the restart folded joins none: the folded restart splits
+what it would have held at once, at its fault instant (``split_late``), and charges that and the
+restart seconds the rank books in it to its cause; its instant and cause stand (the late rank's own
+fault, had it been first, no longer moves them).
 """
 
 from __future__ import annotations
@@ -83,6 +87,10 @@ class RestartSink(Protocol):
         """Seconds the rank would book lost in the restart's wake, for the restart to split at its
         fault instant; False when it cannot (it is not open, or the rank did not join it)."""
 
+    def split_late(self, rank: int, key: str, held: list[Held]) -> Credit | None:
+        """What the restart, folded before the rank joined it, decides at once of what the rank
+        would have held (None: it is not a folded restart)."""
+
     def ended(self, rank: int, key: str, end: float, restart: float) -> None:
         """The rank's part of the restart is over at ``end``; it booked ``restart`` seconds in it."""
 
@@ -101,6 +109,14 @@ class Held(NamedTuple):
     end: float
     seconds: float
     cause: FaultCause | None  # the rank's own fault's (its unfinished step); None: its restore rolled it back
+
+
+class Folded(NamedTuple):
+    """A folded restart, for a rank whose records are read after it folded: its fault instant and
+    the cause its seconds were charged to."""
+
+    fault: float
+    cause: FaultCause
 
 
 class Credit(NamedTuple):
@@ -158,7 +174,9 @@ class Restarts:
 
     keep: int | None = RECENT
     open: dict[str, OpenRestart] = field(default_factory=dict)
-    folded: set[str] = field(default_factory=set)
+    # folded restarts by key: a rank whose records are read after its restart folded joins none,
+    # its seconds in it are split and charged as the restart's own were
+    folded: dict[str, Folded] = field(default_factory=dict)
     counts: dict[RestartLevel, int] = field(default_factory=lambda: dict.fromkeys(RestartLevel, 0))
     duration: dict[RestartLevel, RestartBuckets] = field(
         default_factory=lambda: {level: RestartBuckets() for level in RestartLevel})
@@ -207,6 +225,15 @@ class Restarts:
         rec.held.setdefault(rank, []).extend(held)
         return True
 
+    def split_late(self, rank: int, key: str, held: list[Held]) -> Credit | None:
+        folded = self.folded.get(key)
+        if folded is None:
+            return None
+        credit, rolled_back = _split(rank, held, folded.fault, self.lost_by)
+        self.lost_by[causes.INDEX[folded.cause]] += rolled_back
+        self.restart_by[causes.INDEX[folded.cause]] += credit.restart
+        return credit
+
     def ended(self, rank: int, key: str, end: float, restart: float) -> None:
         rec = self.open.get(key)
         if rec is not None and rank in rec.faults:
@@ -214,6 +241,8 @@ class Restarts:
                 rec.restart += restart
             rec.ends[rank] = end
             self.ended_since_fold = True
+        elif key in self.folded:
+            self.restart_by[causes.INDEX[self.folded[key].cause]] += restart
 
     def launcher_event(self, kind: EventType, mono: float) -> None:
         insort(self.launcher, (mono, kind))
@@ -362,19 +391,10 @@ class Restarts:
         fault = rec.faults[rec.order()[0]].mono
         credits = []
         for rank, held in rec.held.items():
-            lost = restart = 0.0
-            failed = []
-            for end, seconds, cause in held:
-                after = min(seconds, max(0.0, end - fault))
-                if cause is None:
-                    rec.lost += seconds - after
-                elif seconds > after:
-                    self.lost_by[causes.INDEX[cause]] += seconds - after
-                    failed.append(end)
-                lost += seconds - after
-                restart += after
-            rec.restart += restart
-            credits.append(Credit(rank, lost, restart, tuple(failed)))
+            credit, rolled_back = _split(rank, held, fault, self.lost_by)
+            rec.lost += rolled_back
+            rec.restart += credit.restart
+            credits.append(credit)
         rec.held = {}
         return credits
 
@@ -389,12 +409,14 @@ class Restarts:
         self.recent.append(record)
         if self.keep is not None and len(self.recent) > self.keep:
             del self.recent[0]
-        self.folded.add(key)
+        self.folded[key] = Folded(rec.faults[rec.order()[0]].mono, record.fault)
         return credits
 
     def copy(self) -> Restarts:
-        """A copy whose open restarts can take more events; the folded history is shared, read-only."""
-        return dataclasses.replace(self, open={k: rec.copy() for k, rec in self.open.items()})
+        """A copy whose open restarts can take more events, and whose ranks can end folded ones; the
+        rest of the folded history is shared, read-only."""
+        return dataclasses.replace(self, open={k: rec.copy() for k, rec in self.open.items()},
+                                   lost_by=self.lost_by[:], restart_by=self.restart_by[:])
 
     def stats(self, mtbf_s: float | None, launcher_remaining: int | None) -> RestartStats:
         counts = dict(self.counts)
@@ -416,7 +438,9 @@ class Restarts:
                 lost[causes.INDEX[record.fault]] += record.lost_s
                 restart[causes.INDEX[record.fault]] += record.restart_s
             for key, restart_s in pending:
-                restart[causes.INDEX[whys[key].fault if key in whys else FaultCause.UNKNOWN]] += restart_s
+                cause = whys[key].fault if key in whys else \
+                    self.folded[key].cause if key in self.folded else FaultCause.UNKNOWN
+                restart[causes.INDEX[cause]] += restart_s
         return lost, restart
 
     def records(self) -> list[RestartRecord]:
@@ -429,3 +453,21 @@ class Restarts:
     def mean_duration(self) -> float | None:
         n = sum(b.count for b in self.duration.values())
         return sum(b.sum for b in self.duration.values()) / n if n else None
+
+
+def _split(rank: int, held: list[Held], fault: float, lost_by: list[float]) -> tuple[Credit, float]:
+    """Split what ``rank`` held at the fault instant: lost before it, restart after. The lost part
+    of its unfinished steps is charged to their own faults' causes here (``lost_by``); returns the
+    credit and the lost seconds its restores rolled back, which are the restart's to charge."""
+    lost = restart = rolled_back = 0.0
+    failed = []
+    for end, seconds, cause in held:
+        after = min(seconds, max(0.0, end - fault))
+        if cause is None:
+            rolled_back += seconds - after
+        elif seconds > after:
+            lost_by[causes.INDEX[cause]] += seconds - after
+            failed.append(end)
+        lost += seconds - after
+        restart += after
+    return Credit(rank, lost, restart, tuple(failed)), rolled_back
