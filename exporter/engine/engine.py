@@ -76,7 +76,8 @@ from nvrx_slo.exporter.engine.checkpoints import Checkpoints
 from nvrx_slo.exporter.engine.lanes import Counts, Lane, new_lane
 from nvrx_slo.exporter.engine.launcher import Ending, Launcher
 from nvrx_slo.exporter.engine.life import ENDS, Process, lived, plausible
-from nvrx_slo.exporter.engine.restarts import Credit, Restarts
+from nvrx_slo.exporter.engine.restart_sink import Credit
+from nvrx_slo.exporter.engine.restarts import Restarts
 from nvrx_slo.exporter.engine.snapshot import CheckpointRecord, RestartRecord, Snapshot
 from nvrx_slo.exporter.events import BEFORE_ALL, STRUCTS, Event
 

@@ -37,7 +37,7 @@ from nvrx_slo.contracts.schema import (
 )
 from nvrx_slo.exporter.engine.accounting import Ledger
 from nvrx_slo.exporter.engine.histogram import StepBuckets
-from nvrx_slo.exporter.engine.restarts import RestartSink
+from nvrx_slo.exporter.engine.restart_sink import RestartSink
 from nvrx_slo.exporter.events import BEFORE_ALL, Event
 
 RECENT_STEPS = 16  # step durations per rank for the skew ratio

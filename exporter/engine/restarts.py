@@ -51,12 +51,12 @@ import dataclasses
 from bisect import bisect_left, insort
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
 
 from nvrx_slo.contracts.catalogue import FaultCause, RestartLevel, RestartPhase
 from nvrx_slo.contracts.schema import EventType
 from nvrx_slo.exporter.engine import causes
 from nvrx_slo.exporter.engine.histogram import Buckets, RestartBuckets
+from nvrx_slo.exporter.engine.restart_sink import Credit, Folded, Held, split
 from nvrx_slo.exporter.engine.snapshot import RestartRecord, RestartStats
 
 RECENT = 32  # finished restarts kept for the status page
@@ -71,62 +71,6 @@ _LAUNCHER_MARKS = {
 _CHAIN = (RestartPhase.DETECT, RestartPhase.TEARDOWN, RestartPhase.RENDEZVOUS, RestartPhase.REINIT)
 
 LauncherMark = tuple[float, EventType]  # (mono, type) of an ft_launcher record
-
-
-class RestartSink(Protocol):
-    """Receives each rank's view of a restart; ``key`` is the same on every rank of the pod."""
-
-    def began(self, rank: int, key: str, level: RestartLevel, fault: float, fault_wall: float,
-              injected: bool, cause: str | None, why: FaultCause | None) -> None: ...
-
-    def mark(self, rank: int, key: str, phase: RestartPhase, mono: float) -> None: ...
-
-    def cause(self, rank: int, key: str, cause: str) -> None: ...
-
-    def hold(self, rank: int, key: str, held: list[Held]) -> bool:
-        """Seconds the rank would book lost in the restart's wake, for the restart to split at its
-        fault instant; False when it cannot (it is not open, or the rank did not join it)."""
-
-    def split_late(self, rank: int, key: str, held: list[Held]) -> Credit | None:
-        """What the restart, folded before the rank joined it, decides at once of what the rank
-        would have held (None: it is not a folded restart)."""
-
-    def ended(self, rank: int, key: str, end: float, restart: float) -> None:
-        """The rank's part of the restart is over at ``end``; it booked ``restart`` seconds in it."""
-
-    def relaunch(self, since: float, until: float) -> float | None:
-        """The instant the pod's own launcher last started workers in (``since``, ``until``], if it
-        did and was not itself started again in that stretch; else None."""
-
-    def stopped_by(self, at: float) -> int | None:
-        """The signal the pod's launcher was told to stop by before ``at`` (None: it was not)."""
-
-
-class Held(NamedTuple):
-    """Seconds of work a rank did up to ``end`` (mono) that a restart rolls back: lost up to the
-    restart's fault instant, the restart's after it."""
-
-    end: float
-    seconds: float
-    cause: FaultCause | None  # the rank's own fault's (its unfinished step); None: its restore rolled it back
-
-
-class Folded(NamedTuple):
-    """A folded restart, for a rank whose records are read after it folded: its fault instant and
-    the cause its seconds were charged to."""
-
-    fault: float
-    cause: FaultCause
-
-
-class Credit(NamedTuple):
-    """What a restart decided of one rank's held seconds, for its ledger: ``lost`` and ``restart``
-    seconds, and where its unfinished steps that lost work ended (mono; for the views that draw steps)."""
-
-    rank: int
-    lost: float
-    restart: float
-    failed: tuple[float, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +173,7 @@ class Restarts:
         folded = self.folded.get(key)
         if folded is None:
             return None
-        credit, rolled_back = _split(rank, held, folded.fault, self.lost_by)
+        credit, rolled_back = split(rank, held, folded.fault, self.lost_by)
         self.lost_by[causes.INDEX[folded.cause]] += rolled_back
         self.restart_by[causes.INDEX[folded.cause]] += credit.restart
         return credit
@@ -377,13 +321,13 @@ class Restarts:
     def release(self) -> list[Credit]:
         """The job is over: no rank joins the restarts still open, so their fault instants stand;
         split what they hold (``Engine`` at the job's end, after ``settle``)."""
-        return [credit for rec in self.open.values() for credit in self._split(rec)]
+        return [credit for rec in self.open.values() for credit in self.split(rec)]
 
     def held(self, rank: int) -> float:
         """The rank's seconds the open restarts hold undecided (part of its unprotected time)."""
         return sum(h.seconds for rec in self.open.values() for h in rec.held.get(rank, ()))
 
-    def _split(self, rec: OpenRestart) -> list[Credit]:
+    def split(self, rec: OpenRestart) -> list[Credit]:
         """Decide what ``rec``'s ranks held, at its fault instant: lost before it (the unfinished
         steps' to their own faults' causes, at once), restart after it."""
         if not rec.held:
@@ -391,7 +335,7 @@ class Restarts:
         fault = rec.faults[rec.order()[0]].mono
         credits = []
         for rank, held in rec.held.items():
-            credit, rolled_back = _split(rank, held, fault, self.lost_by)
+            credit, rolled_back = split(rank, held, fault, self.lost_by)
             rec.lost += rolled_back
             rec.restart += credit.restart
             credits.append(credit)
@@ -400,7 +344,7 @@ class Restarts:
 
     def _fold(self, key: str, rec: OpenRestart) -> list[Credit]:
         del self.open[key]
-        credits = self._split(rec)
+        credits = self.split(rec)
         record = self.record(rec)
         self.counts[rec.level] += 1
         self.lost_by[causes.INDEX[record.fault]] += record.lost_s
@@ -454,20 +398,3 @@ class Restarts:
         n = sum(b.count for b in self.duration.values())
         return sum(b.sum for b in self.duration.values()) / n if n else None
 
-
-def _split(rank: int, held: list[Held], fault: float, lost_by: list[float]) -> tuple[Credit, float]:
-    """Split what ``rank`` held at the fault instant: lost before it, restart after. The lost part
-    of its unfinished steps is charged to their own faults' causes here (``lost_by``); returns the
-    credit and the lost seconds its restores rolled back, which are the restart's to charge."""
-    lost = restart = rolled_back = 0.0
-    failed = []
-    for end, seconds, cause in held:
-        after = min(seconds, max(0.0, end - fault))
-        if cause is None:
-            rolled_back += seconds - after
-        elif seconds > after:
-            lost_by[causes.INDEX[cause]] += seconds - after
-            failed.append(end)
-        lost += seconds - after
-        restart += after
-    return Credit(rank, lost, restart, tuple(failed)), rolled_back
