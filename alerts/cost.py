@@ -61,7 +61,7 @@ from nvrx_slo.alerts.conventions import (
     ranks,
 )
 from nvrx_slo.alerts.plan import Plan
-from nvrx_slo.alerts.sli import absent_ranks, target_category_increase, vanished_at_risk
+from nvrx_slo.alerts.sli import absent_ranks, increase, target_category_increase, vanished_at_risk
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
 from nvrx_slo.alerts.tiles import Agg, Tiled, just_under
@@ -147,11 +147,9 @@ def _pods(of: CostOf, plan: Plan) -> str:
     if of is CostOf.CATEGORY:
         return target_category_increase(plan)
     e = duration.format(plan.evaluation_interval)
-    now = _fault_seconds(plan)
-    there = f"last_over_time({TARGET_ACCELERATORS}[5m] offset {e})"  # the target was there: a new cause from 0
-    then = (f"last_over_time({TARGET_CAUSE}[5m] offset {e})\n"
-            f"    or 0 * {now} and ignoring ({CAUSE_LABEL}, {ACCELERATOR_LABEL}) {there}")
-    return f"clamp_min({now} - (\n    {then}\n  ), 0)"
+    there = f"max without ({ACCELERATOR_LABEL}) (last_over_time({TARGET_ACCELERATORS}[5m] offset {e}))"
+    causes = tuple(c.value for c in cat.FaultCause)
+    return increase(TARGET_CAUSE, _fault_seconds(plan), CAUSE_LABEL, causes, plan, known=there)
 
 
 def _fault_seconds(plan: Plan) -> str:
