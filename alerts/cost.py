@@ -16,9 +16,9 @@ accelerator-hours and no cost. Accelerator-seconds are rank-seconds × the pod's
 Counting, as the efficiency SLI counts its badput (``alerts/sli.py``): each scrape target's counters
 by category, newest samples within two evaluations, less the SLI's per-target record of them an
 evaluation ago; the job's increment is each target's, priced at that target's price, so bursts add
-up exactly and add up to the SLI's badput. A fault cause a target has not reported before counts
-from 0 if the target was there the evaluation before (the sidecar exports only the causes it has
-seen). Rank-seconds no pod accounted are the efficiency SLI's: the absent ranks (category
+up exactly and add up to the SLI's badput. A target new to the rules counts from 0 (``sli.increase``),
+and so does a fault cause a target has not reported before if the target was there the evaluation
+before (the sidecar exports only the causes it has seen). Rank-seconds no pod accounted are the efficiency SLI's: the absent ranks (category
 ``absent``) and a vanished pod's work at risk (category ``lost``), both caused by a pod or node gone
 (``pod_lost``), priced at the job's highest rank-hour price and accelerators per rank.
 
@@ -140,7 +140,8 @@ def _targets(spec: Spec, plan: Plan) -> list[Rule]:
 def _pods(of: CostOf, plan: Plan) -> str:
     """Each target's badput rank-seconds by ``of`` since the evaluation before: its counters now less
     its record then (by category: the efficiency SLI's increments, ``target_category_increase``; by
-    cause: its fault seconds, a cause new to a target counting from 0 if the target was there then).
+    cause: its fault seconds, a cause new to a target counting from 0 if the target was there then;
+    both through ``sli.increase``, which counts a young target with no base from 0).
     Every term of this evaluation is an expression over the pods' series, never a record of it read
     back: vmalert writes what it records asynchronously (docs/scaling.md), and an increment read
     against a record of its own evaluation would lose or repeat a burst."""
