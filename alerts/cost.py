@@ -16,11 +16,12 @@ accelerator-hours and no cost. Accelerator-seconds are rank-seconds × the pod's
 Counting, as the efficiency SLI counts its badput (``alerts/sli.py``): each scrape target's counters
 by category, newest samples within two evaluations, less the SLI's per-target record of them an
 evaluation ago; the job's increment is each target's, priced at that target's price, so bursts add
-up exactly and add up to the SLI's badput. A target new to the rules counts from 0 (``sli.increase``),
-and so does a fault cause a target has not reported before if the target was there the evaluation
-before (the sidecar exports only the causes it has seen). Rank-seconds no pod accounted are the efficiency SLI's: the absent ranks (category
-``absent``) and a vanished pod's work at risk (category ``lost``), both caused by a pod or node gone
-(``pod_lost``), priced at the job's highest rank-hour price and accelerators per rank.
+up exactly and add up to the SLI's badput. A young target new to the rules counts from 0
+(``sli.increase``), and so does a fault cause a target has not reported before if the target was
+there the evaluation before (the sidecar exports only the causes it has seen). Rank-seconds no pod
+accounted are the efficiency SLI's: the absent ranks (category ``absent``) and a vanished pod's work
+at risk (category ``lost``), both caused by a pod or node gone (``pod_lost``), priced at the job's
+highest rank-hour price and accelerators per rank.
 
 Windows. Each increment is summed over each SLO window up to the tile (the first page pair's long
 window: 1h for a 30-day period) directly, and over a longer one from its tiles (``alerts/tiles.py``),
