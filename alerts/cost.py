@@ -16,11 +16,12 @@ accelerator-hours and no cost. Accelerator-seconds are rank-seconds × the pod's
 Counting, as the efficiency SLI counts its badput (``alerts/sli.py``): each scrape target's counters
 by category, newest samples within two evaluations, less the SLI's per-target record of them an
 evaluation ago; the job's increment is each target's, priced at that target's price, so bursts add
-up exactly and add up to the SLI's badput. A fault cause a target has not reported before counts
-from 0 if the target was there the evaluation before (the sidecar exports only the causes it has
-seen). Rank-seconds no pod accounted are the efficiency SLI's: the absent ranks (category
-``absent``) and a vanished pod's work at risk (category ``lost``), both caused by a pod or node gone
-(``pod_lost``), priced at the job's highest rank-hour price and accelerators per rank.
+up exactly and add up to the SLI's badput. A young target new to the rules counts from 0
+(``sli.increase``), and so does a fault cause a target has not reported before if the target was
+there the evaluation before (the sidecar exports only the causes it has seen). Rank-seconds no pod
+accounted are the efficiency SLI's: the absent ranks (category ``absent``) and a vanished pod's work
+at risk (category ``lost``), both caused by a pod or node gone (``pod_lost``), priced at the job's
+highest rank-hour price and accelerators per rank.
 
 Windows. Each increment is summed over each SLO window up to the tile (the first page pair's long
 window: 1h for a 30-day period) directly, and over a longer one from its tiles (``alerts/tiles.py``),
@@ -61,7 +62,7 @@ from nvrx_slo.alerts.conventions import (
     ranks,
 )
 from nvrx_slo.alerts.plan import Plan
-from nvrx_slo.alerts.sli import absent_ranks, target_category_increase, vanished_at_risk
+from nvrx_slo.alerts.sli import absent_ranks, increase, target_category_increase, vanished_at_risk
 from nvrx_slo.alerts.spec import Slo, Spec
 from nvrx_slo.alerts.tiers import Group, Tier, tiered
 from nvrx_slo.alerts.tiles import Agg, Tiled, just_under
@@ -140,18 +141,17 @@ def _targets(spec: Spec, plan: Plan) -> list[Rule]:
 def _pods(of: CostOf, plan: Plan) -> str:
     """Each target's badput rank-seconds by ``of`` since the evaluation before: its counters now less
     its record then (by category: the efficiency SLI's increments, ``target_category_increase``; by
-    cause: its fault seconds, a cause new to a target counting from 0 if the target was there then).
+    cause: its fault seconds, a cause new to a target counting from 0 if the target was there then;
+    both through ``sli.increase``, which counts a young target with no base from 0).
     Every term of this evaluation is an expression over the pods' series, never a record of it read
     back: vmalert writes what it records asynchronously (docs/scaling.md), and an increment read
     against a record of its own evaluation would lose or repeat a burst."""
     if of is CostOf.CATEGORY:
         return target_category_increase(plan)
     e = duration.format(plan.evaluation_interval)
-    now = _fault_seconds(plan)
-    there = f"last_over_time({TARGET_ACCELERATORS}[5m] offset {e})"  # the target was there: a new cause from 0
-    then = (f"last_over_time({TARGET_CAUSE}[5m] offset {e})\n"
-            f"    or 0 * {now} and ignoring ({CAUSE_LABEL}, {ACCELERATOR_LABEL}) {there}")
-    return f"clamp_min({now} - (\n    {then}\n  ), 0)"
+    there = f"max without ({ACCELERATOR_LABEL}) (last_over_time({TARGET_ACCELERATORS}[5m] offset {e}))"
+    causes = tuple(c.value for c in cat.FaultCause)
+    return increase(TARGET_CAUSE, _fault_seconds(plan), CAUSE_LABEL, causes, plan, known=there)
 
 
 def _fault_seconds(plan: Plan) -> str:

@@ -124,25 +124,47 @@ def _target_categories(selector: str, interval: int) -> str:
     return f"sum without ({cat.RANK_LABEL}) (last_over_time({selector}[{duration.format(2 * interval)}]))"
 
 
-def _increase(record: str, now: str, interval: int) -> str:
-    """Each target's increase, by category, since the evaluation ``interval`` ago: its sum ``now``
-    (``record``'s expression) less ``record`` then (up to 5m back, across a failed scrape), its
-    base. A target's sums, not each counter: the sidecar exports every category of every rank from
-    0, and a failed scrape loses nothing (the base is the last evaluation that read the target).
-    ``now`` is the expression, never ``record`` read back, and every rule that needs an increment
-    computes it so: vmalert writes what it records asynchronously, so a rule reading a record of its
-    own evaluation reads the one before, or nothing (read-after-write, docs/scaling.md); the
-    increments then lose or repeat a burst. Prometheus reads the same value either way."""
-    then = f"last_over_time({record}[5m] offset {duration.format(interval)})"
-    return f"clamp_min({now} - ignoring ({SLO_LABEL}) {then}, 0)"
+BASE_LOOKBACK = 300  # how far back an increment looks for its base: a failed scrape or a few missed evaluations
+
+
+def increase(record: str, now: str, by: str, values: tuple[str, ...], plan: Plan, known: str = "") -> str:
+    """Each target's increase, by ``by`` (one of ``values``), since the evaluation an interval ago:
+    its sum ``now`` (``record``'s expression) less ``record`` then (up to ``BASE_LOOKBACK`` back,
+    across a failed scrape), its base. A target's sums, not each counter: the sidecar exports every
+    category of every rank from 0, and a failed scrape loses nothing (the base is the last
+    evaluation that read the target). ``now`` is the expression, never ``record`` read back, and
+    every rule that needs an increment computes it here: vmalert writes what it records
+    asynchronously, so a rule reading a record of its own evaluation reads the one before, or
+    nothing (read-after-write, docs/scaling.md); the increments then lose or repeat a burst.
+
+    A target with no base counts from 0 (all its counters hold is new) if it is young (``_young``)
+    or ``known`` has it (a target there before, for a label value it had not exported yet): 0 for
+    each of ``values``, so ``now`` is read once."""
+    e = plan.evaluation_interval
+    then = f"last_over_time({record}[{duration.format(BASE_LOOKBACK)}] offset {duration.format(e)})"
+    fresh = _young(e) + (f" or {known}" if known else "")
+    zero = " or ".join(f'label_replace(0 * ({fresh}), "{by}", "{value}", "", "")' for value in values)
+    return f"clamp_min({now} - ignoring ({SLO_LABEL}) ({then} or ignoring ({SLO_LABEL}) ({zero})), 0)"
+
+
+def _young(interval: int) -> str:
+    """Each target whose pod began (``nvrx_job_start_timestamp_seconds``: its own origin, where its
+    counters start) less than ``BASE_LOOKBACK`` and an interval ago: no evaluation before the ones
+    its base looks back to can have read it, so a young target with no base was never counted (a
+    replacement pod's init and restore). An old one with no base was, maybe: back after a longer
+    gap (a scrape outage, a restarted Prometheus), its counters are not counted again; a new pod
+    first read more than that after it began loses what it held then. By the start, not the wall
+    counter: a finished pod's wall stops growing, and a scrape is older than the evaluation."""
+    recent = f"last_over_time({cat.JOB_START_TIMESTAMP.name}[{duration.format(2 * interval)}])"
+    return f"{recent} > time() - {BASE_LOOKBACK + interval}"
 
 
 def target_category_increase(plan: Plan) -> str:
     """Each scrape target's badput rank-seconds by category since the evaluation before, from its
-    counters now and its ``TARGET_CATEGORY`` then (``_increase``): the efficiency SLI sums it, and
+    counters now and its ``TARGET_CATEGORY`` then (``increase``): the efficiency SLI sums it, and
     the cost rules (alerts/cost.py) price it per target."""
-    e = plan.evaluation_interval
-    return _increase(TARGET_CATEGORY, _target_categories(_badput(), e), e)
+    now = _target_categories(_badput(), plan.evaluation_interval)
+    return increase(TARGET_CATEGORY, now, "category", tuple(c.value for c in cat.BADPUT_CATEGORIES), plan)
 
 
 def _badput() -> str:
@@ -188,7 +210,7 @@ def _efficiency(plan: Plan) -> Sli:
     existed stays healthy, as the young-job rule wants; the rank count the time SLI divides by is
     the world size (a job without it falls back to its wall rate).
 
-    Badput is recorded as increments (``_increase``): settled seconds come in bursts (a reorder
+    Badput is recorded as increments (``increase``): settled seconds come in bursts (a reorder
     window, a restart settled at its end), and ``rate()`` extrapolates a burst at a series' start
     and end, counting part of it. A lost pod's unsettled time never reaches its counters (its
     sidecar died with it): the work at risk it last exported counts once its series are gone for

@@ -17,7 +17,7 @@ window, read directly, plus the steps of ``(t − span + shortest, t]``: the til
 the partial now, less the partial as it stood at the range's start (the part of the oldest tile
 before it). Exact, with no lag: the same samples a direct window sums, if every evaluation ran. No
 rule reads a record of its own evaluation: the partial now is the partial an evaluation ago plus this
-step, so it runs on vmalert as on Prometheus (``sli._increase``).
+step, so it runs on vmalert as on Prometheus (``sli.increase``).
 
 Evaluations missed: inside a tile, the partial carries on from the last one (within a tile); one
 missed at a tile's start merges two tiles into one, which every window reads consistently; a ruler
