@@ -140,7 +140,7 @@ def _m(name: str, kind: Kind, help_: str, **kw: object) -> Metric:
     return Metric(PREFIX + name, kind, help_, **kw)  # type: ignore[arg-type]
 
 
-WALL = _m("wall_seconds_total", Kind.COUNTER, "Rank-seconds of wall clock since the job's first process start.",
+WALL = _m("wall_seconds_total", Kind.COUNTER, "Rank-seconds of wall clock since this pod's first journaled start.",
           per_rank=True)
 TIME = _m("time_seconds_total", Kind.COUNTER, "Settled rank-seconds by accounting category.", labels=("category",),
           per_rank=True)
@@ -164,7 +164,8 @@ STEP_TIMING_RANKS = _m("step_timing_ranks", Kind.GAUGE,
                        "checkpoint blocking).", labels=("timer",))
 STEP_DURATION = _m("step_duration_seconds", Kind.SUMMARY, "Duration of one training step.", per_rank=True)
 JOB_START_TIMESTAMP = _m("job_start_timestamp_seconds", Kind.GAUGE,
-                         "Unix time of the job's first process start (the origin of wall time).")
+                         "Unix time of this pod's first journaled start, the origin of its wall time; "
+                         "the job's is its pods' earliest.")
 # Every pod exports both: the job-level rules count the ranks no pod runs (a lost node, a pod not
 # scheduled yet) as absent, against the job's world size.
 JOB_WORLD_SIZE = _m("job_world_size", Kind.GAUGE,
