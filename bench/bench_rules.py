@@ -31,9 +31,13 @@ series per job and record, backfilled over ``--days`` (the SLO period: the globa
 reach back that far, and its cost is in the samples they read) in blocks of ``--block-hours`` (as a
 Prometheus keeping the period compacts them), extrapolated linearly in the jobs through ``--jobs``
 to ``--fleet-pods`` / ``--pods-per-job`` jobs; the global file side by side with ``--before``'s.
+With ``--per-rule N`` as well, the global file alone, per rule: each rule's ``evaluationTime`` from
+``/api/v1/rules`` (median over its evaluations) at each ``--jobs`` count, extrapolated as above to the
+fleet's jobs, the N costliest printed with their share of their group's summed rule seconds.
 
 Usage: .venv/bin/python bench/bench_rules.py [--pods 4 16] [--before REV]
        .venv/bin/python bench/bench_rules.py --tiers --before REV [--shard-pods 1000] [--fleet-pods 10000] [--jobs 2 6]
+       .venv/bin/python bench/bench_rules.py --tiers --per-rule 8 [--jobs 2 6] [--evaluations 8]
 Target (issues 12, 33): <= 5 s of rule evaluation per 60 s interval at 1,000 pods x 8 ranks, and per
 ruler (each local ruler at its share, the global ruler) at 10,000 pods x 8 ranks.
 """
@@ -58,116 +62,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import yaml
-from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
-from bench import synthetic_journal
-from fleet import groups as rule_groups
-from fleet import reads
+from bench.rules_data import job_series, pod_series, write_job_openmetrics, write_openmetrics
 from nvrx_slo.alerts import spec
-from nvrx_slo.alerts.plan import Plan
-from nvrx_slo.alerts.tiles import is_tile
-from nvrx_slo.exporter.engine.engine import Engine
-from nvrx_slo.exporter.identity import PodIdentity
-from nvrx_slo.exporter.ingest.tail import JournalTail
-from nvrx_slo.exporter.live import Live
-from nvrx_slo.exporter.views.collector import SnapshotCollector
-from nvrx_slo.exporter.views.exposition import TextRenderer
 from servers import free_port, stop, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 5.0
 SCALE_PODS = 1000
-GROWING = ("counter", "histogram", "summary")
-
-
-def pod_series(ranks: int) -> list[tuple[str, dict[str, str], float, bool]]:
-    """(name, labels, final value, grows) of every sample one real pod's /metrics holds."""
-    with tempfile.TemporaryDirectory() as tmp:
-        journal = Path(tmp) / "journal"
-        synthetic_journal.write(journal, ranks, 200, checkpoint_every=20, restart_at=100)
-        live = Live(Engine(), JournalTail(journal))
-        live.poll()
-        live.tail.close()
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotCollector(live.view, PodIdentity(namespace="bench", pod="pod", node="node",
-                                                                job_name="job")))
-        text = TextRenderer().generate(registry).decode()
-    out = []
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            grows = family.type in GROWING and not s.name.endswith(("_created", "_timestamp_seconds"))
-            out.append((s.name, dict(s.labels), float(s.value), grows))
-    return out
-
-
-def write_openmetrics(path: Path, series: list[tuple[str, dict[str, str], float, bool]], pods: int,
-                      per_job: int, hours: float, scrape_s: int) -> int:
-    """The pods' series over the last ``hours``; returns the number of samples written."""
-    end = int(time.time()) - 60
-    times = list(range(end - int(hours * 3600), end + 1, scrape_s))
-    n = 0
-    with path.open("w") as f:
-        for name in dict.fromkeys(s[0] for s in series):
-            f.write(f"# TYPE {name} unknown\n")
-            for pod in range(pods):
-                for sname, labels, value, grows in series:
-                    if sname != name:
-                        continue
-                    labels = {**labels, "pod": f"pod-{pod}", "job_name": f"job-{pod // per_job}",
-                              "namespace": "bench", "job": "nvrx-slo", "instance": f"pod-{pod}:9400"}
-                    text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-                    for i, t in enumerate(times):
-                        v = value * (i + 1) / len(times) if grows else value
-                        f.write(f"{name}{{{text}}} {v!r} {t}\n")
-                    n += len(times)
-        f.write("# EOF\n")
-    return n
-
-
-def job_series(local_text: str, global_text: str) -> list[tuple[str, dict[str, str], bool]]:
-    """(record, labels, one per job) of every record the global file reads: as the local file records
-    it, and as the global file itself records what it reads of its own evaluations before (the
-    tiles and their partials, ``alerts/tiles.py``)."""
-    wanted = {n for rules in rule_groups(global_text).values() for r in rules for n in reads(r)}
-    out = {}
-    for text in (local_text, global_text):
-        for rules in rule_groups(text).values():
-            for r in rules:
-                if r.get("record") in wanted:
-                    labels = dict(r.get("labels", {}))
-                    out[(r["record"], tuple(sorted(labels.items())))] = (r["record"], labels, r["record"].startswith(
-                        "namespace_job_name:"))
-    return list(out.values())
-
-
-def write_job_openmetrics(path: Path, series: list[tuple[str, dict[str, str], bool]], jobs: int, days: float,
-                          step_s: int, plan: Plan) -> int:
-    """The job-level records of ``jobs`` jobs (and the evaluation counters) over the last ``days``, one
-    sample per ``step_s`` (the evaluation interval; a tile, one per tile), values varying as rates
-    do, so the chunks compress as real ones; returns the number of samples written."""
-    end = int(time.time()) - 60
-    n = 0
-    with path.open("w") as f:
-        for name in dict.fromkeys(s[0] for s in series):
-            every = plan.tile if is_tile(name, plan) else step_s
-            times = [t for t in range(end - int(days * 86400), end + 1, step_s) if t % every < step_s]
-            f.write(f"# TYPE {name} unknown\n")
-            for sname, labels, per_job in series:
-                for job in range(jobs) if per_job else [None]:
-                    if sname != name:
-                        continue
-                    extra = {"namespace": "bench", "job_name": f"job-{job}"} if job is not None else {}
-                    text = ",".join(f'{k}="{v}"' for k, v in sorted({**labels, **extra}.items()))
-                    if per_job:
-                        f.writelines(f"{name}{{{text}}} {0.5 + 0.01 * (i % 17)!r} {t}\n" for i, t in enumerate(times))
-                    else:
-                        f.writelines(f"{name}{{{text}}} 1.0 {t}\n" for t in times)
-                    n += len(times)
-        f.write("# EOF\n")
-    return n
-
-
 def rule_file(text: str, eval_s: int, dest: Path) -> list[str]:
     """The rule file with every group evaluated every ``eval_s``; returns the group names."""
     doc = yaml.safe_load(text)
@@ -183,10 +85,27 @@ def group_intervals_s(text: str) -> dict[str, float]:
     return {name: float(i[:-1]) * units[i[-1]] for name, i in every.items()}
 
 
+RuleKey = tuple[str, int, str]  # (group, position in the group, record or alert name)
+
+
+def rule_times(port: int, seen: dict[RuleKey, list[float]], last: dict[RuleKey, str]) -> None:
+    """Adds each rule's evaluation seconds from ``/api/v1/rules``, once per evaluation of it (a new
+    ``lastEvaluation``): a group's duration does not say which of its rules spent it."""
+    doc = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=10))
+    for group in doc["data"]["groups"]:
+        for i, rule in enumerate(group["rules"]):
+            key = (group["name"], i, rule["name"])
+            if not rule["lastEvaluation"].startswith("0001") and rule["lastEvaluation"] != last.get(key):
+                last[key] = rule["lastEvaluation"]
+                seen.setdefault(key, []).append(float(rule["evaluationTime"]))
+
+
 def measure(blocks: Path, rules: Path, groups: list[str], evaluations: int, eval_s: int,
-            work: Path, *flags: str) -> tuple[dict[str, float], float]:
+            work: Path, *flags: str, per_rule: dict[RuleKey, list[float]] | None = None
+            ) -> tuple[dict[str, float], float]:
     """Median last-evaluation seconds per group of one Prometheus running ``rules`` over a copy of
-    ``blocks``, and its CPU seconds per evaluation round (from every group's first evaluation on)."""
+    ``blocks``, and its CPU seconds per evaluation round (from every group's first evaluation on);
+    with ``per_rule``, each rule's seconds per evaluation added to it."""
     tsdb = work / "tsdb"
     shutil.rmtree(tsdb, ignore_errors=True)
     shutil.copytree(blocks, tsdb)
@@ -205,8 +124,11 @@ def measure(blocks: Path, rules: Path, groups: list[str], evaluations: int, eval
         pattern = re.compile(r'prometheus_rule_group_last_duration_seconds\{rule_group="[^"]*;([^"]+)"\} (\S+)')
         deadline = time.monotonic() + eval_s * (evaluations + 3) + 120
         cpu: list[tuple[float, float]] = []  # (monotonic time, CPU seconds) once every group has run
+        last_rule: dict[RuleKey, str] = {}
         while min(map(len, seen.values())) < evaluations and time.monotonic() < deadline:
             time.sleep(eval_s / 2)
+            if per_rule is not None:
+                rule_times(port, per_rule, last_rule)
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
             used = re.search(r"^process_cpu_seconds_total (\S+)", text, re.M)
             if used and min(map(len, seen.values())) > 0:
@@ -239,6 +161,16 @@ def at_scale(by_pods: dict[int, list[float]], scale: int = SCALE_PODS) -> float:
 Costs = dict[str, dict[int, list[float]]]
 
 
+def backfill(work: Path, write: Callable[[Path, int], int], count: int, block: str) -> None:
+    """``work / "blocks"``: the TSDB blocks of what ``write`` writes for ``count`` pods or jobs."""
+    t0 = time.monotonic()
+    samples = write(work / "in.om", count)
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q",
+                    f"--max-block-duration={block}", str(work / "in.om"), str(work / "blocks")], check=True)
+    (work / "in.om").unlink()
+    print(f"{count}: {samples:,} samples, backfilled in {time.monotonic() - t0:.0f} s")
+
+
 def measure_over(texts: dict[str, str], counts: list[int], write: Callable[[Path, int], int],
                  args: argparse.Namespace, *flags: str, block: str = "2h") -> tuple[Costs, Costs]:
     """Each rule file's evaluation seconds per 60 s, and its Prometheus's CPU seconds per 60 s, over
@@ -248,12 +180,7 @@ def measure_over(texts: dict[str, str], counts: list[int], write: Callable[[Path
     for count in sorted(set(counts)):
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
-            t0 = time.monotonic()
-            samples = write(work / "in.om", count)
-            subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q",
-                            f"--max-block-duration={block}", str(work / "in.om"), str(work / "blocks")], check=True)
-            (work / "in.om").unlink()
-            print(f"{count}: {samples:,} samples, backfilled in {time.monotonic() - t0:.0f} s")
+            backfill(work, write, count, block)
             for _ in range(2):  # alternating: a noisy stretch weighs on both
                 for name, text in texts.items():
                     groups = rule_file(text, args.eval, work / f"{name}.yaml")
@@ -281,13 +208,19 @@ def tiers(args: argparse.Namespace, series: list[tuple[str, dict[str, str], floa
     print(f"local tier: {len(series)} series per pod of {args.ranks} ranks; global tier: {len(records)} job-level "
           f"records, {sum(r[2] for r in records)} of them per job, over {args.days:g} days at {step} s, in "
           f"{args.block_hours:g} h blocks")
-    local_cost, local_cpu = measure_over({"local": local}, args.pods, lambda path, pods: write_openmetrics(
-        path, series, pods, args.pods_per_job, args.hours, args.scrape), args)
     # the backfilled blocks stay as they are: compacting them would take the CPU being measured
     block = f"{args.block_hours:g}h"
-    global_cost, global_cpu = measure_over(globals_, args.jobs, lambda path, jobs: write_job_openmetrics(
-        path, records, jobs, args.days, step, spec.load().plan()), args, f"--storage.tsdb.max-block-duration={block}",
-        block=block)
+
+    def write_jobs(path: Path, jobs: int) -> int:
+        return write_job_openmetrics(path, records, jobs, args.days, step, spec.load().plan())
+
+    if args.per_rule:
+        rule_profile(args, globals_["now"], write_jobs, block)
+        return
+    local_cost, local_cpu = measure_over({"local": local}, args.pods, lambda path, pods: write_openmetrics(
+        path, series, pods, args.pods_per_job, args.hours, args.scrape), args)
+    global_cost, global_cpu = measure_over(globals_, args.jobs, write_jobs, args,
+                                           f"--storage.tsdb.max-block-duration={block}", block=block)
     print("load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     jobs = args.fleet_pods // args.pods_per_job
     shards = -(-args.fleet_pods // args.shard_pods)
@@ -301,6 +234,42 @@ def tiers(args: argparse.Namespace, series: list[tuple[str, dict[str, str], floa
               f"CPU {at_scale(cpu, scale):.2f} s")
     ratio, cpu_ratio = (at_scale(c["now"], jobs) / at_scale(c["before"], jobs) for c in (global_cost, global_cpu))
     print(f"global now / before at {jobs} jobs: {ratio:.2f} (CPU: {cpu_ratio:.2f})")
+
+
+def rule_profile(args: argparse.Namespace, text: str, write: Callable[[Path, int], int], block: str) -> None:
+    """The global file's costliest rules at the fleet's jobs: each rule's median seconds per evaluation
+    at each ``--jobs`` count, extrapolated linearly in the jobs as the groups' costs are."""
+    by_rule: dict[RuleKey, dict[int, list[float]]] = {}
+    for count in sorted(set(args.jobs)):
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            backfill(work, write, count, block)
+            seen: dict[RuleKey, list[float]] = {}
+            groups = rule_file(text, args.eval, work / "global.yaml")
+            run, round_cpu = measure(work / "blocks", work / "global.yaml", groups, args.evaluations, args.eval, work,
+                                     f"--storage.tsdb.max-block-duration={block}", per_rule=seen)
+            print("  " + "; ".join(f"{g} {d * 1000:.1f} ms" for g, d in run.items())
+                  + f"; CPU {round_cpu * 1000:.1f} ms a round")
+            for key, times in seen.items():
+                by_rule.setdefault(key, {})[count] = times
+    jobs, most = args.fleet_pods // args.pods_per_job, max(args.jobs)
+    at = {key: at_scale(c, jobs) for key, c in by_rule.items()}
+    group_at: dict[str, float] = {}
+    group_most: dict[str, float] = {}  # the share's denominator: measured, so never a noisy extrapolation
+    for key, seconds in at.items():
+        group_at[key[0]] = group_at.get(key[0], 0.0) + seconds
+        group_most[key[0]] = group_most.get(key[0], 0.0) + statistics.median(by_rule[key].get(most, [0.0]))
+    print("load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    total = per_minute(group_at, group_intervals_s(text))
+    print(f"global ruler, summed over its {len(at)} rules: at {jobs} jobs {total:.2f} s per 60 s; per group per "
+          f"evaluation, at {jobs} jobs and ({most} measured): "
+          + ", ".join(f"{g} {s:.3f} s ({group_most[g] * 1000:.1f} ms)" for g, s in group_at.items()))
+    print(f"{'s/eval':>7} {'share':>6}  group  rule  (share: of the group's rule seconds at {most} jobs; "
+          "median ms per evaluation at each --jobs)")
+    for key, seconds in sorted(at.items(), key=lambda kv: -kv[1])[:args.per_rule]:
+        measured = ", ".join(f"{n}: {statistics.median(v) * 1000:.2f}" for n, v in sorted(by_rule[key].items()))
+        share = statistics.median(by_rule[key].get(most, [0.0])) / group_most[key[0]]
+        print(f"{seconds:7.3f} {share:6.1%}  {key[0]}  {key[2]}  ({measured})")
 
 
 def _at(rev: str, path: str) -> str:
@@ -324,6 +293,8 @@ def main() -> None:
     p.add_argument("--fleet-pods", type=int, default=10000, help="--tiers: the fleet the global ruler serves")
     p.add_argument("--jobs", type=int, nargs="+", default=[2, 6], help="--tiers: job counts the global tier is "
                    "measured at")
+    p.add_argument("--per-rule", type=int, default=0, metavar="N", help="--tiers: instead, the global file's N "
+                   "costliest rules at --fleet-pods (each rule's evaluationTime from /api/v1/rules)")
     p.add_argument("--days", type=float, default=30.0, help="--tiers: days of job-level records (the SLO period)")
     p.add_argument("--block-hours", type=float, default=54.0, help="--tiers: the global tier's TSDB blocks (54: "
                    "what Prometheus compacts a 30-day retention into, at most 10%% of it; 2: none compacted)")
