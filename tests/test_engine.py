@@ -190,17 +190,22 @@ def _shifted_from_rank_2_to_1() -> tuple[Pod, Proc, Proc]:
     return pod, launcher, p
 
 
-def test_a_pod_finishes_when_a_torn_down_process_had_journaled_as_another_rank():
-    """A four-pod job: the Wrapper's in-process restart shifted this pod's process from rank 2 to
-    rank 1 just before the launcher tore it down; the next round ran rank 2 to its end. The torn-down
-    process never journaled its end: the pod still finished (it once read running)."""
-    pod, launcher, p = _shifted_from_rank_2_to_1()
+def _next_round_runs_rank_2(pod, launcher, p) -> None:
+    """The launcher tears ``p`` down and starts its next round, which runs rank 2 to its end."""
     launcher.ev("launcher_worker_exit", 3.0, worker_pid=p.pid)
     launcher.ev("launcher_worker_start", 4.0)
     q = pod.proc(2, restart=1)
     q.start(5.0, world_size=4, local_world_size=1)
     q.step(1, 6.0, 6.5)
     q.end(7.0)
+
+
+def test_a_pod_finishes_when_a_torn_down_process_had_journaled_as_another_rank():
+    """A four-pod job: the Wrapper's in-process restart shifted this pod's process from rank 2 to
+    rank 1 just before the launcher tore it down; the next round ran rank 2 to its end. The torn-down
+    process never journaled its end: the pod still finished (it once read running)."""
+    pod, launcher, p = _shifted_from_rank_2_to_1()
+    _next_round_runs_rank_2(pod, launcher, p)
     launcher.ev("launcher_exit", 7.5, code=0)
     assert run(pod, 10.0).finished
 
@@ -210,12 +215,7 @@ def test_a_pod_finishes_from_its_launchers_last_round_of_workers_only():
     restarted; its next round ran rank 2 to its end. The pod finished: the rank of a round before
     the launcher's last start is not one it still waits for."""
     pod, launcher, p = _one_pod_of_four(3)
-    launcher.ev("launcher_worker_exit", 3.0, worker_pid=p.pid)
-    launcher.ev("launcher_worker_start", 4.0)
-    q = pod.proc(2, restart=1)
-    q.start(5.0, world_size=4, local_world_size=1)
-    q.step(1, 6.0, 6.5)
-    q.end(7.0)
+    _next_round_runs_rank_2(pod, launcher, p)
     assert not run(pod, 7.2).finished  # the launcher runs
     launcher.ev("launcher_exit", 7.5, code=0)
     assert run(pod, 10.0).finished
