@@ -53,9 +53,9 @@ from nvrx_slo.alerts.conventions import (
 )
 from nvrx_slo.contracts.catalogue import (
     BADPUT_CATEGORIES,
+    CKPT_LAST_STEP,
     LAST_STEP_TIMESTAMP,
     TIME,
-    WORK_AT_RISK,
     Category,
     FaultCause,
 )
@@ -115,12 +115,14 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
              "--final-scrape-timeout", "10", "--run-dir", str(tmp / "run")],
             stdout=subprocess.PIPE, stderr=open(errors, "wb"), text=True, env=env)
         out: list[str] = []
+        sidecars: dict[str, str] = {}
 
         def follow() -> None:  # each sidecar becomes a scrape target as the demo starts it
             assert demo.stdout is not None
             for line in demo.stdout:
                 out.append(line)
                 if match := _SIDECAR.match(line):
+                    sidecars[Path(match.group(1)).parent.name] = match.group(2)
                     seen = json.loads(targets.read_text())
                     seen.append({"targets": [match.group(2)]})
                     tmp_targets = targets.with_suffix(".tmp")
@@ -137,7 +139,8 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         # nothing may be added
         time.sleep(max(0.0, ended + SETTLED + 8 - time.time()))
         yield {"prometheus": url, "stdout": "".join(out), "stderr": stderr, "returncode": demo.returncode,
-               "spec": spec.load(tmp / "slo.yaml"), "run_dir": tmp / "run", "pods": pods, "ended": ended}
+               "spec": spec.load(tmp / "slo.yaml"), "run_dir": tmp / "run", "pods": pods, "ended": ended,
+               "targets": sidecars}
     finally:
         stop(prometheus)
 
@@ -229,34 +232,38 @@ def _truth(run_dir: Path) -> tuple[float, float]:
     return total - sum(kept.values()), total
 
 
-def _unseen_kept(run_dir: Path, last_scrape_wall: float) -> float:
-    """The lost pod's step work that a save it journaled at or after its sidecar's last scrape
-    (less a second: the sidecar's poll) keeps. Prometheus never saw that save, so the work counts
-    at risk there; the job resumed from it and kept the work (the job report replays the journal)."""
+def _unseen_kept(run_dir: Path, seen_step: int) -> float:
+    """The lost pod's step work that a save its sidecar had not read by its last scrape keeps: the
+    steps after the newest save any scrape saw (``nvrx_checkpoint_last_step``), up to its newest
+    durable save. Prometheus never saw that save, so the work counts at risk there; the job resumed
+    from it and kept the work (the job report replays the journal)."""
     records = read_journal(run_dir / "pod-1" / "journal")
-    ends = [(r["wall"], r["step"]) for r in records if r["type"] == "checkpoint_end" and r["ok"]]
-    seen = max((step for wall, step in ends if wall < last_scrape_wall - 1.0), default=-1)
-    late = max((step for wall, step in ends if wall >= last_scrape_wall - 1.0), default=-1)
+    late = max((r["step"] for r in records if r["type"] == "checkpoint_end" and r["ok"]), default=-1)
     return sum(r["mono"] - r["start"] - r["data_s"] for r in records
-               if r["type"] == "step" and seen < r["step"] <= late)
+               if r["type"] == "step" and seen_step < r["step"] <= late)
 
 
-def _unseen_lost(run_dir: Path, last_step_seen_wall: float) -> float:
-    """The lost pod's step work Prometheus never saw at risk: steps after the newest its sidecar had
-    read by its last scrape (``nvrx_last_step_timestamp_seconds``), that no save kept. The job report
-    replays the journal and counts them lost; how many there are is how far the sidecar's poll and the
-    last scrape lagged the kill (a second or two on a quiet machine, more on a loaded one)."""
-    records = read_journal(run_dir / "pod-1" / "journal")
-    kept = max((r["step"] for r in records if r["type"] == "checkpoint_end" and r["ok"]), default=-1)
-    return sum(r["mono"] - r["start"] - r["data_s"] for r in records
-               if r["type"] == "step" and r["wall"] > last_step_seen_wall and r["step"] > kept)
+def _unseen_lost(run: dict[str, Any], at: float) -> float:
+    """The lost pod's rank-seconds no series holds: from the newest step any scrape read (its work at
+    risk was exported up to about then; from its first record where no scrape read a step) to the
+    first scrape that found its sidecar gone (Prometheus's own ``up``). Until that scrape the rules
+    count its ranks as running, and nothing newer than its last scrape reaches them; the job report
+    counts that time bad (steps no save kept, then absent). How long it is is the sidecar's poll and
+    the scrapes' lag around the kill (a second or two on a quiet machine, more on a loaded one);
+    the first scrape after the newest step read, as one may also fail while the sidecar starts."""
+    records = read_journal(run["run_dir"] / "pod-1" / "journal")
+    ranks = len({r["rank"] for r in records if r["type"] == "step"})
+    seen = query(run["prometheus"], f'max_over_time({LAST_STEP_TIMESTAMP.name}{{pod="pod-1"}}[1h])', at)
+    since = float(seen[0]["value"][1]) if seen else records[0]["wall"]
+    failed = f'timestamp(up{{instance="{run["targets"]["pod-1"]}"}} == 0) > {since}'
+    (gone,) = query(run["prometheus"], f"min_over_time(({failed})[1h:1s])", at)
+    return ranks * max(0.0, float(gone["value"][1]) - since)
 
 
-def _last_step_seen(prometheus: str, at: float) -> float:
-    """The wall time of the lost pod's newest step any scrape read; -inf where none did (the node went
-    before a scrape read its first step: all its unsaved work is unseen)."""
-    seen = query(prometheus, f'max_over_time({LAST_STEP_TIMESTAMP.name}{{pod="pod-1"}}[1h])', at)
-    return float(seen[0]["value"][1]) if seen else -math.inf
+def _last_save_seen(prometheus: str, at: float) -> int:
+    """The step of the lost pod's newest durable save any scrape read; -1 where none did."""
+    seen = query(prometheus, f'max_over_time({CKPT_LAST_STEP.name}{{pod="pod-1"}}[1h])', at)
+    return int(float(seen[0]["value"][1])) if seen else -1
 
 
 def _absent_rounding(run_dir: Path, instants: list[float], ago: float, step: float) -> float:
@@ -284,7 +291,7 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     finished pods' last settlement is in it: each sidecar, stopped, served it to two scrapes, so an
     evaluation saw it before its series went stale (one scrape left it to chance: a four-pod run
     once lost 17.5 rank-s of badput increments). The lost pod's work since its last save (its
-    sidecar died with it) is in it; so is the work of a save it journaled after its sidecar's last
+    sidecar died with it) is in it; so is the work of a save its sidecar had not read by its last
     scrape, and its steps after its sidecar's last scrape are not (limits of any scraper)."""
     assert run["returncode"] == 0, run["stderr"][-3000:]
     base = run["spec"].plan().base
@@ -298,12 +305,11 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     (value,) = settled(f'sum_over_time({sli_bad_record(base)}{{slo="efficiency"}}[1h])')
     recorded = float(value["value"][1]) * interval
     (vanished,) = settled(f"sum_over_time({VANISHED_AT_RISK}[1h])")
-    (scraped,) = settled(f'max_over_time(timestamp({WORK_AT_RISK.name}{{pod="pod-1"}})[1h:1s])')
     (absent,) = settled(f"{ABSENT_RANKS}[1h]")
     bad, total = _truth(run["run_dir"])
     bad += _absent_rounding(run["run_dir"], [float(t) for t, _ in absent["values"]], base, interval)
-    unseen = _unseen_kept(run["run_dir"], float(scraped["value"][1]))
-    unseen_lost = _unseen_lost(run["run_dir"], _last_step_seen(run["prometheus"], at))
+    unseen = _unseen_kept(run["run_dir"], _last_save_seen(run["prometheus"], at))
+    unseen_lost = _unseen_lost(run, at)
     # the increments add up to the pods' badput counters exactly, however bursty
     badput = "|".join(c.value for c in BADPUT_CATEGORIES)
     (counters,) = settled(f'sum(last_over_time({TIME.name}{{category=~"{badput}"}}[1h]))')
@@ -311,7 +317,7 @@ def test_the_job_error_ratio_prometheus_records_is_the_journals(run):
     assert float(increments["value"][1]) == pytest.approx(float(counters["value"][1]), abs=0.01)
     print(f"\n{run['pods']} pods: recorded {recorded:.2f}, journals {bad:.2f} of {total:.2f} rank-s: "
           f"{100 * (recorded - bad) / total:+.2f} pp, {100 * unseen / total:.2f} pp of it allowed (unseen save), "
-          f"{100 * unseen_lost / total:.2f} pp below (unseen steps); "
+          f"{100 * unseen_lost / total:.2f} pp below (unseen lost pod); "
           f"badput increments {float(increments['value'][1]):.2f} of counters {float(counters['value'][1]):.2f}")
     assert float(vanished["value"][1]) > 1.0  # the lost pod's: steps since its last save, and its tail
     assert (bad - unseen_lost) / total - 0.01 <= recorded / total <= (bad + unseen) / total + 0.01, (
@@ -359,9 +365,8 @@ def test_prometheus_prices_badput_by_cause_as_the_job_report_does(run):
     base, interval = run["spec"].plan().base, run["spec"].evaluation_interval
     (absent,) = query(run["prometheus"], f"{ABSENT_RANKS}[1h]", at)
     rounding = _absent_rounding(run["run_dir"], [float(t) for t, _ in absent["values"]], base, interval)
-    (scraped,) = query(run["prometheus"], f'max_over_time(timestamp({WORK_AT_RISK.name}{{pod="pod-1"}})[1h:1s])', at)
-    unseen = _unseen_kept(run["run_dir"], float(scraped["value"][1]))
-    unseen_lost = _unseen_lost(run["run_dir"], _last_step_seen(run["prometheus"], at))
+    unseen = _unseen_kept(run["run_dir"], _last_save_seen(run["prometheus"], at))
+    unseen_lost = _unseen_lost(run, at)
     launchers = {pod: sorted((r for r in read_journal(run["run_dir"] / pod / "journal") if r["rank"] is None),
                              key=lambda r: r["seq"]) for pod in ("pod-1", "pod-1-replacement")}
     unread = sum(records[1]["mono"] - records[0]["mono"] for records in launchers.values())
