@@ -24,6 +24,7 @@ nested too deep for the parser is ``malformed`` — that line alone, never the l
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 import msgspec
 
@@ -32,6 +33,7 @@ from nvrx_slo.contracts.schema import JournalError
 from nvrx_slo.exporter.events import Event
 
 _ONE = msgspec.json.Decoder(Event)
+_FIRST, _LAST = itemgetter(0), itemgetter(-1)  # a line's first and last byte
 
 
 def decode(line: bytes) -> Event:
@@ -51,10 +53,9 @@ def decode_batch(lines: list[bytes], body: bytes | None = None) -> Sequence[Even
     # split back into the same lines when every line starts with "{" and ends with "}" (no value
     # then continues past its line's end) and the value count matches. Otherwise go line by line.
     n = len(lines)
-    if body is None:
-        body = b"\n".join(lines)
-    if (n and body[:1] == b"{" and body[-1:] == b"}" and body.count(b"\n{") == n - 1
-            and body.count(b"}\n") == n - 1):
+    if n and all(lines) and set(map(_FIRST, lines)) == {ord("{")} and set(map(_LAST, lines)) == {ord("}")}:
+        if body is None:
+            body = b"\n".join(lines)
         try:
             if not body.isascii():
                 body.decode()  # see decode(): unknown fields' UTF-8
