@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import reduce
 from operator import add
-from typing import Annotated
+from typing import Annotated, cast
 
 import msgspec
 
@@ -75,7 +75,7 @@ OTHER_NAME = "other"
 GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
         RankState.ENDED: SHUTDOWN}
 _UNKNOWN = causes.INDEX[FaultCause.UNKNOWN]
-_STEP = STRUCTS[EventType.STEP]  # a step's struct: ``type(ev) is`` it is the fastest test
+_STEP = cast("type[Step]", STRUCTS[EventType.STEP])  # a step's struct: ``type(ev) is`` it is the fastest test
 INPROCESS_FAULT = (InprocessAbort, InprocessFinalize, InprocessRankAssignment)  # the Wrapper's: a fault
 # the Wrapper's callbacks: the restart phase each one ends
 _MARKS = {EventType.INPROCESS_ABORT: RestartPhase.DETECT, EventType.INPROCESS_FINALIZE: RestartPhase.TEARDOWN,

@@ -124,8 +124,9 @@ def split(name: str, src: Source, data: bytes, starts: dict[int, float], limit: 
                 RejectReason.MALFORMED, f"line longer than {MAX_LINE_BYTES} bytes"))))
         return
     src.pending = data[end + 1:]
-    body: bytes | None = data[:end]
-    lines = body.split(b"\n")
+    chunk = data[:end]
+    lines = chunk.split(b"\n")
+    body: bytes | None = chunk
     ends = list(accumulate(map(len, lines)))  # line i ends at start + ends[i] + i + 1 (its newline)
     if all(lines):
         nonempty: Sequence[int] = range(len(lines))
