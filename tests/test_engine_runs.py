@@ -21,6 +21,7 @@ from nvrx_slo.exporter.engine import runs
 from nvrx_slo.exporter.engine.engine import Engine, IngestFailed
 from nvrx_slo.exporter.events import Event, as_event
 from nvrx_slo.exporter.ingest.decode import decode_batch
+from nvrx_slo.exporter.ingest.tail import JournalTail
 from test_engine_properties import SETTINGS, journals
 
 
@@ -138,3 +139,15 @@ def test_a_record_accounting_raises_on_is_named_and_nothing_after_it_is_accounte
     assert isinstance(failed.value.__cause__, ZeroDivisionError)
     assert events[failed.value.start] is bad and failed.value.end == failed.value.start + 1
     _same(_one_by_one(events[:failed.value.start], False, float("inf")), buggy)
+
+
+@pytest.mark.parametrize("round_bytes", [1, 1 << 21])
+def test_the_journal_read_in_chunks_of_any_size_accounts_as_record_by_record(tmp_path: Path, round_bytes: int) -> None:
+    """The sidecar's path (the reader's chunks decoded at once, each chunk's runs accounted together) against
+    its records ingested one at a time: in the smallest chunks the reader reads (``MIN_CHUNK``, a few
+    lines each) and in its default rounds (thousands)."""
+    events = _synthetic(tmp_path, 2, 600)
+    for keep_history in (False, True):
+        engine = Engine(keep_history=keep_history)
+        assert JournalTail(tmp_path, round_bytes=round_bytes).poll(engine.ingest_many) == len(events)
+        _same(_one_by_one(events, keep_history, float("inf")), engine)

@@ -82,3 +82,14 @@ def test_nan_is_malformed_not_a_number():
     line = schema.encode(step(1, 10.0, 1)).replace(b'"mono":10.0', b'"mono":NaN')[:-1]
     [item] = decode_batch([line])
     assert isinstance(item, JournalError) and item.reason is schema.RejectReason.MALFORMED
+
+
+def test_lines_a_json_stream_would_read_as_other_lines_are_decoded_one_by_one():
+    """The batch is decoded as a stream of JSON values, where one value may span two lines or two
+    share one: a batch whose value count still matches its line count must give each line its own answer."""
+    one = schema.encode(VALID[0])[:-1]
+    for batch in ([one + one, b" "], [one + b" " + one, b"\t", one],
+                  [one[:-1] + b",", b'"extra":1}', one + one], [one + b"\r", one, b" "]):
+        got = [item.reason if isinstance(item, JournalError) else as_record(item) for item in decode_batch(batch)]
+        assert got == [contract(line) for line in batch]
+        assert any(isinstance(item, JournalError) for item in decode_batch(batch))

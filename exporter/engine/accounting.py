@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import reduce
 from operator import add
-from typing import Annotated
+from typing import Annotated, cast
 
 import msgspec
 
@@ -63,7 +63,7 @@ from nvrx_slo.exporter.engine.causes import CAUSES
 from nvrx_slo.exporter.engine.pool import POOL_MAX, Pool
 from nvrx_slo.exporter.engine.restart_sink import Held, RestartSink
 from nvrx_slo.exporter.engine.snapshot import RankState
-from nvrx_slo.exporter.events import Event, begin
+from nvrx_slo.exporter.events import STRUCTS, Event, begin
 
 IDX = {c: i for i, c in enumerate(SETTLED_CATEGORIES)}
 PRODUCTIVE, LOST, BLOCKING = IDX[Category.PRODUCTIVE], IDX[Category.LOST], IDX[Category.CHECKPOINT_BLOCKING]
@@ -75,6 +75,7 @@ OTHER_NAME = "other"
 GAP = {RankState.INIT: INIT, RankState.TRAINING: UNATTRIBUTED, RankState.RESTART: RESTART,
         RankState.ENDED: SHUTDOWN}
 _UNKNOWN = causes.INDEX[FaultCause.UNKNOWN]
+_STEP = cast("type[Step]", STRUCTS[EventType.STEP])  # a step's struct: ``type(ev) is`` it is the fastest test
 INPROCESS_FAULT = (InprocessAbort, InprocessFinalize, InprocessRankAssignment)  # the Wrapper's: a fault
 # the Wrapper's callbacks: the restart phase each one ends
 _MARKS = {EventType.INPROCESS_ABORT: RestartPhase.DETECT, EventType.INPROCESS_FINALIZE: RestartPhase.TEARDOWN,
@@ -377,7 +378,7 @@ class Ledger:
         j = i
         while j < n:
             ev = records[j]
-            if not isinstance(ev, Step) or ev.pid != pid or ev.iter > it:
+            if type(ev) is not _STEP or ev.pid != pid or ev.iter > it:
                 break
             j += 1
             if ev.blocked_s or not plain:
@@ -395,11 +396,12 @@ class Ledger:
                 data: float = ev.data_s
                 data = span if data > span else (data if data > 0.0 else 0.0)
                 data_s += data
+                work = span - data
                 steps.append(ev.step)
-                work_s.append(span - data)
+                work_s.append(work)
                 firsts.append(mono)
                 lasts.append(mono)
-                pool_sum += span - data
+                pool_sum += work
                 t = mono
                 if len(steps) > POOL_MAX:
                     pool.compact()

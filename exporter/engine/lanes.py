@@ -181,35 +181,49 @@ class Lane:
         self.applied = pending[n - 1]
         del pending[:n]
 
-    def take_run(self, run: list[Step], window: float, sink: RestartSink) -> None:
-        """``count`` and ``take`` each step of a run (``runs``: steps of its newest process, each
-        later than the one before and than any record it holds), as they would one by one: the
-        histogram per step, the newest of everything once, the buffer extended once and applied
-        to the ledger up to the last step's horizon (the union of each step's)."""
-        durations = list(map(sub, map(MONO, run), map(START, run)))
-        hist, n = self.hist, len(run)
-        counts = hist.counts
-        for bucket in map(_bucket, durations):
-            counts[bucket] += 1
-        hist.sum = reduce(add, durations, hist.sum)  # each in turn, as ``count`` adds them
-        hist.count += n
-        begun = min(map(sub, map(WALL, run), durations))
-        if self.first_step_wall is None or begun < self.first_step_wall:
-            self.first_step_wall = begun
-        for i in range(max(0, n - RECENT_STEPS), n):
-            self.recent[(self.steps + i) % RECENT_STEPS] = durations[i]
-        self.steps += n
+    def take_run(self, run: list[Event], steps: list[Step], window: float, sink: RestartSink) -> None:
+        """``count`` and ``take`` each record of a run (``runs``: steps and saves' parts of its newest
+        process, each no earlier than the one before and later than any record it holds; ``steps``:
+        its steps, in order), as they would one by one: the histogram per step, the newest of
+        everything once, the buffer extended once and applied to the ledger up to the last record's
+        horizon (the union of each record's)."""
+        if steps:
+            self._count_steps(steps)
         last = run[-1]
-        self.step, self.step_mono, self.step_wall = last.step, last.mono, last.wall
         self.newest, self.newest_kind, self.end_error = last.mono, last.type, None
         self.newest_restart, self.newest_iter = last.restart, last.iter
         pending = self.pending
-        pending.extend(run)
+        pending += run
         applied = bisect_left(pending, last.mono - window, key=MONO)
         if applied:
             self.ledger.apply_many(pending[:applied], sink)
             self.applied = pending[applied - 1]
             del pending[:applied]
+
+    def _count_steps(self, steps: list[Step]) -> None:
+        """``count`` each of a run's steps (each later than the one before and than any it holds)."""
+        durations = list(map(sub, map(MONO, steps), map(START, steps)))
+        hist, n = self.hist, len(steps)
+        counts = hist.counts
+        low = _bucket(min(durations))
+        if low == _bucket(max(durations)):  # nearly always: steps of one length
+            counts[low] += n
+        else:
+            for bucket in map(_bucket, durations):
+                counts[bucket] += 1
+        hist.sum = reduce(add, durations, hist.sum)  # each in turn, as ``count`` adds them
+        hist.count += n
+        begun = min(map(sub, map(WALL, steps), durations))
+        if self.first_step_wall is None or begun < self.first_step_wall:
+            self.first_step_wall = begun
+        kept = min(n, RECENT_STEPS)  # the newest, into the ring from where the step before them went
+        at = (self.steps + n - kept) % RECENT_STEPS
+        wrap = max(0, at + kept - RECENT_STEPS)
+        self.recent[at:at + kept - wrap] = durations[n - kept:n - wrap]
+        self.recent[:wrap] = durations[n - wrap:]
+        self.steps += n
+        last = steps[-1]
+        self.step, self.step_mono, self.step_wall = last.step, last.mono, last.wall
 
     def settle(self, sink: RestartSink) -> None:
         """Apply every buffered record to the ledger now (``Engine.settle``)."""

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import not_
+from operator import le, not_
 
 POOL_MAX = 4096  # undecided steps kept one by one before neighbours are merged
 
@@ -32,6 +33,25 @@ class Pool:
         """Take out the entries decided: those of a step ≤ ``keep_upto`` (productive), and the rest
         too if ``drop_rest`` (lost). Returns their work, productive and lost, and each one's verdict,
         in pool order: whoever adds them up adds them in that order."""
+        steps = self.steps
+        if not all(map(le, steps, steps[1:])):
+            return self._take_any(keep_upto, drop_rest)
+        # steps in order (a process's loop): the productive ones are a prefix, decided by slicing
+        k = 0 if keep_upto is None else bisect_right(steps, keep_upto)
+        kept = self.work[:k]
+        verdicts = list(zip(self.first[:k], self.last[:k], repeat(True)))
+        if not drop_rest:
+            lost: list[float] = []
+            del steps[:k], self.work[:k], self.first[:k], self.last[:k]
+        else:
+            lost = self.work[k:]
+            verdicts += zip(self.first[k:], self.last[k:], repeat(False))
+            self.steps, self.work, self.first, self.last = [], [], [], []
+        self.sum = sum(self.work)
+        return kept, lost, verdicts
+
+    def _take_any(self, keep_upto: int | None, drop_rest: bool) -> tuple[list[float], list[float], list[Verdict]]:
+        """``take``, whatever the order of the steps."""
         productive = [keep_upto is not None and step <= keep_upto for step in self.steps]
         gone = list(repeat(True, len(productive))) if drop_rest else productive
         kept = list(compress(self.work, productive))

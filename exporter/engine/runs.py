@@ -24,7 +24,7 @@ Between such records nothing reads what another lane holds, and the saves read o
 which process each runs (unchanged in a run). So the parts are added to the saves in order, the
 saves folded before each record that brings the pod's newest instant to ``Checkpoints.due`` (found
 by bisection: the newest instant before each record is a running maximum), and each lane's records
-taken together (``Lane.take_run`` for its steps, a part as ``Engine.ingest`` takes it), exactly as one by one:
+taken together (``Lane.take_run``: the whole run at once), exactly as one by one:
 ``tests/test_engine_runs.py`` checks that every state and snapshot agree with ``ingest`` record by record.
 """
 
@@ -34,7 +34,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple, cast
 
@@ -162,16 +162,12 @@ def account(s: EngineState, records: Sequence[Event], i: int, found: Found, fold
     folds(end - i)
     s.newest = newest[-1]
     s.counts.accepted += end - i
-    window, sink, counts = s.window, s.restarts, s.counts
+    window, sink = s.window, s.restarts
     for run in found.runs:
         run.process.seqs.floor = run.seq
-        lane, taken = run.lane, 0
-        for k in run.parts:
-            if k > taken:
-                lane.take_run(cast("list[Step]", run.records[taken:k]), window, sink)
-            record = run.records[k]
-            lane.count(record, record.mono)
-            lane.take(record, window, sink, counts)
-            taken = k + 1
-        if taken < len(run.records):
-            lane.take_run(cast("list[Step]", run.records[taken:] if taken else run.records), window, sink)
+        records, parts = run.records, run.parts
+        steps = records
+        if parts:  # the steps between the parts
+            bounds = zip([-1, *parts], [*parts, len(records)], strict=True)
+            steps = list(chain.from_iterable(records[a + 1:b] for a, b in bounds))
+        run.lane.take_run(records, cast("list[Step]", steps), window, sink)

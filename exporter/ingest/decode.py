@@ -6,8 +6,8 @@ the sidecar must ingest. This module gets the same answers faster, and hands on 
 schema's declarations). The exporter reads records only as events, never as dicts: turning each struct
 into a dict was about a quarter of the reader's time (``bench/bench_ingest.py``, docs/benchmarks.md).
 
-* ``msgspec`` parses and type-checks a whole batch of lines as one JSON array of event structs
-  (one C call instead of thousands of Python checks);
+* ``msgspec`` parses and type-checks a whole batch of lines at once, as read (``decode_lines``:
+  one C call instead of thousands of Python checks, and no copy of the chunk);
   a batch with a bad line falls back to line-by-line so only that line is rejected. Splicing
   two corrupt lines into one object would take several coincident corruptions (see
   ``decode_batch``); the journal's writer is trusted, its storage is not adversarial.
@@ -24,6 +24,7 @@ nested too deep for the parser is ``malformed`` — that line alone, never the l
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 import msgspec
 
@@ -31,8 +32,8 @@ from nvrx_slo.contracts import schema
 from nvrx_slo.contracts.schema import JournalError
 from nvrx_slo.exporter.events import Event
 
-_BATCH = msgspec.json.Decoder(list[Event])
 _ONE = msgspec.json.Decoder(Event)
+_FIRST, _LAST = itemgetter(0), itemgetter(-1)  # a line's first and last byte
 
 
 def decode(line: bytes) -> Event:
@@ -45,18 +46,23 @@ def decode(line: bytes) -> Event:
     return msgspec.convert(schema.decode(line), Event)  # the contract's answer, reason included
 
 
-def decode_batch(lines: list[bytes]) -> Sequence[Event | JournalError]:
-    """Decode complete, non-empty lines; item *i* is line *i*'s event or the ``JournalError`` rejecting it."""
-    # The joined array splits back into the same lines when every line is one object: each
-    # starts with "{" and ends with "}" and the item count matches. Otherwise go line by line.
-    if all(line[:1] == b"{" and line[-1:] == b"}" for line in lines):
-        joined = b"[" + b",".join(lines) + b"]"
+def decode_batch(lines: list[bytes], body: bytes | None = None) -> Sequence[Event | JournalError]:
+    """Decode complete, non-empty lines; item *i* is line *i*'s event or the ``JournalError`` rejecting it.
+    ``body``: the lines as read, ``b"\\n".join(lines)`` (given, it is not joined again)."""
+    # msgspec reads the lines as a stream of JSON values, which may span lines or share one. They
+    # split back into the same lines when every line starts with "{" and ends with "}" (no value
+    # then continues past its line's end) and the value count matches. Otherwise go line by line.
+    n = len(lines)
+    if n and all(lines) and set(map(_FIRST, lines)) == {ord("{")} and set(map(_LAST, lines)) == {ord("}")}:
+        if body is None:
+            body = b"\n".join(lines)
         try:
-            joined.decode()  # see decode(): unknown fields' UTF-8
-            events = _BATCH.decode(joined)
+            if not body.isascii():
+                body.decode()  # see decode(): unknown fields' UTF-8
+            events = _ONE.decode_lines(body)
         except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
             events = None
-        if events is not None and len(events) == len(lines):
+        if events is not None and len(events) == n:
             return events
     out: list[Event | JournalError] = []
     for line in lines:

@@ -78,11 +78,11 @@ def _after(start: float) -> float:
     return math.nextafter(start, _NEVER)
 
 
-def _decoded(lines: list[bytes]) -> Sequence[Event | JournalError]:
+def _decoded(lines: list[bytes], body: bytes | None) -> Sequence[Event | JournalError]:
     """``decode_batch``, and if it raises (a decoder bug on some hostile line), line by line, so
     that only the lines it raises on are lost — each counted as malformed — never the chunk."""
     try:
-        return decode_batch(lines)
+        return decode_batch(lines, body)
     except Exception:  # whatever it is, it must not take the valid lines with it
         out: list[Event | JournalError] = []
         for line in lines:
@@ -124,14 +124,16 @@ def split(name: str, src: Source, data: bytes, starts: dict[int, float], limit: 
                 RejectReason.MALFORMED, f"line longer than {MAX_LINE_BYTES} bytes"))))
         return
     src.pending = data[end + 1:]
-    lines = data[:end].split(b"\n")
+    chunk = data[:end]
+    lines = chunk.split(b"\n")
+    body: bytes | None = chunk
     ends = list(accumulate(map(len, lines)))  # line i ends at start + ends[i] + i + 1 (its newline)
     if all(lines):
         nonempty: Sequence[int] = range(len(lines))
     else:
         nonempty = [i for i, line in enumerate(lines) if line]
-        lines = [lines[i] for i in nonempty]
-    decoded = _decoded(lines)
+        lines, body = [lines[i] for i in nonempty], None
+    decoded = _decoded(lines, body)
     pid = src.pid
     if start == 0:  # the file's start: its writer's first record (seq 0), wherever in the chunk it lies
         for item in decoded:
