@@ -102,6 +102,33 @@ def test_an_exception_that_left_a_step_is_an_exception_whatever_the_exit():
     assert _caused(_job(fault))[1] is FaultCause.EXCEPTION
 
 
+# what gloo raised in the demo's surviving pod when its peer's node went (tests/test_demo_pods.py)
+_PEER_GONE = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+              "[127.0.0.1]:46485: Connection reset by peer. This is typically caused by a remote worker hanging "
+              "or bugs in the application.")
+
+
+def test_a_collective_that_lost_its_peer_is_the_peers_fault():
+    """A surviving pod after its peer pod's node went: its rank's collective failed because the peer
+    was gone, and its launcher restarted both. Its ranks were healthy: every second is ``peer_fault``."""
+    def fault(launcher: Proc, _: Proc, faulty: Proc) -> None:
+        faulty.ev("step_failed", 3.0, step=2, start=2.5, error=_PEER_GONE)
+        launcher.ev("launcher_worker_exit", 3.1, worker_pid=faulty.pid, exit_code=1)
+    by, cause = _caused(_job(fault))
+    assert cause is FaultCause.PEER_FAULT and set(by) == {FaultCause.PEER_FAULT}
+
+
+def test_a_ranks_own_fault_outranks_a_peers_broken_collective_dated_first():
+    """Rank 1 is killed; rank 0's collective fails on the closed socket and journals it before the
+    launcher's exit timer dates the kill. The restart is the kill's, and so is every second: rank 0's
+    unfinished step too, which the kill failed."""
+    def fault(launcher: Proc, survivor: Proc, faulty: Proc) -> None:
+        survivor.ev("step_failed", 2.95, step=2, start=2.5, error=_PEER_GONE)
+        launcher.ev("launcher_worker_exit", 3.0, worker_pid=faulty.pid, signal=int(signal.SIGKILL))
+    by, cause = _caused(_job(fault))
+    assert cause is FaultCause.KILLED and set(by) == {FaultCause.KILLED}
+
+
 def test_the_launcher_told_to_stop_makes_its_workers_ends_preempted_whatever_it_sent_them():
     """The kubelet's SIGTERM to the launcher, which then kills its worker: the stop's, not a kill."""
     def fault(launcher: Proc, _: Proc, faulty: Proc) -> None:
@@ -149,6 +176,9 @@ def test_the_signals_and_codes_map_onto_the_vocabulary():
     assert causes.of_exit(None, 0) is FaultCause.UNKNOWN
     assert causes.of_interruption("rank 0: EXCEPTION; rank 1: HARD_TIMEOUT") is FaultCause.HANG
     assert causes.of_interruption("InjectedFault: injected exception at step 45") is FaultCause.EXCEPTION
+    assert causes.of_error("RuntimeError: boom") is FaultCause.EXCEPTION
+    assert causes.of_error(_PEER_GONE) is FaultCause.PEER_FAULT
+    assert causes.of_error("torch.distributed.DistNetworkError: Connection closed by peer") is FaultCause.PEER_FAULT
 
 
 def test_a_rank_read_after_its_restart_folded_is_charged_as_if_read_in_order():

@@ -320,7 +320,7 @@ class Ledger:
             self.fault, self.fault_wall, self.cause = mono, ev.wall, f"injected {ev.kind}"
         elif isinstance(ev, StepFailed):
             self._advance(ev.start)
-            self._died(mono, ev.wall, ev.error, FaultCause.EXCEPTION)
+            self._died(mono, ev.wall, ev.error, causes.of_error(ev.error))
         elif isinstance(ev, ProcessStart):
             self._advance(mono)
             if self.fact is not None:

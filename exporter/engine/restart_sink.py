@@ -69,16 +69,18 @@ class Credit(NamedTuple):
 def split(rank: int, held: list[Held], fault: float, lost_by: list[float]) -> tuple[Credit, float]:
     """Split what ``rank`` held at the fault instant: lost before it, restart after. The lost part
     of its unfinished steps is charged to their own faults' causes here (``lost_by``); returns the
-    credit and the lost seconds its restores rolled back, which are the restart's to charge."""
+    credit and the lost seconds its restores rolled back, or a peer's going failed, which are the
+    restart's to charge."""
     lost = restart = rolled_back = 0.0
     failed = []
     for end, seconds, cause in held:
         after = min(seconds, max(0.0, end - fault))
-        if cause is None:
-            rolled_back += seconds - after
-        elif seconds > after:
-            lost_by[causes.INDEX[cause]] += seconds - after
+        if cause is not None and seconds > after:
             failed.append(end)
+        if cause is None or cause is FaultCause.PEER_FAULT:  # a peer's going failed it: the restart's cause
+            rolled_back += seconds - after
+        else:
+            lost_by[causes.INDEX[cause]] += seconds - after
         lost += seconds - after
         restart += after
     return Credit(rank, lost, restart, tuple(failed)), rolled_back

@@ -33,7 +33,8 @@ counters at once and the duration and phase histograms once nothing can join it 
 (see ``Restarts.fold``), or when the job is over (``Restarts.settle``).
 
 Its cause (``causes``) is its faulting rank's: the first rank, in the order that picks its fault
-instant, whose own fault was journaled with one; else what the Wrapper's callbacks said of it (a
+instant, whose own fault was journaled with one, a rank that a peer's going failed (``peer_fault``)
+only where no rank's own fault was; else what the Wrapper's callbacks said of it (a
 timeout is a hang); else who restarted it: a launcher that started workers again for another
 pod's fault (``peer_fault``), or one that found its workers unhealthy with none of them gone or
 raising (``hang``); else ``unknown``. The lost and restart seconds every rank booked in it are
@@ -264,9 +265,10 @@ class Restarts:
             at = max(at, prev) if end is None else min(max(at, prev), end)
             phases[phase] = at - prev
             prev = at
-        cause = next((rec.causes[r] for r in order if r in rec.causes), None)  # the faulting rank's first
+        own = [r for r in order if rec.whys.get(r) not in (None, FaultCause.PEER_FAULT)]
+        cause = next((rec.causes[r] for r in own + order if r in rec.causes), None)  # the faulting rank's first
         return RestartRecord(rec.level, cause, first.wall, None if end is None else end - fault, phases,
-                             len(rec.faults), first.journaled, self._why(rec, order, fault, end), rec.lost,
+                             len(rec.faults), first.journaled, self._why(rec, own + order, fault, end), rec.lost,
                              rec.restart)
 
     def _why(self, rec: OpenRestart, order: list[int], fault: float, end: float | None) -> FaultCause:
