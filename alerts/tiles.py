@@ -77,6 +77,9 @@ class Tiled:
     def partial(self, plan: Plan) -> str:
         return f"{self._name(plan)}_partial"
 
+    def head(self, plan: Plan) -> str:
+        return f"{self._name(plan)}_head"
+
     def _over(self, seconds: int, offset: int = 0) -> str:
         at = f" offset {duration.format(offset)}" if offset else ""
         return f"{self.agg.value}_over_time({self.selector}[{just_under(seconds)}]{at})"
@@ -92,17 +95,21 @@ class Tiled:
         return f"last_over_time({self.partial(plan)}{self._matchers()}[{just_under(plan.tile)}] offset {e})"
 
     def rules(self, plan: Plan) -> list[Rule]:
-        """The partial and the tile. A partial with no step carries on while it holds something;
-        at a tile's start it restarts (0 if no step: so the next evaluation carries nothing of the
-        tile before, which the tile holds)."""
+        """The partial, the tile and the head. A partial with no step carries on while it holds
+        something; at a tile's start it restarts (0 if no step: so the next evaluation carries nothing
+        of the tile before, which the tile holds)."""
         e, tile = plan.evaluation_interval, plan.tile
         step, before = self._over(e, plan.base), self._previous(plan)
         inside = f"(time() % {tile} >= bool {e})"  # 0 at a tile's first evaluation
         carried = f"{before} * {inside}"
         with_step = self._combined(("step", step), ("carried", f"{carried} and {step}"))
+        partial = f"{with_step}\nor ({before} > 0) * {inside}"
         return [
-            {"record": self.partial(plan), "expr": f"{with_step}\nor ({before} > 0) * {inside}"},
+            {"record": self.partial(plan), "expr": partial},
             {"record": self.tile(plan), "expr": f"{before}\nand on () (vector(time() % {tile}) < {e})"},
+            # the partial's expression, not the partial read back: a ruler without read-after-write
+            {"record": self.head(plan), "expr": self._combined(("partial", f"({partial})"),
+                                                               ("recent", self._over(plan.base)))},
         ]
 
     def window(self, span: int, plan: Plan) -> str:
@@ -114,6 +121,24 @@ class Tiled:
         tiles = f"{self.tile(plan)}{self._matchers()}[{just_under(tiled - e)}] offset {duration.format(e)}"
         parts = [("recent", self._over(recent)), ("tiles", f"{over_tiles}_over_time({tiles})"),
                  ("partial", self._previous(plan)), ("step", self._over(e, recent))]
+        if self.agg is not Agg.MAX:
+            start = (f"last_over_time({self.partial(plan)}{self._matchers()}[{just_under(e)}]"
+                     f" offset {duration.format(tiled)})")
+            parts.append(("start", f"-{start}"))
+        return self._combined(*parts)
+
+    def settled(self, span: int, plan: Plan) -> str:
+        """``window`` as the tiles' group made it at its last evaluation, for a group that runs less
+        often, at another instant in the interval (``tiers.period_group``): the tiles to then and its
+        head (no sample of ``selector`` read: the tiles' group read it before or after this instant),
+        less the partial at the start. Exact where the newest head is there to read (Prometheus runs
+        the two groups at different offsets in the interval); where it is not yet (vmalert writes
+        asynchronously, and aligns both groups to the same instants), the one before, and the window
+        misses one evaluation's sample at its end and holds one too few at its start."""
+        e, tiled = plan.evaluation_interval, span - plan.base
+        over_tiles = "max" if self.agg is Agg.MAX else "sum"
+        parts = [("tiles", f"{over_tiles}_over_time({self.tile(plan)}{self._matchers()}[{just_under(tiled)}])"),
+                 ("head", f"last_over_time({self.head(plan)}{self._matchers()}[{just_under(2 * e)}])")]
         if self.agg is not Agg.MAX:
             start = (f"last_over_time({self.partial(plan)}{self._matchers()}[{just_under(e)}]"
                      f" offset {duration.format(tiled)})")
