@@ -4,13 +4,15 @@ whole tile.
 
 The tile is the first page pair's long window (1h for a 30-day period); every window up to it reads
 its record directly. For a longer one, each job-level record ``X`` (one sample per job and
-evaluation, every ``e``) gets two records in the group that reads it, both of the global tier:
+evaluation, every ``e``) gets three records in the group that reads it, all of the global tier:
 
 * the *partial*: the steps of the current tile so far, where a step is ``X``'s sample of the
   evaluation a shortest window ago (``step``): samples that old have arrived wherever ``X`` is
   recorded, by remote-write or by another ruler, so no step misses one;
 * the *tile*: at a tile's first evaluation (``time() % tile < e``), the partial of the tile before,
-  one sample per tile (and the staleness marker after it).
+  one sample per tile (and the staleness marker after it);
+* the *head*: the partial plus ``X``'s last shortest window, what a window over the period reads in a
+  group that runs less often (``Tiled.settled``).
 
 A window of ``span`` seconds, ``(t − span, t]``, is then ``X``'s samples of the last shortest
 window, read directly, plus the steps of ``(t − span + shortest, t]``: the tiles in that range, plus
@@ -134,7 +136,8 @@ class Tiled:
         less the partial at the start. Exact where the newest head is there to read (Prometheus runs
         the two groups at different offsets in the interval); where it is not yet (vmalert writes
         asynchronously, and aligns both groups to the same instants), the one before, and the window
-        misses one evaluation's sample at its end and holds one too few at its start."""
+        is one evaluation's sample short (or, should the newest tile be there before its head, holds
+        that tile twice)."""
         e, tiled = plan.evaluation_interval, span - plan.base
         over_tiles = "max" if self.agg is Agg.MAX else "sum"
         parts = [("tiles", f"{over_tiles}_over_time({self.tile(plan)}{self._matchers()}[{just_under(tiled)}])"),
