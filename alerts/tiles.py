@@ -136,14 +136,15 @@ class Tiled:
         less the partial at the start. Exact where the newest head is there to read (Prometheus runs
         the two groups at different offsets in the interval); where it is not yet (vmalert writes
         asynchronously, and aligns both groups to the same instants), the one before, and the window
-        is one evaluation's sample short (or, should the newest tile be there before its head, holds
-        that tile twice)."""
-        e, tiled = plan.evaluation_interval, span - plan.base
+        is one evaluation's sample short; a tile of that evaluation there before its head is left out
+        (the head before holds it)."""
+        e, tiled, m = plan.evaluation_interval, span - plan.base, self._matchers()
         over_tiles = "max" if self.agg is Agg.MAX else "sum"
-        parts = [("tiles", f"{over_tiles}_over_time({self.tile(plan)}{self._matchers()}[{just_under(tiled)}])"),
-                 ("head", f"last_over_time({self.head(plan)}{self._matchers()}[{just_under(2 * e)}])")]
+        parts = [("tiles", f"{over_tiles}_over_time({self.tile(plan)}{m}[{just_under(tiled)}])"),
+                 ("head", f"last_over_time({self.head(plan)}{m}[{just_under(2 * e)}])")]
         if self.agg is not Agg.MAX:
-            start = (f"last_over_time({self.partial(plan)}{self._matchers()}[{just_under(e)}]"
-                     f" offset {duration.format(tiled)})")
-            parts.append(("start", f"-{start}"))
+            start = f"last_over_time({self.partial(plan)}{m}[{just_under(e)}] offset {duration.format(tiled)})"
+            early = (f"last_over_time({self.tile(plan)}{m}[{just_under(e)}])"
+                     f" unless last_over_time({self.head(plan)}{m}[{just_under(e)}])")
+            parts += [("start", f"-{start}"), ("early", f"-({early})")]
         return self._combined(*parts)
