@@ -99,14 +99,16 @@ def ranks(slo: str, plan: Plan) -> Tiled:
     return Tiled(f'{sli_total_record(plan.base)}{{{SLO_LABEL}="{slo}"}}', Agg.MAX)
 
 
-def evaluations(slo: str, window: int, plan: Plan, *, own: bool = False, span: int | None = None) -> str:
+def evaluations(slo: str, window: int, plan: Plan, *, own: bool = False, span: int | None = None,
+                settled: bool = False) -> str:
     """The evaluations of ``slo``'s group in ``window`` s, as a scalar: the samples the window holds,
     and never fewer than a full window's (rules younger than the window: the rest counts as 0). The
     most any Prometheus counted: a global ruler holds one counter per Prometheus that records the
     rates (each with its external labels), and ``scalar()`` of more than one is NaN.
 
     ``span``: the window is one longer than the tile, and the counter is counted over these seconds
-    from its tiles (``counter``), as the samples the window divides are summed.
+    from its tiles (``counter``), as the samples the window divides are summed; ``settled``, as the
+    tiles' group last counted them (``Tiled.settled``), for a window over the period.
 
     ``own``: the window sums what its own group records, this evaluation included. Prometheus runs
     a group's rules in order, so this evaluation's samples are there; vmalert writes what it
@@ -114,8 +116,9 @@ def evaluations(slo: str, window: int, plan: Plan, *, own: bool = False, span: i
     window holds that many fewer. The floor is then a full window's evaluations as of the newest
     counter sample read: Prometheus's floor where that sample is this evaluation's."""
     selector = f'{EVALUATIONS}{{{SLO_LABEL}="{slo}"}}'
-    counted = (counter(slo).window(span, plan) if span is not None
-               else f"count_over_time({selector}[{duration.format(window)}])")
+    tiled = counter(slo)
+    counted = (f"count_over_time({selector}[{duration.format(window)}])" if span is None
+               else tiled.settled(span, plan) if settled else tiled.window(span, plan))
     floor = f"{plan.evaluations(window)}"
     if own:
         newest = f"scalar(max(timestamp({selector})) or vector(time()))"

@@ -64,7 +64,7 @@ from nvrx_slo.alerts.conventions import (
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.sli import absent_ranks, increase, target_category_increase, vanished_at_risk
 from nvrx_slo.alerts.spec import Slo, Spec
-from nvrx_slo.alerts.tiers import Group, Tier, tiered
+from nvrx_slo.alerts.tiers import Group, Tier, period_group, tiered
 from nvrx_slo.alerts.tiles import Agg, Tiled, just_under
 from nvrx_slo.contracts import catalogue as cat
 
@@ -192,41 +192,44 @@ def _increase(of: CostOf, money: bool, spec: Spec, plan: Plan) -> str:
     return f"sum {label} (\n  " + "\n  or ".join(parts) + "\n)"
 
 
-def _windows(of: CostOf, money: bool, plan: Plan) -> list[Rule]:
-    """The increments over every SLO window: directly up to the tile, from its tiles beyond it
-    (``alerts/tiles.py``), each window a millisecond short so an evaluation on its edge is read once."""
+def _windows(of: CostOf, money: bool, plan: Plan, *, period: bool = False) -> list[Rule]:
+    """The increments over every SLO window but the period, and their tiles, or (``period``) over
+    the period, as the tiles' group last made it (``Tiled.settled``): directly up to the tile, from
+    its tiles beyond it (``alerts/tiles.py``), each window a millisecond short so an evaluation on
+    its edge is read once."""
     per = "" if money else " / 3600"
     tiled = Tiled(cost_increase(of, money), Agg.SUM)
+    if period:
+        return [{"record": cost_over(of, money, plan.period), "expr": f"{tiled.settled(plan.period, plan)}{per}"}]
     rules = tiled.rules(plan)
-    for window in plan.windows:
+    for window in plan.windows[:-1]:
         summed = (f"sum_over_time({cost_increase(of, money)}[{just_under(window)}])" if window <= plan.tile
                   else tiled.window(window, plan))
         rules.append({"record": cost_over(of, money, window), "expr": f"{summed}{per}"})
     return rules
 
 
-def _budget(spec: Spec, plan: Plan) -> list[Rule]:
+def budget_rules(spec: Spec, plan: Plan) -> list[Rule]:
     """The efficiency SLO's error budget over the period, in accelerator-hours and money, and what
     of it was spent: the SLI's own error ratio over the period in the same units, so spent over
     budget is the burn rate and 1 − that the budget remaining the alerts read. The job's most ranks
     over the period is the one the SLI's ratio over the period divides by; its most accelerators
-    per rank and rank-hour price come from tiles too. Global: joined on every label but their own
-    (a global ruler's shards add theirs)."""
+    per rank and rank-hour price come from tiles too. In the SLO's period group, after its ratio over
+    the period. Global: joined on every label but their own (a global ruler's shards add theirs)."""
     budget = spec.objectives[Slo.EFFICIENCY].budget
     span = plan.period + plan.evaluation_interval  # as the SLI's ratios over long windows: alerts/rules.py
     mine = {SLO_LABEL: Slo.EFFICIENCY.value}
-    accelerators, price = Tiled(JOB_ACCELERATORS, Agg.MAX), Tiled(JOB_RANK_PRICE, Agg.MAX)
-    rank_hours = (f"{ranks(Slo.EFFICIENCY.value, plan).window(span, plan)}"
+    accelerators, price = _job_tiles()
+    rank_hours = (f"{ranks(Slo.EFFICIENCY.value, plan).settled(span, plan)}"
                   f" * {budget:g} * {plan.period / 3600!r}")  # the budget as the burn rates divide by it
     ratio = f'{error_ratio_record(plan.period)}{{{SLO_LABEL}="{Slo.EFFICIENCY.value}"}}'
     return [
-        *accelerators.rules(plan), *price.rules(plan),
         {"record": BUDGET_ACCELERATOR_HOURS,
-         "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}) group_left {accelerators.window(span, plan)}",
+         "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}) group_left {accelerators.settled(span, plan)}",
          "labels": mine},
         {"record": BUDGET_COST,
          "expr": f"{rank_hours}\n* ignoring ({SLO_LABEL}, {PRICE_SOURCE_LABEL}) group_left ({PRICE_SOURCE_LABEL})\n"
-                 f"topk without ({PRICE_SOURCE_LABEL}) (1, {price.window(span, plan)})", "labels": mine},
+                 f"topk without ({PRICE_SOURCE_LABEL}) (1, {price.settled(span, plan)})", "labels": mine},
         {"record": SPENT_ACCELERATOR_HOURS, "expr": f"{ratio} / {budget:g} * {BUDGET_ACCELERATOR_HOURS}",
          "labels": mine},
         {"record": SPENT_COST,
@@ -234,22 +237,33 @@ def _budget(spec: Spec, plan: Plan) -> list[Rule]:
     ]
 
 
+def _job_tiles() -> tuple[Tiled, Tiled]:
+    """The job's most accelerators per rank and rank-hour price, tiled for the budget."""
+    return Tiled(JOB_ACCELERATORS, Agg.MAX), Tiled(JOB_RANK_PRICE, Agg.MAX)
+
+
 def efficiency_rules(spec: Spec, plan: Plan) -> list[tuple[Tier, Rule]]:
     """For the efficiency group, after its own rules (``generate.rule_groups``): each target's fault
     seconds by cause (the next evaluation's base: an increment is its counters less the record its
     own group made an evaluation ago, so the increments add up), the badput increments by category
-    and by cause, and the error budget in accelerator-hours and money. In the group whose instants
+    and by cause, and the tiles the error budget reads (``budget_rules``). In the group whose instants
     the SLI's absent ranks are recorded at, so ``absent`` and ``pod_lost`` count the evaluations the
     SLI counts (each rule computes them, at its group's instants)."""
     increments = [{"record": cost_increase(of, money), "expr": _increase(of, money, spec, plan)}
                   for of in CostOf for money in (False, True)]
     causes = {"record": TARGET_CAUSE, "expr": _fault_seconds(plan)}
-    return [*tiered(Tier.LOCAL, [causes, *increments]), *tiered(Tier.GLOBAL, _budget(spec, plan))]
+    tiles = [rule for tiled in _job_tiles() for rule in tiled.rules(plan)]
+    return [*tiered(Tier.LOCAL, [causes, *increments]), *tiered(Tier.GLOBAL, tiles)]
 
 
-def cost_group(spec: Spec, plan: Plan) -> Group:
+NAME = "nvrx-slo-cost"
+
+
+def cost_groups(spec: Spec, plan: Plan) -> tuple[Group, Group]:
     """Each target's accelerators and fault seconds and the job's most accelerators and price read the
-    pods' series (``Tier.LOCAL``); the windows only the efficiency group's increments (``Tier.GLOBAL``)."""
+    pods' series (``Tier.LOCAL``); the windows only the efficiency group's increments (``Tier.GLOBAL``),
+    the period's in a group of their own every ``plan.period_interval`` (``tiers.period_group``)."""
     windows = [rule for of in CostOf for money in (False, True) for rule in _windows(of, money, plan)]
-    return Group("nvrx-slo-cost", plan.evaluation_interval,
-                 (*tiered(Tier.LOCAL, _targets(spec, plan)), *tiered(Tier.GLOBAL, windows)))
+    period = [rule for of in CostOf for money in (False, True) for rule in _windows(of, money, plan, period=True)]
+    every = (*tiered(Tier.LOCAL, _targets(spec, plan)), *tiered(Tier.GLOBAL, windows))
+    return Group(NAME, plan.evaluation_interval, every), period_group(NAME, plan, period)

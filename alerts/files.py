@@ -10,13 +10,13 @@ from typing import Any
 
 from nvrx_slo import file_format
 from nvrx_slo.alerts import alertmanager, sli
-from nvrx_slo.alerts.cost import cost_group, efficiency_rules
+from nvrx_slo.alerts.cost import budget_rules, cost_groups, efficiency_rules
 from nvrx_slo.alerts.plain import plain_group
 from nvrx_slo.alerts.plan import Plan
-from nvrx_slo.alerts.rules import slo_group
-from nvrx_slo.alerts.signals import signals_group
+from nvrx_slo.alerts.rules import slo_group, slo_period_group
+from nvrx_slo.alerts.signals import signals_groups
 from nvrx_slo.alerts.spec import Slo, Spec
-from nvrx_slo.alerts.tiers import Group, Tier
+from nvrx_slo.alerts.tiers import Group, Tier, tiered
 
 RULES = Path("alerts/generated/rules.yaml")
 # The same rules for more than one Prometheus (docs/scaling.md): the pods' tier and the jobs' tier.
@@ -30,11 +30,15 @@ PROMETHEUS_RULE_NAME = "nvrx-slo"
 
 def rule_groups(spec: Spec, plan: Plan, tiers: frozenset[Tier] = frozenset(Tier)) -> list[dict[str, Any]]:
     """Every group with its rules of ``tiers`` (all: the one-Prometheus file), groups without any left out."""
-    slis = sli.build(spec, plan)
-    groups = [slo_group(s, spec, plan) for s in slis.values()] + [signals_group(plan), plain_group(spec, plan),
-                                                                   cost_group(spec, plan)]
-    i = list(slis).index(Slo.EFFICIENCY)  # what its badput and budget cost, after its own records
-    groups[i] = Group(groups[i].name, groups[i].interval, (*groups[i].rules, *efficiency_rules(spec, plan)))
+    groups: list[Group] = []
+    for s in sli.build(spec, plan).values():
+        every, period = slo_group(s, spec, plan), slo_period_group(s, spec, plan)
+        if s.slo is Slo.EFFICIENCY:  # what its badput and budget cost, after its own records
+            every = Group(every.name, every.interval, (*every.rules, *efficiency_rules(spec, plan)))
+            budget = tiered(Tier.GLOBAL, budget_rules(spec, plan))
+            period = Group(period.name, period.interval, (*period.rules, *budget))
+        groups += [every, period]
+    groups += [*signals_groups(plan), plain_group(spec, plan), *cost_groups(spec, plan)]
     return [part for part in (g.part(tiers) for g in groups) if part is not None]
 
 

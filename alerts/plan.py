@@ -24,6 +24,7 @@ from enum import Enum
 from nvrx_slo.alerts import duration
 
 REFERENCE_PERIOD = 30 * 86400
+PERIOD_EVERY = 240  # seconds between evaluations of the windows over a 30-day period
 
 
 class Severity(str, Enum):
@@ -54,7 +55,7 @@ class Plan:
     """What the rules and dashboards read their windows from; made by ``plan_for``."""
 
     period: int  # seconds
-    evaluation_interval: int  # seconds; every generated group runs at it
+    evaluation_interval: int  # seconds; every generated group runs at it but the period's (``period_interval``)
     burn_windows: tuple[BurnWindow, ...]  # ``POLICY`` for the period
     windows: tuple[int, ...]  # each a ratio is recorded over: the pairs', shortest first, then the period
 
@@ -69,6 +70,14 @@ class Plan:
         """The first page pair's long window: every window up to it reads its records directly, every
         longer one sums whole tiles of it (``alerts/tiles.py``)."""
         return self.burn_windows[0].long
+
+    @property
+    def period_interval(self) -> int:
+        """How often the windows over the whole period run (their own groups): 4 minutes for a 30-day
+        period, scaled with it, in whole evaluations. The period's window then moves by 4/43,200 of
+        itself at a time, and stays under Prometheus's 5-minute lookback, so its readers see no gap."""
+        e = self.evaluation_interval
+        return max(scale(PERIOD_EVERY, self.period, e) // e, 1) * e
 
     def evaluations(self, window: int) -> int:
         """The evaluations a full ``window`` holds."""

@@ -2,7 +2,9 @@
 
 One group per SLO, recording rules first and its alert last: Prometheus evaluates a group's rules
 in order, so the alert reads this evaluation's ratios, not the previous one's. Every group runs
-at the spec's ``evaluation_interval`` (the period's integral below depends on it).
+at the spec's ``evaluation_interval`` (the period's integral below depends on it), but the ratio
+over the whole period and the budget left, which no alert reads: a group of their own runs them
+every ``plan.period_interval``, from what the SLO's group made at its last evaluation.
 
 Windows. Only the shortest window reads the exporter's series (a ``rate()`` over every rank's
 counters, once per job and evaluation; for efficiency, each counter's increase since the
@@ -52,7 +54,7 @@ from nvrx_slo.alerts.conventions import (
 from nvrx_slo.alerts.plan import BurnWindow, Plan, Severity
 from nvrx_slo.alerts.sli import Sli
 from nvrx_slo.alerts.spec import Objective, Spec
-from nvrx_slo.alerts.tiers import Group, Tier, tiered
+from nvrx_slo.alerts.tiers import Group, Tier, period_group, tiered
 from nvrx_slo.alerts.tiles import Agg, Tiled
 
 Rule = dict[str, Any]
@@ -91,37 +93,43 @@ def _tiled(sli: Sli, plan: Plan) -> tuple[Tiled, ...]:
     return bad, Tiled(sli_total_record(plan.base) + mine, Agg.SUM)
 
 
-def window_rules(sli: Sli, objective: Objective, plan: Plan) -> list[Rule]:
-    """Error ratios over every window, burn rates and the budget left, from the job-level rates
-    alone (``tiers.Tier.GLOBAL``). A window up to the tile reads the rates directly; a longer one,
-    from the tiles (``alerts/tiles.py``), over one evaluation more than the window, as a range
-    does on Prometheus 2 (``[a, b]``): the same samples, and the same ratios."""
-    *spans, period = plan.windows
+def window_rules(sli: Sli, objective: Objective, plan: Plan, *, period: bool = False) -> list[Rule]:
+    """Error ratios, burn rates, from the job-level rates alone (``tiers.Tier.GLOBAL``): over every
+    window but the period and the tiles they read, or (``period``) over the period and the budget
+    left, in a group of their own (``period_group``). A window up to the tile reads the rates
+    directly; a longer one, from the tiles (``alerts/tiles.py``), over one evaluation more than the
+    window, as a range does on Prometheus 2 (``[a, b]``): the same samples, and the same ratios."""
+    *spans, whole = plan.windows
     base, e = spans[0], plan.evaluation_interval
     mine = f'{{{SLO_LABEL}="{sli.slo.value}"}}'
     bad, total = sli_bad_record(base) + mine, sli_total_record(base) + mine
     tiled = _tiled(sli, plan)
-    rules = [rule for t in tiled for rule in t.rules(plan)]
+    windows = [whole] if period else spans[1:]
+    rules = [] if period else [rule for t in tiled for rule in t.rules(plan)]
 
     def over(t: Tiled, w: int) -> str:
-        return f"{t.agg.value}_over_time({t.selector}[{duration.format(w)}])" if w <= plan.tile \
-            else t.window(w + e, plan)
+        if w <= plan.tile:
+            return f"{t.agg.value}_over_time({t.selector}[{duration.format(w)}])"
+        return t.settled(w + e, plan) if period else t.window(w + e, plan)
 
     if sli.time_based:  # bad rank-seconds over (the most ranks the window saw × the whole window)
         def integral(w: int) -> str:  # the mean over the window's evaluations, none before the job: 0
             span = None if w <= plan.tile else w + e
-            return f"({over(tiled[0], w)} / {evaluations(sli.slo.value, w, plan, span=span)})"
+            counted = evaluations(sli.slo.value, w, plan, span=span, settled=period)
+            return f"({over(tiled[0], w)} / {counted})"
 
-        rules.append(_record(error_ratio_record(base), _ratio(bad, over(tiled[1], base)), sli))
-        rules += [_record(error_ratio_record(w), _ratio(integral(w), over(tiled[1], w)), sli)
-                  for w in (*spans[1:], period)]
+        if not period:
+            rules.append(_record(error_ratio_record(base), _ratio(bad, over(tiled[1], base)), sli))
+        rules += [_record(error_ratio_record(w), _ratio(integral(w), over(tiled[1], w)), sli) for w in windows]
     else:  # bad events over events
-        rules.append(_record(error_ratio_record(base), _ratio(bad, total), sli))
+        if not period:
+            rules.append(_record(error_ratio_record(base), _ratio(bad, total), sli))
         rules += [_record(error_ratio_record(w), _ratio(over(tiled[0], w), over(tiled[1], w)), sli)
-                  for w in (*spans[1:], period)]
-    rules += [_record(burn_rate_record(w), f"{error_ratio_record(w)}{mine} / {objective.budget:g}",
-                      sli) for w in (*spans, period)]
-    rules.append(_record(ERROR_BUDGET_REMAINING, f"1 - {burn_rate_record(period)}{mine}", sli))
+                  for w in windows]
+    rules += [_record(burn_rate_record(w), f"{error_ratio_record(w)}{mine} / {objective.budget:g}", sli)
+              for w in ([whole] if period else spans)]
+    if period:
+        rules.append(_record(ERROR_BUDGET_REMAINING, f"1 - {burn_rate_record(whole)}{mine}", sli))
     return rules
 
 
@@ -160,10 +168,21 @@ def burn_alert(sli: Sli, objective: Objective, spec: Spec, plan: Plan, severity:
     return stamp_links(rule, spec)
 
 
+def group_name(sli: Sli) -> str:
+    return f"nvrx-slo-{sli.slo.value.replace('_', '-')}"
+
+
 def slo_group(sli: Sli, spec: Spec, plan: Plan) -> Group:
     objective = spec.objectives[sli.slo]
     severities = [Severity.PAGE, Severity.TICKET] if objective.page else [Severity.TICKET]
     alerts = [burn_alert(sli, objective, spec, plan, s) for s in severities]
-    return Group(f"nvrx-slo-{sli.slo.value.replace('_', '-')}", plan.evaluation_interval,
+    return Group(group_name(sli), plan.evaluation_interval,
                  (*tiered(Tier.LOCAL, job_rates(sli, plan)),
                   *tiered(Tier.GLOBAL, window_rules(sli, objective, plan) + alerts)))
+
+
+def slo_period_group(sli: Sli, spec: Spec, plan: Plan) -> Group:
+    """The SLO's ratio over the period and its budget left, every ``plan.period_interval``: a window
+    of 43,200 evaluations need not move at each (``Tiled.settled``). No alert reads them."""
+    return period_group(group_name(sli), plan, window_rules(sli, spec.objectives[sli.slo], plan, period=True))
+

@@ -23,7 +23,7 @@ from nvrx_slo.alerts.conventions import SLO_LABEL, Signal, over_period, ranks, s
 from nvrx_slo.alerts.plan import Plan
 from nvrx_slo.alerts.sli import busiest_pod_rate, job_rate
 from nvrx_slo.alerts.spec import Slo
-from nvrx_slo.alerts.tiers import Group, Tier, tiered
+from nvrx_slo.alerts.tiers import Group, Tier, period_group, tiered
 from nvrx_slo.alerts.tiles import Agg, Tiled
 from nvrx_slo.contracts import catalogue as cat
 
@@ -32,10 +32,10 @@ Rule = dict[str, Any]
 RATES = (Signal.BLOCKING, Signal.BACKGROUND, Signal.RANK_SAVES, Signal.RESTARTS, Signal.RESTART_SECONDS)
 
 
-def records(plan: Plan) -> list[tuple[Tier, Rule]]:
+def records(plan: Plan) -> tuple[list[tuple[Tier, Rule]], list[Rule]]:
     """The rules, in evaluation order (each reads the ones before it at this evaluation): the rates
-    read the pods' series (``Tier.LOCAL``), the period's signals only those rates (``Tier.GLOBAL``),
-    from their tiles (``alerts/tiles.py``)."""
+    read the pods' series (``Tier.LOCAL``), and their tiles (``alerts/tiles.py``); then the period's
+    signals, which read only those (``Tier.GLOBAL``)."""
     w, every = duration.format(plan.base), plan.evaluation_interval
     span = plan.period + every  # as a range of the period holds, on Prometheus 2 ([a, b]): alerts/rules.py
 
@@ -49,10 +49,10 @@ def records(plan: Plan) -> list[tuple[Tier, Rule]]:
     counted = Tiled(rate(Signal.BLOCKING), Agg.COUNT)  # evaluations: × interval = seconds
 
     def total(signal: Signal) -> str:
-        return summed[signal].window(span, plan)
+        return summed[signal].settled(span, plan)
 
-    elapsed = counted.window(span, plan)
-    world = ranks(Slo.EFFICIENCY.value, plan).window(span, plan)  # the job's most ranks: the efficiency group's tiles
+    elapsed = counted.settled(span, plan)
+    world = ranks(Slo.EFFICIENCY.value, plan).settled(span, plan)  # the job's most ranks: the efficiency group's tiles
     restart_seconds = f"{cat.RESTART_DURATION.name}_sum"
     rates = [
         (rate(Signal.BLOCKING), job_rate(f"{cat.CKPT_BLOCKING.name}_sum", w)),
@@ -79,9 +79,15 @@ def records(plan: Plan) -> list[tuple[Tier, Rule]]:
                                  f"  / (1 + {cost} / {interval}),\n  0, 1)"),
     ]
     tiles = [rule for tiled in (*summed.values(), counted) for rule in tiled.rules(plan)]
-    return [*tiered(Tier.LOCAL, ({"record": name, "expr": expr} for name, expr in rates)),
-            *tiered(Tier.GLOBAL, [*tiles, *({"record": name, "expr": expr} for name, expr in signals)])]
+    return ([*tiered(Tier.LOCAL, ({"record": name, "expr": expr} for name, expr in rates)),
+             *tiered(Tier.GLOBAL, tiles)], [{"record": name, "expr": expr} for name, expr in signals])
 
 
-def signals_group(plan: Plan) -> Group:
-    return Group("nvrx-slo-signals", plan.evaluation_interval, tuple(records(plan)))
+NAME = "nvrx-slo-signals"
+
+
+def signals_groups(plan: Plan) -> tuple[Group, Group]:
+    """The rates and their tiles, every evaluation; the signals over the period from them, in a group
+    of their own every ``plan.period_interval`` (``rules.period_group``)."""
+    every, period = records(plan)
+    return Group(NAME, plan.evaluation_interval, tuple(every)), period_group(NAME, plan, period)

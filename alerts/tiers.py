@@ -14,7 +14,8 @@ A rule group is one list of rules; each rule is one of two tiers:
 One Prometheus runs both tiers of a group as one group, in order (``rules.yaml``); more than one
 runs the same rules split in two files, each group keeping its name and its rules' order
 (``sharded/local.yaml`` and ``sharded/global.yaml``). A group's global rules come after the local
-rules they read, so in one group they read this evaluation's records.
+rules they read, so in one group they read this evaluation's records. The windows over the whole
+period run in groups of their own, less often (``period_group``; docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from enum import Enum
 from typing import Any
 
 from nvrx_slo.alerts import duration
+from nvrx_slo.alerts.plan import Plan
 
 Rule = dict[str, Any]
 
@@ -52,3 +54,10 @@ class Group:
 
 def tiered(tier: Tier, rules: Iterable[Rule]) -> list[tuple[Tier, Rule]]:
     return [(tier, rule) for rule in rules]
+
+
+def period_group(name: str, plan: Plan, rules: Iterable[Rule]) -> Group:
+    """The rules over the whole period of the group ``name``, in a group of their own every
+    ``plan.period_interval``: global, they read the job-level rates and the tiles' records, through
+    what the tiles' group made at its last evaluation (``tiles.Tiled.settled``)."""
+    return Group(f"{name}-period", plan.period_interval, tuple(tiered(Tier.GLOBAL, rules)))

@@ -4,13 +4,15 @@ whole tile.
 
 The tile is the first page pair's long window (1h for a 30-day period); every window up to it reads
 its record directly. For a longer one, each job-level record ``X`` (one sample per job and
-evaluation, every ``e``) gets two records in the group that reads it, both of the global tier:
+evaluation, every ``e``) gets three records in the group that reads it, all of the global tier:
 
 * the *partial*: the steps of the current tile so far, where a step is ``X``'s sample of the
   evaluation a shortest window ago (``step``): samples that old have arrived wherever ``X`` is
   recorded, by remote-write or by another ruler, so no step misses one;
 * the *tile*: at a tile's first evaluation (``time() % tile < e``), the partial of the tile before,
-  one sample per tile (and the staleness marker after it).
+  one sample per tile (and the staleness marker after it);
+* the *head*: the partial plus ``X``'s last shortest window, what a window over the period reads in a
+  group that runs less often (``Tiled.settled``).
 
 A window of ``span`` seconds, ``(t − span, t]``, is then ``X``'s samples of the last shortest
 window, read directly, plus the steps of ``(t − span + shortest, t]``: the tiles in that range, plus
@@ -77,6 +79,9 @@ class Tiled:
     def partial(self, plan: Plan) -> str:
         return f"{self._name(plan)}_partial"
 
+    def head(self, plan: Plan) -> str:
+        return f"{self._name(plan)}_head"
+
     def _over(self, seconds: int, offset: int = 0) -> str:
         at = f" offset {duration.format(offset)}" if offset else ""
         return f"{self.agg.value}_over_time({self.selector}[{just_under(seconds)}]{at})"
@@ -92,17 +97,21 @@ class Tiled:
         return f"last_over_time({self.partial(plan)}{self._matchers()}[{just_under(plan.tile)}] offset {e})"
 
     def rules(self, plan: Plan) -> list[Rule]:
-        """The partial and the tile. A partial with no step carries on while it holds something;
-        at a tile's start it restarts (0 if no step: so the next evaluation carries nothing of the
-        tile before, which the tile holds)."""
+        """The partial, the tile and the head. A partial with no step carries on while it holds
+        something; at a tile's start it restarts (0 if no step: so the next evaluation carries nothing
+        of the tile before, which the tile holds)."""
         e, tile = plan.evaluation_interval, plan.tile
         step, before = self._over(e, plan.base), self._previous(plan)
         inside = f"(time() % {tile} >= bool {e})"  # 0 at a tile's first evaluation
         carried = f"{before} * {inside}"
         with_step = self._combined(("step", step), ("carried", f"{carried} and {step}"))
+        partial = f"{with_step}\nor ({before} > 0) * {inside}"
         return [
-            {"record": self.partial(plan), "expr": f"{with_step}\nor ({before} > 0) * {inside}"},
+            {"record": self.partial(plan), "expr": partial},
             {"record": self.tile(plan), "expr": f"{before}\nand on () (vector(time() % {tile}) < {e})"},
+            # the partial's expression, not the partial read back: a ruler without read-after-write
+            {"record": self.head(plan), "expr": self._combined(("partial", f"({partial})"),
+                                                               ("recent", self._over(plan.base)))},
         ]
 
     def window(self, span: int, plan: Plan) -> str:
@@ -118,4 +127,24 @@ class Tiled:
             start = (f"last_over_time({self.partial(plan)}{self._matchers()}[{just_under(e)}]"
                      f" offset {duration.format(tiled)})")
             parts.append(("start", f"-{start}"))
+        return self._combined(*parts)
+
+    def settled(self, span: int, plan: Plan) -> str:
+        """``window`` as the tiles' group made it at its last evaluation, for a group that runs less
+        often, at another instant in the interval (``tiers.period_group``): the tiles to then and its
+        head (no sample of ``selector`` read: the tiles' group read it before or after this instant),
+        less the partial at the start. Exact where the newest head is there to read (Prometheus runs
+        the two groups at different offsets in the interval); where it is not yet (vmalert writes
+        asynchronously, and aligns both groups to the same instants), the one before, and the window
+        is one evaluation's sample short; a tile of that evaluation there before its head is left out
+        (the head before holds it)."""
+        e, tiled, m = plan.evaluation_interval, span - plan.base, self._matchers()
+        over_tiles = "max" if self.agg is Agg.MAX else "sum"
+        parts = [("tiles", f"{over_tiles}_over_time({self.tile(plan)}{m}[{just_under(tiled)}])"),
+                 ("head", f"last_over_time({self.head(plan)}{m}[{just_under(2 * e)}])")]
+        if self.agg is not Agg.MAX:
+            start = f"last_over_time({self.partial(plan)}{m}[{just_under(e)}] offset {duration.format(tiled)})"
+            early = (f"last_over_time({self.tile(plan)}{m}[{just_under(e)}])"
+                     f" unless last_over_time({self.head(plan)}{m}[{just_under(e)}])")
+            parts += [("start", f"-{start}"), ("early", f"-({early})")]
         return self._combined(*parts)

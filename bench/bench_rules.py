@@ -1,39 +1,41 @@
-"""Rule-evaluation cost at scale: the generated rules run by a real Prometheus over a TSDB
-backfilled with many pods' series, side by side with the rules of an earlier commit.
+"""Rule-evaluation cost at scale: the generated rules run by a real Prometheus over a TSDB backfilled with
+many pods' series, side by side with the rules of an earlier commit.
 
 One pod's series are what a real sidecar exposes for an 8-rank pod (the collector over a synthetic
-journal: ``bench/synthetic_journal.py``); ``--pods`` copies of them (jobs of ``--pods-per-job``
-pods) are written as OpenMetrics over the last ``--hours`` at ``--scrape`` s — counters growing
-linearly to their final value, gauges constant — and backfilled with ``promtool tsdb
-create-blocks-from openmetrics``. Each rule file then runs in its own Prometheus on its own copy of
-the blocks (no scraping), every group every ``--eval`` s, and the cost read is Prometheus's own
-``prometheus_rule_group_last_duration_seconds`` (median over ``--evaluations`` evaluations per
-group), and the Prometheus process's CPU seconds per evaluation round (``process_cpu_seconds_total``
-over the evaluations; a run with no rules spends next to none): the durations are wall-clock and
-grow when other processes take the CPU, the CPU seconds hardly do, so on a shared machine they are
-the steadier figure. Both rule files are measured alternately, twice, on the same data.
+journal: ``bench/synthetic_journal.py``); ``--pods`` copies of them (jobs of ``--pods-per-job`` pods)
+are written as OpenMetrics over the last ``--hours`` at ``--scrape`` s — counters growing linearly to
+their final value, gauges constant — and backfilled with ``promtool tsdb create-blocks-from
+openmetrics``. Each rule file then runs in its own Prometheus on its own copy of the blocks (no
+scraping), every group every ``--eval`` s, and the cost read is Prometheus's own
+``prometheus_rule_group_last_duration_seconds`` (median over ``--evaluations`` evaluations per group),
+and the Prometheus process's CPU seconds per evaluation round (``process_cpu_seconds_total`` over the
+evaluations; a run with no rules spends next to none): the durations are wall-clock and grow when other
+processes take the CPU, the CPU seconds hardly do, so on a shared machine they are the steadier figure.
+Both rule files are measured alternately, twice, on the same data.
 
-What it does not capture: windows longer than ``--hours`` see only ``--hours`` of samples here, so
-a rule over raw series with a 30-day window costs far more in a month-old job than this measures
-(its cost grows with the samples in its range, per rank); a window over the job-level records
-grows too, with the window and the jobs but not the pods (a 30-day one reads 43,200 samples of
-each job's record at a 1-minute evaluation, none of which this measures). Extrapolation to 1,000 pods is
-linear in the pods, through the smallest and largest ``--pods`` measured (a rule's fixed cost is
-not multiplied). Absolute seconds differ from machine to machine and with what else runs (the load
-average is printed at the start and the end); the ratio of the two rule files, measured side by
-side, is the figure that travels.
+What it does not capture: windows longer than ``--hours`` see only ``--hours`` of samples here, so a
+rule over raw series with a 30-day window costs far more in a month-old job than this measures (its cost
+grows with the samples in its range, per rank); a window over the job-level records grows too, with the
+window and the jobs but not the pods (a 30-day one reads 43,200 samples of each job's record at a
+1-minute evaluation, none of which this measures). Extrapolation to 1,000 pods is linear in the pods,
+the least-squares line through the median at each ``--pods`` count (a rule's fixed cost is not
+multiplied); each group's cost counts as often a minute as its own interval runs it (the groups over the
+SLO period: every 4 minutes), though every group is evaluated every ``--eval`` s while measuring, and
+the CPU of a round is shared among the groups as their durations are. Absolute seconds differ from
+machine to machine and with what else runs (the load average is printed at the start and the end); the
+ratio of the two rule files, measured side by side, is the figure that travels.
 
 With ``--tiers``, the two tiers of the sharded rules instead (docs/scaling.md), each in its own
 Prometheus: the local file over the pods' series as above (a shard's cost, extrapolated to
-``--shard-pods``, its share of the fleet), and the global file over the job-level records the local
-tier sends it and the records of its own that it reads back (the tiles and their partials), one
-series per job and record, backfilled over ``--days`` (the SLO period: the global tier's windows
-reach back that far, and its cost is in the samples they read) in blocks of ``--block-hours`` (as a
-Prometheus keeping the period compacts them), extrapolated linearly in the jobs through ``--jobs``
-to ``--fleet-pods`` / ``--pods-per-job`` jobs; the global file side by side with ``--before``'s.
-With ``--per-rule N`` as well, the global file alone, per rule: each rule's ``evaluationTime`` from
-``/api/v1/rules`` (median over its evaluations) at each ``--jobs`` count, extrapolated as above to the
-fleet's jobs, the N costliest printed with their share of their group's summed rule seconds.
+``--shard-pods``, its share of the fleet), and the global file over the job-level records the local tier sends it
+and the records of its own that it reads back (the tiles and their partials), one series per job and
+record, backfilled over ``--days`` (the SLO period: the global tier's windows reach back that far, and
+its cost is in the samples they read) in blocks of ``--block-hours`` (as a Prometheus keeping the period
+compacts them), extrapolated linearly in the jobs (least squares) through ``--jobs`` to
+``--fleet-pods`` / ``--pods-per-job`` jobs; the global file side by side with ``--before``'s. With ``--per-rule N`` as
+well, the global file alone, per rule: each rule's ``evaluationTime`` from ``/api/v1/rules`` (median
+over its evaluations) at each ``--jobs`` count, extrapolated as above to the fleet's jobs, the N
+costliest printed with their share of their group's summed rule seconds.
 
 Usage: .venv/bin/python bench/bench_rules.py [--pods 4 16] [--before REV]
        .venv/bin/python bench/bench_rules.py --tiers --before REV [--shard-pods 1000] [--fleet-pods 10000] [--jobs 2 6]
@@ -151,11 +153,32 @@ def per_minute(run: dict[str, float], intervals: dict[str, float]) -> float:
     return sum(d * 60.0 / intervals[g] for g, d in run.items())
 
 
+def fit(by_pods: dict[int, list[float]]) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares line through the median cost at each pod (or job)
+    count: with more than two counts, one count's noisy run does not set the slope alone."""
+    if len(by_pods) == 1:
+        (count, costs), = by_pods.items()
+        return statistics.median(costs) / count, 0.0
+    line = statistics.linear_regression(list(by_pods), [statistics.median(c) for c in by_pods.values()])
+    return line.slope, line.intercept
+
+
+def cpu_per_minute(round_cpu: float, run: dict[str, float], intervals: dict[str, float]) -> float:
+    """A round's CPU seconds (every group evaluated once) per 60 s at the groups' own intervals: shared
+    among the groups as their durations are, each share as often a minute as its group runs."""
+    spent = sum(run.values())
+    return round_cpu * per_minute(run, intervals) / spent if spent else float("nan")
+
+
 def at_scale(by_pods: dict[int, list[float]], scale: int = SCALE_PODS) -> float:
-    """The median cost per pod (or job) count, extrapolated linearly through the smallest and the largest."""
-    lo, hi = min(by_pods), max(by_pods)
-    a, b = statistics.median(by_pods[lo]), statistics.median(by_pods[hi])
-    return a + (b - a) * (scale - lo) / (hi - lo) if hi > lo else a * scale / lo
+    """The cost at ``scale`` pods (or jobs), on the least-squares line through the measured counts."""
+    slope, intercept = fit(by_pods)
+    return intercept + slope * scale
+
+
+def fitted(by_pods: dict[int, list[float]], scale: int) -> str:
+    slope, intercept = fit(by_pods)
+    return f"{slope * 1000:.3f} ms each + {intercept * 1000:.1f} ms -> {at_scale(by_pods, scale):.2f} s at {scale}"
 
 
 Costs = dict[str, dict[int, list[float]]]
@@ -188,8 +211,7 @@ def measure_over(texts: dict[str, str], counts: list[int], write: Callable[[Path
                                              args.eval, work, *flags)
                     intervals = group_intervals_s(text)
                     cost[name].setdefault(count, []).append(per_minute(run, intervals))
-                    # a round evaluates every group once: per 60 s, as often as the most frequent group
-                    cpu[name].setdefault(count, []).append(round_cpu * 60.0 / min(intervals.values()))
+                    cpu[name].setdefault(count, []).append(cpu_per_minute(round_cpu, run, intervals))
                     print(f"  {name:6}: " + "; ".join(f"{g} {d * 1000:.1f} ms" for g, d in run.items())
                           + f"; CPU {round_cpu * 1000:.1f} ms a round")
     return cost, cpu
@@ -231,7 +253,8 @@ def tiers(args: argparse.Namespace, series: list[tuple[str, dict[str, str], floa
         line = ", ".join(f"{n}: {min(c):.3f}–{max(c):.3f} s" for n, c in sorted(cost.items()))
         print(f"{name} ruler, evaluation per 60 s: {line}; at {scale} {what}, {args.fleet_pods} pods x {args.ranks} "
               f"ranks in all: {at:.2f} s (target <= {TARGET_S:g} s: {'met' if at <= TARGET_S else 'NOT met'}); "
-              f"CPU {at_scale(cpu, scale):.2f} s")
+              f"CPU {at_scale(cpu, scale):.2f} s\n  least squares, evaluation: {fitted(cost, scale)}; "
+              f"CPU: {fitted(cpu, scale)}")
     ratio, cpu_ratio = (at_scale(c["now"], jobs) / at_scale(c["before"], jobs) for c in (global_cost, global_cpu))
     print(f"global now / before at {jobs} jobs: {ratio:.2f} (CPU: {cpu_ratio:.2f})")
 
@@ -248,8 +271,10 @@ def rule_profile(args: argparse.Namespace, text: str, write: Callable[[Path, int
             groups = rule_file(text, args.eval, work / "global.yaml")
             run, round_cpu = measure(work / "blocks", work / "global.yaml", groups, args.evaluations, args.eval, work,
                                      f"--storage.tsdb.max-block-duration={block}", per_rule=seen)
+            intervals = group_intervals_s(text)
             print("  " + "; ".join(f"{g} {d * 1000:.1f} ms" for g, d in run.items())
-                  + f"; CPU {round_cpu * 1000:.1f} ms a round")
+                  + f"; CPU {round_cpu * 1000:.1f} ms a round; per 60 s at the groups' intervals: evaluation "
+                  f"{per_minute(run, intervals):.3f} s, CPU {cpu_per_minute(round_cpu, run, intervals):.3f} s")
             for key, times in seen.items():
                 by_rule.setdefault(key, {})[count] = times
     jobs, most = args.fleet_pods // args.pods_per_job, max(args.jobs)
@@ -260,7 +285,14 @@ def rule_profile(args: argparse.Namespace, text: str, write: Callable[[Path, int
         group_at[key[0]] = group_at.get(key[0], 0.0) + seconds
         group_most[key[0]] = group_most.get(key[0], 0.0) + statistics.median(by_rule[key].get(most, [0.0]))
     print("load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-    total = per_minute(group_at, group_intervals_s(text))
+    intervals = group_intervals_s(text)
+    total = per_minute(group_at, intervals)
+    minute: dict[int, list[float]] = {}  # the rules' seconds per 60 s at each count, for the fit
+    for key, c in by_rule.items():
+        for n, v in c.items():
+            minute.setdefault(n, [0.0])[0] += statistics.median(v) * 60.0 / intervals[key[0]]
+    print(f"global ruler, summed over its {len(at)} rules, per 60 s at the groups' intervals, least squares: "
+          f"{fitted(minute, jobs)}")
     print(f"global ruler, summed over its {len(at)} rules: at {jobs} jobs {total:.2f} s per 60 s; per group per "
           f"evaluation, at {jobs} jobs and ({most} measured): "
           + ", ".join(f"{g} {s:.3f} s ({group_most[g] * 1000:.1f} ms)" for g, s in group_at.items()))

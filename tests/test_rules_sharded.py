@@ -92,12 +92,17 @@ def test_every_increment_and_what_it_reads_is_computed_from_the_pods_series_and_
 
 def test_the_global_tier_reads_only_job_level_records_of_the_local_tier(files):
     """... and its own: what its group recorded earlier in this evaluation, and any global record of
-    evaluations before (the tiles' partials, ``alerts/tiles.py``, read at an offset)."""
+    evaluations before (the tiles' partials, ``alerts/tiles.py``, read at an offset). A group over the
+    period (``-period``) reads the tiles' records as their group made them last (``Tiled.settled``),
+    and no other group's record but those."""
     from_local, from_global = recorded(files["local"]), recorded(files["global"])
+    tiles = {n for n in from_global if re.search(r"_tile\w+?(_partial|_head)?$", n)}
+    assert {n for n in tiles if n.endswith("_head")}, "no head: the period's groups read none"
     for name, rules in files["global"].items():
         before: set[str] = set()  # a global rule may read a global record its group recorded earlier
+        settled = tiles if name.endswith("-period") else set()
         for rule in rules:
-            foreign = reads(rule) - before - {n for n in from_local if JOB_LEVEL.fullmatch(n)}
+            foreign = reads(rule) - before - settled - {n for n in from_local if JOB_LEVEL.fullmatch(n)}
             assert not _read_now(rule, foreign), (name, rule.get("record") or rule.get("alert"), foreign)
             assert foreign <= from_global, (name, rule.get("record") or rule.get("alert"), foreign)
             before |= {rule["record"]} if "record" in rule else set()
